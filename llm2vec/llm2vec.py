@@ -1,0 +1,241 @@
+"""The LLM2Vec encoder: a decoder-only LLM that embeds a text at its appended anchor token.
+
+``LLM2Vec`` holds a transformers model (the decoder body, a causal LM, or either wrapped by PEFT), its
+tokenizer, the family's prompt template (:mod:`llm2vec.templates`) and a pooling mode
+(:mod:`llm2vec.pooling`). Training code (Stage I and II) and evaluation use the same ``tokenize`` and
+``forward``, so the token ids and the pooled position are identical in both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+from transformers import AutoModel, AutoTokenizer
+
+from . import templates
+from .pooling import POOLING_MODES, pad_batch, pool, position_ids_from_mask
+
+CONFIG_NAME = "llm2vec_config.json"
+DEFAULTS = {"pooling_mode": "eos_token", "max_length": 512, "template": None}
+
+Item = tuple[str, str]
+
+
+def read_llm2vec_config(path: str | os.PathLike | None) -> dict[str, Any]:
+    """The ``llm2vec_config.json`` of a local folder, or ``{}`` (hub ids and folders without one)."""
+    if path is None or not os.path.isfile(os.path.join(path, CONFIG_NAME)):
+        return {}
+    file = os.path.join(path, CONFIG_NAME)
+    try:
+        with open(file) as f:
+            config = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{file}: not valid JSON ({e}); fix or delete the file") from None
+    unknown = set(config) - set(DEFAULTS)
+    if unknown:
+        raise ValueError(f"{file}: unknown field(s) {sorted(unknown)}; known fields: {sorted(DEFAULTS)}")
+    return config
+
+
+def decoder_body(model: nn.Module) -> nn.Module:
+    """The module that maps token ids to final-layer hidden states (no LM head), PEFT wrapper or not."""
+    if hasattr(model, "get_base_model"):  # a peft.PeftModel
+        model = model.get_base_model()
+    return model.base_model
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """``"auto"``/None: bfloat16 on a GPU that supports it, float32 otherwise."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    names = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+             "float32": torch.float32, "fp32": torch.float32}
+    if dtype not in names:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(names)} or 'auto'")
+    return names[dtype]
+
+
+class LLM2Vec(nn.Module):
+    """Text encoder over a decoder-only LLM.
+
+    Args:
+        model: a transformers model (``AutoModel``/``AutoModelForCausalLM``, optionally PEFT-wrapped).
+        tokenizer: its tokenizer.
+        pooling_mode: one of ``eos_token`` (the paper's), ``last_token``, ``mean``, ``weighted_mean``.
+        max_length: the most tokens of one input, template and anchor included.
+        template: a registered template name; ``None`` detects the family from config and tokenizer.
+    """
+
+    def __init__(self, model: nn.Module, tokenizer, pooling_mode: str = "eos_token", max_length: int = 512,
+                 template: str | None = None):
+        super().__init__()
+        if pooling_mode not in POOLING_MODES:
+            raise ValueError(f"unknown pooling_mode {pooling_mode!r}; choose one of {POOLING_MODES}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.pooling_mode = pooling_mode
+        self.max_length = int(max_length)
+        self.template = templates.resolve_template(model.config, tokenizer, template)
+        self.pad_token_id = tokenizer.pad_token_id
+        if self.pad_token_id is None:
+            self.pad_token_id = tokenizer.convert_tokens_to_ids(self.template.build("")[1])
+
+    # ------------------------------------------------------------------ loading and saving
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        base_model_name_or_path: str,
+        peft_model_name_or_path: str | None = None,
+        merge_peft: bool = True,
+        pooling_mode: str | None = None,
+        max_length: int | None = None,
+        template: str | None = None,
+        dtype: str | torch.dtype | None = "auto",
+        attn_implementation: str | None = None,
+        device: str | torch.device | None = None,
+        **model_kwargs,
+    ) -> "LLM2Vec":
+        """Load a checkpoint (hub id or local folder), optionally a LoRA adapter on top.
+
+        Settings come from, in rising priority: defaults, the base folder's ``llm2vec_config.json``, the
+        adapter folder's, then the arguments given here.
+        """
+        device = torch.device(device) if device is not None else default_device()
+        settings = dict(DEFAULTS)
+        settings.update(read_llm2vec_config(base_model_name_or_path))
+        settings.update(read_llm2vec_config(peft_model_name_or_path))
+        given = {"pooling_mode": pooling_mode, "max_length": max_length, "template": template}
+        settings.update({k: v for k, v in given.items() if v is not None})
+
+        tokenizer = AutoTokenizer.from_pretrained(base_model_name_or_path)
+        if attn_implementation is not None:
+            model_kwargs["attn_implementation"] = attn_implementation
+        model = cls._load_model(base_model_name_or_path, dtype=resolve_dtype(dtype, device), **model_kwargs)
+        if peft_model_name_or_path is not None:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, peft_model_name_or_path)
+            if merge_peft:
+                model = model.merge_and_unload()
+        model.to(device)
+        model.eval()
+        return cls(model, tokenizer, **settings)
+
+    @staticmethod
+    def _load_model(path: str, **kwargs) -> nn.Module:
+        """The decoder body only: an encoder needs no LM head (subclasses that generate override this)."""
+        return AutoModel.from_pretrained(path, **kwargs)
+
+    def llm2vec_config(self) -> dict[str, Any]:
+        return {"pooling_mode": self.pooling_mode, "max_length": self.max_length, "template": self.template.name}
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Weights (safetensors), tokenizer and ``llm2vec_config.json``.
+
+        A PEFT-wrapped model saves its adapter only (load it with ``peft_model_name_or_path``).
+        """
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(path, safe_serialization=True)
+        self.tokenizer.save_pretrained(path)
+        with open(path / CONFIG_NAME, "w") as f:
+            json.dump(self.llm2vec_config(), f, indent=2)
+
+    # ------------------------------------------------------------------ tokenization and forward
+
+    @staticmethod
+    def as_item(x: str | Sequence[str], index: int = 0) -> Item:
+        """A text becomes ``("", text)``; an ``[instruction, text]`` pair stays as it is."""
+        if isinstance(x, str):
+            return "", x
+        if isinstance(x, (list, tuple)) and len(x) == 2 and all(isinstance(s, str) for s in x):
+            return x[0], x[1]
+        raise TypeError(
+            f"input {index}: expected a string or an [instruction, text] pair of strings, got {type(x).__name__}: {x!r:.80}"
+        )
+
+    def encode_ids(self, items: Sequence[Item]) -> list[templates.EncodedText]:
+        return templates.encode(self.tokenizer, self.template, items, self.max_length)
+
+    def tokenize(self, items: Sequence[str | Sequence[str]], padding_side: str = "right") -> dict[str, torch.Tensor]:
+        """``input_ids``, ``attention_mask`` and ``text_mask`` (text + anchor, no instruction) for a batch."""
+        pairs = [self.as_item(x, i) for i, x in enumerate(items)]
+        return pad_batch(self.encode_ids(pairs), self.pad_token_id, padding_side)
+
+    def hidden_states(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Final-layer hidden states (B, T, H), with position ids counted over the real tokens only."""
+        out = decoder_body(self.model)(
+            input_ids=features["input_ids"],
+            attention_mask=features["attention_mask"],
+            position_ids=position_ids_from_mask(features["attention_mask"]),
+        )
+        return out.last_hidden_state
+
+    def forward(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Embeddings (B, H) of a tokenized batch, with gradients (training uses this)."""
+        return pool(self.hidden_states(features), features["attention_mask"], features["text_mask"], self.pooling_mode)
+
+    # ------------------------------------------------------------------ inference
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @torch.no_grad()
+    def encode(
+        self,
+        sentences: str | Sequence[str | Sequence[str]],
+        batch_size: int = 32,
+        show_progress_bar: bool = True,
+        convert_to_numpy: bool = True,
+        convert_to_tensor: bool = False,
+        normalize_embeddings: bool = False,
+        device: str | torch.device | None = None,
+    ) -> np.ndarray | torch.Tensor:
+        """Embed texts or ``[instruction, text]`` pairs; returns float32 in the input order.
+
+        Inputs are sorted by token length (fewer pad tokens per batch) and the order restored afterwards.
+        A single string gives a single vector.
+        """
+        single = isinstance(sentences, str)
+        items = [self.as_item(x, i) for i, x in enumerate([sentences] if single else sentences)]
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        device = torch.device(device) if device is not None else self.device
+        was_training = self.training
+        self.eval()
+        encoded = self.encode_ids(items)
+        order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i].input_ids))
+        chunks = []
+        for start in tqdm(range(0, len(order), batch_size), desc="Encoding", disable=not show_progress_bar):
+            batch = pad_batch([encoded[i] for i in order[start : start + batch_size]], self.pad_token_id)
+            batch = {k: v.to(device) for k, v in batch.items()}
+            chunks.append(self.forward(batch).float().cpu())
+        self.train(was_training)
+        hidden = decoder_body(self.model).config.hidden_size
+        sorted_embeddings = torch.cat(chunks) if chunks else torch.zeros((0, hidden))
+        embeddings = torch.empty_like(sorted_embeddings)
+        embeddings[torch.tensor(order, dtype=torch.long)] = sorted_embeddings
+        if normalize_embeddings:
+            embeddings = torch.nn.functional.normalize(embeddings, p=2, dim=-1)
+        if single:
+            embeddings = embeddings[0]
+        if convert_to_tensor or not convert_to_numpy:
+            return embeddings
+        return embeddings.numpy()

@@ -1,0 +1,30 @@
+"""Shared fixtures: tiny random Llama-3 / SmolLM2 / Qwen2 / Mistral models and tokenizers, built offline."""
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+from llm2vec.testing import FAMILIES, build_tiny_model, save_tiny_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_models():
+    """family -> (causal LM, tokenizer); built once per test session."""
+    return {family: build_tiny_model(family) for family in FAMILIES}
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory):
+    """family -> folder of a saved tiny causal LM checkpoint (safetensors + tokenizer)."""
+    root = tmp_path_factory.mktemp("tiny")
+    return {family: save_tiny_model(family, root / family) for family in FAMILIES}
+
+
+@pytest.fixture(params=FAMILIES)
+def family(request):
+    return request.param

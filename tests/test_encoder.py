@@ -1,0 +1,174 @@
+"""The encoder: templates, masks, pooling, encode(), save/load. Each test has an independent reference."""
+
+import numpy as np
+import pytest
+import torch
+
+from llm2vec import LLM2Vec
+from llm2vec.pooling import POOLING_MODES, pad_batch, pool
+from llm2vec.templates import EncodedText, resolve_template
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Paris is the capital of France.",
+    "short",
+    "Return the number of items in a container; raise an error if the object has no length. " * 3,
+]
+
+# The exact strings each family's template produces for (instruction, text): the README records these.
+EXPECTED_STRINGS = {
+    "llama3": "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nRetrieve passages\nthe fox<|eot_id|>",
+    "smollm2": "<|im_start|>user\nRetrieve passages\nthe fox<|im_end|>",
+    "qwen2": "<|im_start|>user\nRetrieve passages\nthe fox<|im_end|>",
+    "mistral": "<s>[INST] Retrieve passages\nthe fox</s>",
+}
+ANCHORS = {"llama3": "<|eot_id|>", "smollm2": "<|im_end|>", "qwen2": "<|im_end|>", "mistral": "</s>"}
+
+
+def encoder(tiny_models, family, **kwargs):
+    model, tokenizer = tiny_models[family]
+    return LLM2Vec(model.model, tokenizer, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------------- pooling
+
+
+def reference_pool(hidden, input_len, text_start, offset, mode):
+    """Per-example pooling from the token layout alone (no masks)."""
+    positions = list(range(offset, offset + input_len))
+    text_positions = positions[text_start:]  # text tokens and the anchor
+    if mode == "eos_token":
+        return hidden[positions[-1]]
+    if mode == "last_token":
+        return hidden[positions[-2]]
+    weights = torch.ones(len(text_positions)) if mode == "mean" else torch.arange(1, len(text_positions) + 1).float()
+    weights = weights / weights.sum()
+    return sum(w * hidden[p] for w, p in zip(weights, text_positions))
+
+
+@pytest.mark.parametrize("padding_side", ["left", "right"])
+@pytest.mark.parametrize("mode", POOLING_MODES)
+def test_pooling_matches_per_example_loop(mode, padding_side):
+    g = torch.Generator().manual_seed(0)
+    layouts = [(7, 3), (12, 5), (4, 1), (9, 9 - 2)]  # (length, text_start)
+    encoded = [EncodedText(tuple(range(1, n + 1)), s, n - 1) for n, s in layouts]
+    batch = pad_batch(encoded, pad_token_id=0, padding_side=padding_side)
+    hidden = torch.randn(len(encoded), batch["input_ids"].shape[1], 6, generator=g)
+    pooled = pool(hidden, batch["attention_mask"], batch["text_mask"], mode)
+    width = batch["input_ids"].shape[1]
+    for row, (n, s) in enumerate(layouts):
+        offset = width - n if padding_side == "left" else 0
+        expected = reference_pool(hidden[row], n, s, offset, mode)
+        torch.testing.assert_close(pooled[row], expected, rtol=0, atol=1e-6)
+
+
+def test_masks_are_not_mutated_by_pooling():
+    encoded = [EncodedText((1, 2, 3, 4), 1, 3), EncodedText((1, 2), 1, 1)]
+    batch = pad_batch(encoded, 0)
+    before = {k: v.clone() for k, v in batch.items()}
+    for mode in POOLING_MODES:
+        pool(torch.randn(2, 4, 3), batch["attention_mask"], batch["text_mask"], mode)
+    for k in before:
+        assert torch.equal(before[k], batch[k])
+
+
+# ----------------------------------------------------------------------------------------------- templates
+
+
+def test_template_strings_and_anchor(tiny_models, family):
+    enc = encoder(tiny_models, family)
+    assert enc.template.name == family
+    batch = enc.tokenize([["Retrieve passages", "the fox"]])
+    ids = batch["input_ids"][0].tolist()
+    assert enc.tokenizer.decode(ids) == EXPECTED_STRINGS[family]
+    assert ids[-1] == enc.tokenizer.convert_tokens_to_ids(ANCHORS[family])
+
+
+def test_instruction_excluded_from_text_mask(tiny_models, family):
+    enc = encoder(tiny_models, family)
+    text = "Paris is the capital of France."
+    for instruction in ["", "Given a question, retrieve passages that answer it"]:
+        batch = enc.tokenize([[instruction, text]])
+        in_text = batch["input_ids"][0][batch["text_mask"][0].bool()].tolist()
+        expected = enc.tokenizer(text, add_special_tokens=False)["input_ids"] + [
+            enc.tokenizer.convert_tokens_to_ids(ANCHORS[family])]
+        assert in_text == expected
+
+
+def test_long_text_still_ends_in_anchor(tiny_models, family):
+    enc = encoder(tiny_models, family, max_length=24)
+    anchor = enc.tokenizer.convert_tokens_to_ids(ANCHORS[family])
+    long_text = " ".join(TEXTS) * 5
+    batch = enc.tokenize([["Retrieve", long_text]])
+    ids = batch["input_ids"][0]
+    assert len(ids) == 24 and ids[-1].item() == anchor
+    # The embedding is the final hidden state at that anchor: check against a plain forward of the body.
+    with torch.no_grad():
+        hidden = enc.model(input_ids=ids[None]).last_hidden_state[0, -1]
+    torch.testing.assert_close(enc.encode([["Retrieve", long_text]], convert_to_tensor=True,
+                                          show_progress_bar=False)[0], hidden, rtol=0, atol=1e-5)
+
+
+def test_unknown_family_gives_clear_error(tiny_models):
+    from transformers import AutoConfig
+
+    _, tokenizer = tiny_models["llama3"]
+    with pytest.raises(ValueError, match="register_template"):
+        resolve_template(AutoConfig.for_model("gpt2"), tokenizer)
+    _, qwen_tokenizer = tiny_models["qwen2"]  # a llama config whose tokenizer lacks both llama chat formats
+    with pytest.raises(ValueError, match="register_template"):
+        resolve_template(AutoConfig.for_model("llama"), tiny_models["mistral"][1])
+    with pytest.raises(ValueError, match="unknown template"):
+        resolve_template(AutoConfig.for_model("llama"), qwen_tokenizer, name="nope")
+
+
+# ----------------------------------------------------------------------------------------------- encode
+
+
+def test_embedding_same_alone_and_in_padded_batch(tiny_models, family):
+    for mode in POOLING_MODES:
+        enc = encoder(tiny_models, family, pooling_mode=mode)
+        batched = enc.encode(TEXTS, batch_size=4, convert_to_tensor=True, show_progress_bar=False)
+        for i, text in enumerate(TEXTS):
+            alone = enc.encode([text], convert_to_tensor=True, show_progress_bar=False)[0]
+            torch.testing.assert_close(batched[i], alone, rtol=0, atol=1e-5)
+        # Left padding through forward() gives the same vectors (positions are counted from the mask).
+        with torch.no_grad():
+            left = enc(enc.tokenize(TEXTS, padding_side="left"))
+        torch.testing.assert_close(left, batched, rtol=0, atol=1e-5)
+
+
+def test_encode_keeps_input_order_and_returns_float32(tiny_models):
+    enc = encoder(tiny_models, "qwen2")
+    out = enc.encode(TEXTS[::-1] + TEXTS, batch_size=3, show_progress_bar=False)
+    assert isinstance(out, np.ndarray) and out.dtype == np.float32 and out.shape == (8, 32)
+    np.testing.assert_allclose(out[:4][::-1], out[4:], atol=1e-5)
+    for i, text in enumerate(TEXTS):  # row i belongs to text i, checked one at a time
+        np.testing.assert_allclose(out[4 + i], enc.encode(text, show_progress_bar=False), atol=1e-5)
+    normed = enc.encode(TEXTS, normalize_embeddings=True, show_progress_bar=False)
+    np.testing.assert_allclose(np.linalg.norm(normed, axis=1), 1.0, atol=1e-5)
+
+
+def test_encode_rejects_bad_input(tiny_models):
+    enc = encoder(tiny_models, "llama3")
+    with pytest.raises(TypeError, match="input 1"):
+        enc.encode(["fine", 3], show_progress_bar=False)
+
+
+def test_save_and_load_give_identical_embeddings(tiny_checkpoints, family, tmp_path):
+    enc = LLM2Vec.from_pretrained(str(tiny_checkpoints[family]), pooling_mode="mean", max_length=64, device="cpu")
+    before = enc.encode(TEXTS, show_progress_bar=False)
+    enc.save(tmp_path / "saved")
+    again = LLM2Vec.from_pretrained(str(tmp_path / "saved"), device="cpu")
+    assert (again.pooling_mode, again.max_length, again.template.name) == ("mean", 64, family)
+    np.testing.assert_array_equal(again.encode(TEXTS, show_progress_bar=False), before)
+
+
+def test_bad_llm2vec_config_names_the_file(tiny_checkpoints, tmp_path):
+    import shutil
+
+    folder = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoints["llama3"], folder)
+    (folder / "llm2vec_config.json").write_text('{"pooling": "mean"}')
+    with pytest.raises(ValueError, match="llm2vec_config.json.*unknown field"):
+        LLM2Vec.from_pretrained(str(folder), device="cpu")
