@@ -1,0 +1,29 @@
+"""Training data: the paper's E5 data and a user's own JSON-lines files.
+
+Both loaders return a :class:`TrainDataset` whose consecutive blocks of
+``global_batch_size`` examples each come from one source; read it with a
+sequential sampler.
+"""
+
+from .base import (
+    DataError,
+    SourceStats,
+    TrainDataset,
+    TrainExample,
+    arrange_global_batches,
+    read_jsonl_pairs,
+)
+from .e5 import E5_SOURCES, load_e5
+from .jsonl import load_jsonl
+
+__all__ = [
+    "DataError",
+    "E5_SOURCES",
+    "SourceStats",
+    "TrainDataset",
+    "TrainExample",
+    "arrange_global_batches",
+    "load_e5",
+    "load_jsonl",
+    "read_jsonl_pairs",
+]

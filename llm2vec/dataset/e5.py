@@ -1,0 +1,208 @@
+"""The public E5 training data, as curated by the echo-embeddings authors.
+
+One JSON-lines file per source in ``data_dir`` (default ``cache/echo-data``),
+each line ``{"query": ..., "positive": ..., "negative": ...}``. The files are
+used as they are (no further sampling). Queries get their source's instruction
+from Table 6 of the paper; documents get none.
+
+NLI and Quora duplicates have two instructions each. As in LLM2Vec (since
+v0.1.6, which reads ``allnli.jsonl`` and ``quora_duplicates.jsonl`` rather than
+the ``*_split1`` / ``*_split2`` files), the instruction alternates with the
+record's position in the file: record 0, 2, 4, ... gets the first instruction,
+record 1, 3, 5, ... the second. Positions count the file's records (blank lines
+excluded), before any shuffling, and a skipped record keeps its position.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .base import (
+    DataError,
+    SourceStats,
+    TrainDataset,
+    TrainExample,
+    missing_files,
+    read_jsonl_pairs,
+)
+
+
+@dataclass(frozen=True)
+class E5Source:
+    paper_name: str  # as written in Table 6
+    file: str  # file name in data_dir
+    instructions: tuple[str, ...]  # one, or two that alternate by record position
+
+
+# Table 6 of the paper: "Instructions used for each of the E5 datasets during
+# fine-tuning". Keys are the file stems, which are also the source names.
+E5_SOURCES: dict[str, E5Source] = {
+    "allnli": E5Source(
+        "NLI",
+        "allnli.jsonl",
+        (
+            "Given a premise, retrieve a hypothesis that is entailed by the premise",
+            "Retrieve semantically similar text",
+        ),
+    ),
+    "dureader": E5Source(
+        "DuReader",
+        "dureader.jsonl",
+        ("Given a Chinese search query, retrieve web passages that answer the question",),
+    ),
+    "eli5_question_answer": E5Source(
+        "ELI5",
+        "eli5_question_answer.jsonl",
+        ("Provided a user question, retrieve the highest voted answers on Reddit ELI5 forum",),
+    ),
+    "fever": E5Source(
+        "FEVER",
+        "fever.jsonl",
+        ("Given a claim, retrieve documents that support or refute the claim",),
+    ),
+    "hotpot_qa": E5Source(
+        "HotpotQA",
+        "hotpot_qa.jsonl",
+        ("Given a multi-hop question, retrieve documents that can help answer the question",),
+    ),
+    "miracl": E5Source(
+        "MIRACL",
+        "miracl.jsonl",
+        ("Given a question, retrieve Wikipedia passages that answer the question",),
+    ),
+    "mrtydi": E5Source(
+        "MrTyDi",
+        "mrtydi.jsonl",
+        ("Given a question, retrieve Wikipedia passages that answer the question",),
+    ),
+    "msmarco_passage": E5Source(
+        "MSMARCO Passage",
+        "msmarco_passage.jsonl",
+        ("Given a web search query, retrieve relevant passages that answer the query",),
+    ),
+    "msmarco_document": E5Source(
+        "MSMARCO Document",
+        "msmarco_document.jsonl",
+        ("Given a web search query, retrieve relevant documents that answer the query",),
+    ),
+    "nq": E5Source(
+        "NQ",
+        "nq.jsonl",
+        ("Given a question, retrieve Wikipedia passages that answer the question",),
+    ),
+    "quora_duplicates": E5Source(
+        "QuoraDuplicates",
+        "quora_duplicates.jsonl",
+        (
+            "Given a question, retrieve questions that are semantically equivalent to the given question",
+            "Find questions that have the same meaning as the input question",
+        ),
+    ),
+    "squad": E5Source(
+        "SQuAD",
+        "squad.jsonl",
+        ("Retrieve Wikipedia passages that answer the question",),
+    ),
+    "t2ranking": E5Source(
+        "T2Ranking",
+        "t2ranking.jsonl",
+        ("Given a Chinese search query, retrieve web passages that answer the question",),
+    ),
+    "trivia_qa": E5Source(
+        "TriviaQA",
+        "trivia_qa.jsonl",
+        ("Retrieve Wikipedia passages that answer the question",),
+    ),
+}
+
+DOWNLOAD_HINT = (
+    "Download the public E5 training data curated by the echo-embeddings authors "
+    "(https://github.com/jakespringer/echo-embeddings#training, section 'Training') "
+    "and put its .jsonl files in {data_dir}/"
+)
+
+
+def e5_instruction(source: str, position: int) -> str:
+    """The query instruction of record number ``position`` (0-based) of ``source``."""
+    instructions = E5_SOURCES[source].instructions
+    return instructions[position % len(instructions)]
+
+
+def load_e5(
+    data_dir: str = "cache/echo-data",
+    global_batch_size: int = 512,
+    seed: int = 42,
+    sources: list[str] | None = None,
+    max_per_source: int | None = None,
+    require_negative: bool = True,
+) -> TrainDataset:
+    """Load the E5 data and arrange it into single-source global batches.
+
+    Args:
+        data_dir: folder holding the echo-embeddings ``.jsonl`` files.
+        global_batch_size: examples per optimisation step over all devices
+            (per-device batch x world size x gradient accumulation).
+        seed: seed of the shuffles in :func:`~llm2vec.dataset.base.arrange_global_batches`.
+        sources: keys of :data:`E5_SOURCES` to use; ``None`` means all of Table 6.
+        max_per_source: keep at most this many records of each source (the first
+            ones in the file), for quick runs.
+        require_negative: a record must have a non-empty hard negative (Stage II);
+            with False (Stage I uses (query, positive) pairs) the negative is kept
+            when present and ``None`` otherwise.
+
+    Raises:
+        ValueError: an unknown source name.
+        DataError: missing files (all listed in one error), a malformed line, or
+            not enough data for one global batch.
+    """
+    names = list(E5_SOURCES) if sources is None else list(dict.fromkeys(sources))
+    unknown = [n for n in names if n not in E5_SOURCES]
+    if unknown:
+        raise ValueError(
+            f"unknown E5 source(s) {unknown}; the sources are: {', '.join(E5_SOURCES)}"
+        )
+    if not names:
+        raise ValueError("sources is empty; pass None for all E5 sources")
+    if max_per_source is not None and max_per_source < 1:
+        raise ValueError(f"max_per_source must be positive or None, got {max_per_source}")
+
+    paths = {n: os.path.join(data_dir, E5_SOURCES[n].file) for n in names}
+    missing = missing_files(paths.values())
+    if missing:
+        listing = "\n".join(
+            f"  - {p}  ({E5_SOURCES[n].paper_name})" for n, p in paths.items() if p in missing
+        )
+        raise DataError(
+            f"{len(missing)} of {len(paths)} E5 training files are missing:\n{listing}\n"
+            + DOWNLOAD_HINT.format(data_dir=data_dir)
+            + ", or pass sources=[...] to train on the files you have."
+        )
+
+    fix = (
+        "Fix or delete this line, or download the file again "
+        "(echo-embeddings training data)."
+    )
+    examples_by_source: dict[str, list[TrainExample]] = {}
+    stats: dict[str, SourceStats] = {}
+    for name, path in paths.items():
+        records, report = read_jsonl_pairs(
+            path,
+            require_negative=require_negative,
+            read_instruction=False,
+            limit=max_per_source,
+            fix=fix,
+        )
+        stats[name] = SourceStats(name=name)
+        stats[name].add_report(report)
+        examples_by_source[name] = [
+            TrainExample(
+                query=r.query,
+                positive=r.positive,
+                negative=r.negative,
+                query_instruction=e5_instruction(name, r.index),
+                source=name,
+            )
+            for r in records
+        ]
+    return TrainDataset.from_sources(examples_by_source, global_batch_size, seed, stats)

@@ -1,0 +1,92 @@
+"""A user's own training data: one or more JSON-lines files.
+
+Each line is ``{"query": ..., "positive": ..., "negative"?: ..., "instruction"?: ...}``.
+``instruction`` (optional) is the query's instruction for that line; without it
+the line gets ``default_instruction``. Documents never get an instruction. The
+source of a line is its file's stem (``data/fiqa.jsonl`` -> ``fiqa``), so every
+global batch comes from one file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .base import (
+    DataError,
+    SourceStats,
+    TrainDataset,
+    TrainExample,
+    missing_files,
+    read_jsonl_pairs,
+)
+
+
+def load_jsonl(
+    paths: str | list[str],
+    global_batch_size: int,
+    seed: int = 42,
+    default_instruction: str = "",
+    require_negative: bool = False,
+) -> TrainDataset:
+    """Load JSON-lines files and arrange them into single-source global batches.
+
+    Args:
+        paths: one file or a list of files; file stems must be distinct.
+        global_batch_size: examples per optimisation step over all devices.
+        seed: seed of the shuffles.
+        default_instruction: query instruction of lines without an ``instruction`` field.
+        require_negative: every line must have a non-empty ``negative``.
+
+    Raises:
+        ValueError: no paths, or two files with the same stem.
+        DataError: missing files (all listed in one error), a malformed line, or
+            not enough data for one global batch.
+    """
+    path_list = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    path_list = [os.fspath(p) for p in path_list]
+    if not path_list:
+        raise ValueError("no training files given")
+    by_stem: dict[str, str] = {}
+    for p in path_list:
+        stem = Path(p).stem
+        if stem in by_stem:
+            raise ValueError(
+                f"{by_stem[stem]} and {p} have the same stem '{stem}', which names the "
+                "source of their examples; rename one, or merge them into one file."
+            )
+        by_stem[stem] = p
+    missing = missing_files(path_list)
+    if missing:
+        raise DataError(
+            f"{len(missing)} of {len(path_list)} training files not found:\n"
+            + "\n".join(f"  - {p}" for p in missing)
+            + "\nCheck the paths (relative paths are resolved from "
+            + f"{os.getcwd()})."
+        )
+
+    default_instruction = default_instruction.strip()
+    examples_by_source: dict[str, list[TrainExample]] = {}
+    stats: dict[str, SourceStats] = {}
+    for stem, path in by_stem.items():
+        records, report = read_jsonl_pairs(
+            path, require_negative=require_negative, read_instruction=True
+        )
+        stats[stem] = SourceStats(name=stem)
+        stats[stem].add_report(report)
+        examples_by_source[stem] = [
+            TrainExample(
+                query=r.query,
+                positive=r.positive,
+                negative=r.negative,
+                query_instruction=(
+                    r.instruction if r.instruction is not None else default_instruction
+                ),
+                source=stem,
+            )
+            for r in records
+        ]
+    return TrainDataset.from_sources(examples_by_source, global_batch_size, seed, stats)
+
+
+__all__ = ["load_jsonl"]
