@@ -118,7 +118,7 @@ E5_SOURCES: dict[str, E5Source] = {
 
 DOWNLOAD_HINT = (
     "Download the public E5 training data curated by the echo-embeddings authors "
-    "(https://github.com/jakespringer/echo-embeddings#training, section 'Training') "
+    "(linked from https://github.com/jakespringer/echo-embeddings#training) "
     "and put its .jsonl files in {data_dir}/"
 )
 
