@@ -157,6 +157,10 @@ class LLM2Vec(nn.Module):
         with open(path / CONFIG_NAME, "w") as f:
             json.dump(self.llm2vec_config(), f, indent=2)
 
+    def activation_checkpointing_enable(self, **kwargs) -> None:
+        """Gradient (activation) checkpointing of the wrapped model's layers; the Trainer calls this."""
+        self.model.activation_checkpointing_enable(**kwargs)
+
     # ------------------------------------------------------------------ tokenization and forward
 
     @staticmethod

@@ -1,0 +1,75 @@
+"""The training collator (Stage I and II): examples -> explicitly built, padded tensors.
+
+It tokenizes with the same template function and ``pad_batch`` as ``LLM2Vec.tokenize`` at evaluation
+time, so training and evaluation see identical token ids. Queries get their instruction; documents
+(positives, hard negatives) get none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from . import templates
+from .dataset import TrainExample
+from .pooling import pad_batch
+
+
+def pad_targets(sequences: Sequence[Sequence[int]], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad target id sequences to (B, M) with a mask of the real targets."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, s in enumerate(sequences):
+        ids[row, : len(s)] = torch.tensor(s, dtype=torch.long)
+        mask[row, : len(s)] = 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def reconstruction_targets(e: templates.EncodedText, which: str) -> tuple[int, ...]:
+    """The tokens Stage I predicts for one side: ``text`` = its text tokens; ``all`` = everything but the anchor."""
+    if which == "text":
+        return e.input_ids[e.text_start : e.text_end]
+    if which == "all":
+        return e.input_ids[:-1]
+    raise ValueError(f"reconstruction_targets must be 'text' or 'all', got {which!r}")
+
+
+@dataclass
+class TrainCollator:
+    """Collates ``TrainExample`` lists into ``{"query", "positive"[, "negative"][, "*_targets"]}`` dicts.
+
+    ``reconstruction``: ``None`` for Stage II; ``"text"`` or ``"all"`` for Stage I, which adds
+    ``query_targets`` and ``positive_targets`` (right-padded ids and mask).
+    """
+
+    tokenizer: object
+    template: templates.TemplateSpec
+    max_length: int
+    pad_token_id: int
+    with_negative: bool = False
+    reconstruction: str | None = None
+
+    @classmethod
+    def for_encoder(cls, encoder, **kwargs) -> "TrainCollator":
+        return cls(encoder.tokenizer, encoder.template, encoder.max_length, encoder.pad_token_id, **kwargs)
+
+    def _encode(self, items):
+        return templates.encode(self.tokenizer, self.template, items, self.max_length)
+
+    def __call__(self, examples: Sequence[TrainExample]) -> dict:
+        queries = self._encode([(ex.query_instruction, ex.query) for ex in examples])
+        positives = self._encode([("", ex.positive) for ex in examples])
+        batch = {"query": pad_batch(queries, self.pad_token_id), "positive": pad_batch(positives, self.pad_token_id)}
+        if self.with_negative:
+            missing = [i for i, ex in enumerate(examples) if not ex.negative]
+            if missing:
+                raise ValueError(f"hard negatives are required but {len(missing)} example(s) of this batch have none "
+                                 f"(source {examples[missing[0]].source!r})")
+            batch["negative"] = pad_batch(self._encode([("", ex.negative) for ex in examples]), self.pad_token_id)
+        if self.reconstruction is not None:
+            for name, encoded in (("query_targets", queries), ("positive_targets", positives)):
+                batch[name] = pad_targets([reconstruction_targets(e, self.reconstruction) for e in encoded], self.pad_token_id)
+        return batch
