@@ -1,0 +1,303 @@
+"""The mteb 2.x evaluation path: wrapper, instruction routing, result cache, local retrieval task, CLI.
+
+Everything runs offline on CPU with a tiny random Llama-3-family checkpoint and mteb's own in-memory
+mock tasks (``mteb.mocks``), or a local BEIR-style folder written to ``tmp_path``.
+"""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+mteb = pytest.importorskip("mteb")
+from mteb.mocks import MockClassificationTask, MockRetrievalTask, MockSTSTask  # noqa: E402
+
+from llm2vec import LLM2Vec  # noqa: E402
+from llm2vec.evaluation.local_task import local_retrieval_task  # noqa: E402
+from llm2vec.evaluation.mteb_wrapper import (  # noqa: E402
+    LLM2VecMTEBEncoder,
+    MissingInstructionError,
+    evaluate,
+    main,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+INSTRUCTIONS = {
+    "MockRetrievalTask": "Given a test query, retrieve the matching sentence",
+    "MockSTSTask": "Retrieve semantically similar text",
+    "MockClassificationTask": "Classify the sentence",
+}
+
+
+class Spy:
+    """Wraps ``LLM2Vec.encode`` of one model instance and records the items of every call."""
+
+    def __init__(self, model: LLM2Vec, monkeypatch):
+        self.calls: list[list[list[str]]] = []
+        original = model.encode
+
+        def encode(sentences, *args, **kwargs):
+            self.calls.append([list(x) for x in sentences])
+            return original(sentences, *args, **kwargs)
+
+        monkeypatch.setattr(model, "encode", encode)
+
+    def items(self) -> list[tuple[str, str]]:
+        return [tuple(x) for call in self.calls for x in call]
+
+
+@pytest.fixture(scope="module")
+def llama_path(tiny_checkpoints):
+    return str(tiny_checkpoints["llama3"])
+
+
+@pytest.fixture
+def encoder(llama_path):
+    return LLM2VecMTEBEncoder.from_pretrained(llama_path, instructions=dict(INSTRUCTIONS), devices="cpu", batch_size=4)
+
+
+def results_dir(out: Path, enc: LLM2VecMTEBEncoder) -> Path:
+    meta = enc.mteb_model_meta
+    return out / "results" / meta.model_name_as_path() / meta.revision
+
+
+# ---------------------------------------------------------------------------------------- mock tasks
+
+
+def test_mock_tasks_write_results_and_cache_is_reused(encoder, tmp_path, monkeypatch):
+    spy = Spy(encoder.model, monkeypatch)
+    tasks = [MockRetrievalTask(), MockSTSTask(), MockClassificationTask()]
+    res = evaluate(encoder, tasks, tmp_path, show_progress_bar=False, raise_error=True)
+    assert sorted(r.task_name for r in res.task_results) == sorted(t.metadata.name for t in tasks)
+    folder = results_dir(tmp_path, encoder)
+    for t in tasks:
+        saved = json.loads((folder / f"{t.metadata.name}.json").read_text())
+        assert saved["task_name"] == t.metadata.name
+    meta = json.loads((folder / "model_meta.json").read_text())
+    assert meta["loader_kwargs"]["pooling_mode"] == "eos_token" and meta["embed_dim"] == 32
+    first_calls = len(spy.calls)
+    assert first_calls > 0
+
+    # same model, same folder: everything is loaded from the cache, nothing is encoded
+    again = evaluate(encoder, [MockRetrievalTask(), MockSTSTask(), MockClassificationTask()], tmp_path,
+                     show_progress_bar=False, raise_error=True)
+    assert len(spy.calls) == first_calls
+    score = {r.task_name: r.get_score() for r in res.task_results}
+    assert {r.task_name: r.get_score() for r in again.task_results} == pytest.approx(score, abs=1e-6)
+
+    # overwrite recomputes (and gives the same scores: the encoder is deterministic)
+    evaluate(encoder, [MockSTSTask()], tmp_path, overwrite=True, show_progress_bar=False, raise_error=True)
+    assert len(spy.calls) == first_calls + 2  # both sides of the STS pairs
+
+
+def test_settings_change_the_revision_folder(llama_path):
+    a = LLM2VecMTEBEncoder.from_pretrained(llama_path, instructions=INSTRUCTIONS, devices="cpu")
+    b = LLM2VecMTEBEncoder.from_pretrained(llama_path, instructions=INSTRUCTIONS, devices="cpu", max_length=64)
+    c = LLM2VecMTEBEncoder.from_pretrained(llama_path, instructions=INSTRUCTIONS, devices="cpu")
+    assert a.mteb_model_meta.revision == c.mteb_model_meta.revision != b.mteb_model_meta.revision
+    assert a.mteb_model_meta.name.endswith("/llama3")
+
+
+# ---------------------------------------------------------------------------------------- routing
+
+
+def test_query_gets_instruction_document_gets_none(encoder, tmp_path, monkeypatch):
+    spy = Spy(encoder.model, monkeypatch)
+    task = MockRetrievalTask()
+    task.load_data()
+    data = task.dataset["default"]["test"]
+    evaluate(encoder, [task], tmp_path, show_progress_bar=False, raise_error=True)
+    instruction = INSTRUCTIONS["MockRetrievalTask"]
+    expected_queries = {(instruction, q["text"]) for q in data["queries"]}
+    # mteb 2.x joins a corpus entry's title and text with one space
+    expected_docs = {("", f"{d['title']} {d['text']}") for d in data["corpus"]}
+    seen = set(spy.items())
+    assert seen == expected_queries | expected_docs
+    assert all(len(call) > 0 and len({item[0] for item in call}) == 1 for call in spy.calls)
+
+
+def test_both_sides_of_sts_get_the_instruction(encoder, tmp_path, monkeypatch):
+    spy = Spy(encoder.model, monkeypatch)
+    task = MockSTSTask()
+    task.load_data()
+    evaluate(encoder, [task], tmp_path, show_progress_bar=False, raise_error=True)
+    instruction = INSTRUCTIONS["MockSTSTask"]
+    test = task.dataset["test"]
+    assert len(spy.calls) == 2
+    assert spy.calls[0] == [[instruction, s] for s in test["sentence1"]]
+    assert spy.calls[1] == [[instruction, s] for s in test["sentence2"]]
+
+
+def test_wrapper_output_is_llm2vec_encode_of_the_pairs(encoder):
+    from mteb.types import PromptType
+
+    texts = ["Paris is the capital of France.", "The quick brown fox.", "Numbers 0123"]
+    loader = [{"text": texts[:2]}, {"text": texts[2:]}]  # mteb passes batches with a "text" field
+    meta = MockSTSTask().metadata
+    got = encoder.encode(loader, task_metadata=meta, hf_split="test", hf_subset="default", prompt_type=None)
+    want = encoder.model.encode([[INSTRUCTIONS["MockSTSTask"], t] for t in texts], show_progress_bar=False)
+    assert got.dtype == np.float32 and got.shape == (3, 32)
+    np.testing.assert_allclose(got, want, rtol=0, atol=0)
+    # the instruction changes the embedding; a document (no instruction) equals the bare text
+    doc = encoder.encode(loader, task_metadata=meta, hf_split="test", hf_subset="default",
+                         prompt_type=PromptType.document)
+    np.testing.assert_allclose(doc, encoder.model.encode(texts, show_progress_bar=False), rtol=0, atol=0)
+    assert not np.allclose(doc, got)
+
+
+def test_missing_instruction_is_a_clear_error_or_an_explicit_fallback(llama_path, tmp_path, caplog):
+    fp = tmp_path / "instr.json"
+    fp.write_text(json.dumps({"SomethingElse": "x"}))
+    strict = LLM2VecMTEBEncoder.from_pretrained(llama_path, instructions=str(fp), devices="cpu")
+    meta = MockSTSTask().metadata
+    with pytest.raises(MissingInstructionError) as err:
+        strict.encode([{"text": ["a"]}], task_metadata=meta, hf_split="test", hf_subset="default")
+    assert "MockSTSTask" in str(err.value) and str(fp) in str(err.value)
+
+    lenient = LLM2VecMTEBEncoder.from_pretrained(llama_path, instructions=str(fp), devices="cpu",
+                                                allow_missing_instructions=True)
+    with caplog.at_level("WARNING"):
+        out = lenient.encode([{"text": ["a"]}], task_metadata=meta, hf_split="test", hf_subset="default")
+    np.testing.assert_allclose(out, lenient.model.encode(["a"], show_progress_bar=False), rtol=0, atol=0)
+    assert any("MockSTSTask" in r.getMessage() for r in caplog.records)
+
+
+def test_several_replicas_give_the_same_embeddings_in_input_order(llama_path):
+    single = LLM2VecMTEBEncoder.from_pretrained(llama_path, instructions=INSTRUCTIONS, devices="cpu")
+    multi = LLM2VecMTEBEncoder.from_pretrained(llama_path, instructions=INSTRUCTIONS, devices=["cpu", "cpu"])
+    multi.chunk_size = 3
+    assert len(multi.replicas) == 2 and multi.replicas[0] is not multi.replicas[1]
+    items = [["Classify the sentence" if i % 3 else "", "word " * (1 + (7 * i) % 11) + str(i)] for i in range(23)]
+    a = single.encode_items(items, batch_size=2, show_progress_bar=False)
+    b = multi.encode_items(items, batch_size=2, show_progress_bar=False)
+    assert b.dtype == np.float32 and b.shape == a.shape
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------- local task
+
+
+def write_beir(folder: Path, texts: list[str], qrels: dict[str, str]) -> None:
+    """Documents d0..dn with ``texts``; each query text equals the text of the document it is paired with."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "corpus.jsonl", "w") as f:
+        for i, t in enumerate(texts):
+            f.write(json.dumps({"_id": f"d{i}", "title": "", "text": t}) + "\n")
+    with open(folder / "queries.jsonl", "w") as f:
+        for qid, did in qrels.items():
+            f.write(json.dumps({"_id": qid, "text": texts[int(did[1:])]}) + "\n")
+    with open(folder / "qrels.jsonl", "w") as f:
+        for qid, did in qrels.items():
+            f.write(json.dumps({"query-id": qid, "corpus-id": did, "score": 1}) + "\n")
+
+
+TEXTS = [
+    "Return the number of items in a container.",
+    "Open a file and read its lines.",
+    "Paris is the capital of France.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Embeddings are vectors that capture meaning.",
+    "Large language models are trained on text.",
+]
+# queries in an order unrelated to the corpus order
+QRELS = {"qa": "d3", "qb": "d0", "qc": "d5", "qd": "d1"}
+
+
+def test_local_retrieval_task_scores_ndcg_one_for_identical_texts(encoder, tmp_path):
+    data = tmp_path / "eval"
+    write_beir(data, TEXTS, QRELS)
+    task = local_retrieval_task(data, name="StdlibDocRetrieval", instruction="")
+    encoder.add_instruction(task.metadata.name, task.instruction)
+    res = evaluate(encoder, [task], tmp_path / "out", show_progress_bar=False, raise_error=True)
+    # each query is the exact text of its relevant document and gets no instruction ("" here), so its
+    # nearest document by cosine is that document: nDCG@10 = 1 for any encoder
+    assert res.task_results[0].get_score() == pytest.approx(1.0)
+    assert (results_dir(tmp_path / "out", encoder) / "StdlibDocRetrieval.json").is_file()
+
+    # control: the same texts with wrong qrels score below 1, so the check above can fail
+    wrong = tmp_path / "wrong"
+    write_beir(wrong, TEXTS, QRELS)
+    with open(wrong / "qrels.jsonl", "w") as f:
+        for qid, did in QRELS.items():
+            f.write(json.dumps({"query-id": qid, "corpus-id": f"d{(int(did[1:]) + 1) % len(TEXTS)}", "score": 1}) + "\n")
+    task = local_retrieval_task(wrong, name="WrongQrels", instruction="")
+    encoder.add_instruction("WrongQrels", "")
+    res = evaluate(encoder, [task], tmp_path / "out", show_progress_bar=False, raise_error=True)
+    assert res.task_results[0].get_score() < 0.9
+
+
+def test_local_retrieval_task_rejects_bad_folders(tmp_path):
+    with pytest.raises(FileNotFoundError, match="qrels.jsonl"):
+        (tmp_path / "corpus.jsonl").write_text('{"_id": "d0", "text": "x"}\n')
+        (tmp_path / "queries.jsonl").write_text('{"_id": "q0", "text": "x"}\n')
+        local_retrieval_task(tmp_path)
+    (tmp_path / "qrels.jsonl").write_text('{"query-id": "q0", "corpus-id": "d9", "score": 1}\n')
+    with pytest.raises(ValueError, match="d9"):
+        local_retrieval_task(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------- CLI
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("mteb_eval_custom", REPO / "experiments" / "mteb_eval_custom.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        (["--task_name", "NoSuchTaskXYZ"], "--task_name 'NoSuchTaskXYZ'"),
+        (["--task_set", "mteb99"], "--task_set 'mteb99'"),
+        (["--task_name", "STSBenchmark", "--task_to_instructions_fp", "/nonexistent/instr.json"], "/nonexistent/instr.json"),
+        (["--local_retrieval_dir", "/nonexistent/beir"], "--local_retrieval_dir"),
+    ],
+)
+def test_cli_bad_input_is_a_one_line_error(extra, expected, llama_path, tmp_path, capsys):
+    script = load_script()
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(["--base_model_name_or_path", llama_path, "--output_dir", str(tmp_path), *extra])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert expected in err and "error" in err and "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def test_cli_missing_instruction_names_the_task_and_file(llama_path, tmp_path, capsys):
+    fp = tmp_path / "instr.json"
+    fp.write_text(json.dumps({"STSBenchmark": "x"}))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--base_model_name_or_path", llama_path, "--task_name", "STSBenchmark,SICK-R",
+              "--task_to_instructions_fp", str(fp), "--output_dir", str(tmp_path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "SICK-R" in err and str(fp) in err and "STSBenchmark'" not in err
+
+
+def test_cli_task_sets_resolve_to_the_paper_tasks():
+    from llm2vec.evaluation.mteb_wrapper import expand_task_names, get_mteb_tasks, task_sets
+
+    sets, entries = task_sets()
+    assert len(sets["mteb56"]) == 56 and len(sets["subset15"]) == 15
+    names = expand_task_names(sets["mteb56"], entries)
+    assert len(names) == 56 - 1 + 12  # CQADupstackRetrieval -> its 12 sub-forums
+    instructions = json.loads((REPO / "test_configs/mteb/task_to_instructions.json").read_text())
+    assert not [n for n in names if n not in instructions]
+    sts17 = get_mteb_tasks(["STS17"], entries)[0]
+    assert list(sts17.hf_subsets) == ["en-en"] and list(sts17.eval_splits) == ["test"]
+    assert list(get_mteb_tasks(["MSMARCO"], entries)[0].eval_splits) == ["dev"]
+
+
+def test_cli_evaluates_a_local_folder(llama_path, tmp_path, capsys):
+    data = tmp_path / "eval"
+    write_beir(data, TEXTS, QRELS)
+    argv = ["--base_model_name_or_path", llama_path, "--local_retrieval_dir", str(data), "--local_instruction", "",
+            "--output_dir", str(tmp_path / "out"), "--device", "cpu", "--batch_size", "2", "--model_name", "tiny/llama3"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "StdlibDocRetrieval\t1.0000" in out
+    saved = list((tmp_path / "out" / "results" / "tiny__llama3").glob("*/StdlibDocRetrieval.json"))
+    assert len(saved) == 1
