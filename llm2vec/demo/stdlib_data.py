@@ -1,0 +1,646 @@
+"""A small real retrieval dataset built from the documentation that ships with Python.
+
+Every example comes from one documented public object of a standard-library module: a module-level
+function or class, or a public method of such a class.
+
+- query: the first sentence of the object's docstring;
+- positive: the object's signature line (``module.name(args)``) followed by the rest of its
+  docstring, without that first sentence;
+- negative (hard): the positive-style text of another object of the same module (a method of the
+  same class when there is one, otherwise any other object of the module), picked with a seeded
+  random generator.
+
+Modules are a fixed, explicit list (:data:`STDLIB_MODULES`) of modules that import without side
+effects or platform-specific content on CPython 3.11+; one that fails to import is skipped and named
+in the manifest. The output depends only on the docstrings, so it is the same on machines with the
+same Python minor version (C accelerators such as ``_decimal`` or ``_datetime`` are assumed
+present, as on every standard CPython build). Memory addresses in default values
+(``<object object at 0x...>``) are removed from signatures.
+
+The train/eval split is by module: the modules are shuffled with the seed and taken into the eval
+split, in that order, until it holds ``eval_target`` examples; all other modules are train. The
+output folder:
+
+- ``train/stdlib.jsonl``: ``{"query", "positive", "negative"}`` per line (the E5 layout);
+- ``eval/corpus.jsonl`` (``{"_id", "title", "text"}``), ``eval/queries.jsonl`` (``{"_id", "text"}``),
+  ``eval/qrels.jsonl`` (``{"query-id", "corpus-id", "score"}``): a BEIR-style retrieval task whose
+  corpus is the positive of every eval-split object, so each query has one relevant document among
+  all the eval modules' documents (its same-module siblings included);
+- ``provenance/train.jsonl``: for line i of the train file, the module and the dotted names of the
+  query's and the negative's objects (kept out of ``train/`` so that data loaders never read it);
+- ``manifest.json``: parameters, Python version, module lists, sizes and the SHA-256 of every file;
+  written last, so its presence (with matching hashes) marks a complete build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import json
+import platform
+import random
+import re
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from .atomic import atomic_write
+
+FORMAT_VERSION = 1
+
+# Modules that import cleanly on every platform and whose public API and docstrings do not depend on
+# the operating system. Left out on purpose: os, sys, posix/nt paths, shutil, subprocess, socket,
+# select(ors), signal, time, asyncio (package and streams), multiprocessing, urllib.request,
+# socketserver (platform branches); tkinter, curses, readline, ssl, sqlite3, lzma, bz2, ctypes
+# (optional in some builds); and the modules deprecated by PEP 594 (they warn on import and are gone
+# in 3.13). A package that only re-exports (unittest, email) is read through its submodules.
+STDLIB_MODULES: tuple[str, ...] = (
+    "abc",
+    "argparse",
+    "array",
+    "ast",
+    "asyncio.base_events",
+    "asyncio.events",
+    "asyncio.exceptions",
+    "asyncio.locks",
+    "asyncio.protocols",
+    "asyncio.queues",
+    "asyncio.runners",
+    "asyncio.tasks",
+    "asyncio.timeouts",
+    "asyncio.transports",
+    "base64",
+    "bdb",
+    "binascii",
+    "bisect",
+    "builtins",
+    "calendar",
+    "cmath",
+    "cmd",
+    "code",
+    "codecs",
+    "codeop",
+    "collections",
+    "collections.abc",
+    "colorsys",
+    "compileall",
+    "concurrent.futures",
+    "concurrent.futures.process",
+    "concurrent.futures.thread",
+    "configparser",
+    "contextlib",
+    "contextvars",
+    "copy",
+    "copyreg",
+    "csv",
+    "dataclasses",
+    "datetime",
+    "decimal",
+    "difflib",
+    "dis",
+    "doctest",
+    "email.charset",
+    "email.contentmanager",
+    "email.encoders",
+    "email.errors",
+    "email.feedparser",
+    "email.generator",
+    "email.header",
+    "email.headerregistry",
+    "email.iterators",
+    "email.message",
+    "email.parser",
+    "email.policy",
+    "email.utils",
+    "enum",
+    "filecmp",
+    "fileinput",
+    "fnmatch",
+    "fractions",
+    "ftplib",
+    "functools",
+    "gc",
+    "getopt",
+    "gettext",
+    "glob",
+    "graphlib",
+    "gzip",
+    "hashlib",
+    "heapq",
+    "hmac",
+    "html",
+    "html.parser",
+    "http.client",
+    "http.cookiejar",
+    "http.cookies",
+    "http.server",
+    "imaplib",
+    "importlib.abc",
+    "importlib.metadata",
+    "importlib.util",
+    "inspect",
+    "io",
+    "ipaddress",
+    "itertools",
+    "json",
+    "json.decoder",
+    "json.encoder",
+    "keyword",
+    "linecache",
+    "logging",
+    "logging.handlers",
+    "mailbox",
+    "marshal",
+    "math",
+    "mimetypes",
+    "netrc",
+    "numbers",
+    "operator",
+    "optparse",
+    "pathlib",
+    "pdb",
+    "pickle",
+    "pickletools",
+    "pkgutil",
+    "plistlib",
+    "poplib",
+    "pprint",
+    "profile",
+    "pstats",
+    "py_compile",
+    "pyclbr",
+    "pydoc",
+    "queue",
+    "quopri",
+    "random",
+    "re",
+    "reprlib",
+    "runpy",
+    "sched",
+    "secrets",
+    "shelve",
+    "shlex",
+    "smtplib",
+    "stat",
+    "statistics",
+    "string",
+    "stringprep",
+    "struct",
+    "symtable",
+    "tarfile",
+    "tempfile",
+    "textwrap",
+    "threading",
+    "timeit",
+    "tokenize",
+    "tomllib",
+    "trace",
+    "traceback",
+    "tracemalloc",
+    "types",
+    "typing",
+    "unicodedata",
+    "unittest.case",
+    "unittest.loader",
+    "unittest.mock",
+    "unittest.result",
+    "unittest.runner",
+    "unittest.suite",
+    "urllib.error",
+    "urllib.parse",
+    "urllib.robotparser",
+    "uuid",
+    "warnings",
+    "wave",
+    "weakref",
+    "wsgiref.handlers",
+    "wsgiref.headers",
+    "wsgiref.simple_server",
+    "wsgiref.util",
+    "wsgiref.validate",
+    "xml.dom.domreg",
+    "xml.dom.expatbuilder",
+    "xml.dom.minidom",
+    "xml.dom.pulldom",
+    "xml.etree.ElementTree",
+    "xml.sax",
+    "xml.sax.handler",
+    "xml.sax.saxutils",
+    "xml.sax.xmlreader",
+    "xmlrpc.client",
+    "zipapp",
+    "zipfile",
+    "zlib",
+    "zoneinfo",
+)
+
+DEFAULT_OUT_DIR = "cache/demo-data"
+TRAIN_FILE = "train/stdlib.jsonl"
+PROVENANCE_FILE = "provenance/train.jsonl"
+CORPUS_FILE = "eval/corpus.jsonl"
+QUERIES_FILE = "eval/queries.jsonl"
+QRELS_FILE = "eval/qrels.jsonl"
+MANIFEST_FILE = "manifest.json"
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+# A sentence ends at . ! or ? followed by white space and an upper-case letter, a quote or a bracket
+# (so "e.g. the" and "3.5 of" do not end one); or at the end of the first paragraph.
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'`(\[])")
+# A first line that is a hand-written signature, as in many C docstrings: "name(args) -> result".
+_SIGNATURE_LINE = re.compile(r"^(async\s+)?[A-Za-z_][\w.]*\(.*\)(\s*->\s*.*)?$")
+
+
+@dataclass(frozen=True)
+class DocObject:
+    """One documented public object: ``query`` is its first sentence, ``text`` its positive."""
+
+    module: str
+    name: str  # dotted, starting with the module, e.g. "json.JSONDecoder.decode"
+    owner: str  # the class for a method, the module otherwise
+    query: str
+    text: str
+
+
+def _squash(text: str) -> str:
+    return " ".join(text.split())
+
+
+class _Shown:
+    """A stand-in default value whose repr is a fixed text."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+_LITERALS = (type(None), bool, int, float, complex, str, bytes)
+
+
+def _is_literal(value) -> bool:
+    if isinstance(value, (tuple, frozenset)):
+        return all(_is_literal(v) for v in value)
+    return isinstance(value, _LITERALS)
+
+
+def _signature(obj, name: str) -> str | None:
+    """``name(parameters)``, with default values that are not literals shown by name or type.
+
+    A default such as ``sys.stdout`` or a sentinel ``object()`` has a repr that depends on the
+    machine or the run (encodings, memory addresses); it is shown as its qualified name for
+    functions and classes, and as ``<TypeName>`` otherwise.
+    """
+    try:
+        sig = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return None
+    params = []
+    for p in sig.parameters.values():
+        d = p.default
+        if d is not inspect.Parameter.empty and not _is_literal(d):
+            label = getattr(d, "__qualname__", None) if (inspect.isclass(d) or inspect.isroutine(d)) else None
+            p = p.replace(default=_Shown(label or f"<{type(d).__name__}>"))
+        params.append(p)
+    try:
+        sig = sig.replace(parameters=params)
+    except ValueError:
+        return None
+    return name + _ADDRESS.sub("", str(sig))
+
+
+def split_first_sentence(doc: str) -> tuple[str, str]:
+    """Split a cleaned docstring into (first sentence, rest), both with normalised white space.
+
+    The first sentence never runs past the first paragraph (blank line); the rest keeps the
+    remaining paragraphs separated by blank lines and the other lines' breaks.
+    """
+    paragraphs = re.split(r"\n\s*\n", doc.strip(), maxsplit=1)
+    first_paragraph = _squash(paragraphs[0])
+    later = paragraphs[1].strip() if len(paragraphs) > 1 else ""
+    parts = _SENTENCE_END.split(first_paragraph, maxsplit=1)
+    sentence = parts[0].strip()
+    rest_of_paragraph = parts[1].strip() if len(parts) > 1 else ""
+    rest = "\n\n".join(p for p in (rest_of_paragraph, later) if p)
+    return sentence, rest
+
+
+def _trim(text: str, max_chars: int) -> str:
+    """Cut ``text`` to at most ``max_chars`` characters, at a white-space boundary when there is one."""
+    if len(text) <= max_chars:
+        return text
+    cut = text[:max_chars]
+    space = cut.rfind(" ", max_chars // 2)
+    newline = cut.rfind("\n", max_chars // 2)
+    boundary = max(space, newline)
+    return (cut[:boundary] if boundary > 0 else cut).rstrip()
+
+
+def _describe(obj, name: str, module: str, owner: str, min_rest_chars: int, max_query_chars: int, max_chars: int):
+    doc = obj.__doc__ if isinstance(getattr(obj, "__doc__", None), str) else None
+    if not doc or not doc.strip():
+        return None
+    doc = inspect.cleandoc(doc)
+    lines = doc.split("\n")
+    signature = _signature(obj, name)
+    # C docstrings often start with hand-written signature lines: move them to the signature.
+    hand_written = []
+    while lines and _SIGNATURE_LINE.match(lines[0].strip()):
+        hand_written.append(lines.pop(0).strip())
+    if hand_written:
+        doc = "\n".join(lines).strip()
+        if signature is None:
+            # "[async ]short.name(args) -> result": keep the arguments and result, under the full name
+            signature = "\n".join(name + line[line.index("(") :] for line in hand_written)
+    if signature is None:
+        signature = name
+    signature = _ADDRESS.sub("", signature)
+    query, rest = split_first_sentence(doc)
+    if not query or len(query) > max_query_chars or len(query.split()) < 3:
+        return None
+    if not query[0].isalpha() or _SIGNATURE_LINE.match(query):  # a doctest or a signature, not prose
+        return None
+    if len(rest) < min_rest_chars:
+        return None
+    text = _trim(signature + "\n" + rest, max_chars)
+    if _squash(query).lower() in _squash(text).lower():
+        return None
+    return DocObject(module=module, name=name, owner=owner, query=query, text=text)
+
+
+def _defined_here(obj, module: str) -> bool:
+    origin = getattr(obj, "__module__", None)
+    if origin in (module, "_" + module.rsplit(".", 1)[-1], "_" + module):
+        return True  # defined in the module or in its C accelerator (io.StringIO is "_io")
+    # or in a private submodule of a package (concurrent.futures._base)
+    return isinstance(origin, str) and origin.startswith(module + "._")
+
+
+def collect_module(module: str, min_rest_chars: int = 40, max_query_chars: int = 300, max_chars: int = 1500):
+    """The :class:`DocObject` of every usable public function, class and method of ``module``, sorted by name.
+
+    Public means listed in ``__all__`` when the module has one, otherwise not starting with ``_``;
+    an object is taken only from the module that defines it (no re-exports), and an object reachable
+    under two names (an alias) is taken once, under the first name in sorted order.
+    """
+    with warnings.catch_warnings():  # e.g. typing.io warns when its attributes are read
+        warnings.simplefilter("ignore")
+        return _collect(module, min_rest_chars, max_query_chars, max_chars)
+
+
+def _collect(module: str, min_rest_chars: int, max_query_chars: int, max_chars: int) -> list[DocObject]:
+    mod = importlib.import_module(module)
+    names = sorted(set(getattr(mod, "__all__", ())) | {n for n in vars(mod) if not n.startswith("_")})
+    found: list[DocObject] = []
+    seen: set[int] = set()
+    alive = []  # keeps bound methods alive, so that no id() is reused while collecting
+
+    def take(obj, name, owner):
+        target = getattr(obj, "__func__", obj)  # a bound method and its function are one object
+        alive.append(target)
+        if id(target) in seen:
+            return
+        seen.add(id(target))
+        item = _describe(obj, name, module, owner, min_rest_chars, max_query_chars, max_chars)
+        if item is not None:
+            found.append(item)
+
+    for attr in names:
+        obj = getattr(mod, attr, None)
+        if obj is None or not (inspect.isclass(obj) or inspect.isroutine(obj)):
+            continue
+        if not _defined_here(obj, module):
+            continue
+        name = f"{module}.{attr}"
+        take(obj, name, module)
+        if inspect.isclass(obj):
+            for meth_name in sorted(vars(obj)):
+                if meth_name.startswith("_"):
+                    continue
+                raw = vars(obj)[meth_name]
+                if isinstance(raw, (staticmethod, classmethod)):
+                    raw = raw.__func__
+                if isinstance(raw, property):
+                    continue
+                if not inspect.isroutine(raw):
+                    continue
+                take(raw, f"{name}.{meth_name}", name)
+    found.sort(key=lambda d: d.name)
+    return found
+
+
+def _dedupe(objects: list[DocObject]) -> list[DocObject]:
+    """Keep the first object (in the given order) of each query text and of each positive text.
+
+    Aliases (``random.choice`` and ``random.Random.choice``) and copied docstrings would otherwise
+    give one query two relevant documents, or one document to two queries.
+    """
+    queries: set[str] = set()
+    texts: set[str] = set()
+    kept = []
+    for d in objects:
+        q, t = _squash(d.query).lower(), _squash(d.text.split("\n", 1)[-1]).lower()
+        if q in queries or t in texts:
+            continue
+        queries.add(q)
+        texts.add(t)
+        kept.append(d)
+    return kept
+
+
+def _pick_negatives(objects: list[DocObject], seed: int) -> dict[str, DocObject]:
+    """For each object, another object of its module: a sibling of the same class when there is one."""
+    by_module: dict[str, list[DocObject]] = {}
+    for d in objects:
+        by_module.setdefault(d.module, []).append(d)
+    negatives: dict[str, DocObject] = {}
+    for module, items in sorted(by_module.items()):
+        rng = random.Random(f"{seed}:{module}")
+        for d in items:
+            siblings = [o for o in items if o.name != d.name and o.owner == d.owner and d.owner != module]
+            candidates = siblings or [o for o in items if o.name != d.name]
+            if candidates:
+                negatives[d.name] = rng.choice(candidates)
+    return negatives
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _write_jsonl(path: Path, rows) -> int:
+    n = 0
+    with atomic_write(path) as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            n += 1
+    return n
+
+
+def _complete(out: Path, params: dict) -> dict | None:
+    """The manifest of a complete build in ``out`` made with ``params``, else None."""
+    try:
+        manifest = json.loads((out / MANIFEST_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if manifest.get("parameters") != params or manifest.get("python_version") != platform.python_version():
+        return None
+    for rel, digest in manifest.get("sha256", {}).items():
+        p = out / rel
+        if not p.is_file() or _sha256(p) != digest:
+            return None
+    return manifest
+
+
+def build_stdlib_dataset(
+    out_dir: str = DEFAULT_OUT_DIR,
+    max_train: int | None = None,
+    max_eval_queries: int = 300,
+    eval_target: int = 350,
+    seed: int = 42,
+    min_rest_chars: int = 40,
+    max_query_chars: int = 300,
+    max_chars: int = 1500,
+    modules: tuple[str, ...] = STDLIB_MODULES,
+    fresh: bool = False,
+    verbose: bool = True,
+) -> dict:
+    """Build (or reuse) the standard-library dataset in ``out_dir`` and return its manifest.
+
+    Args:
+        out_dir: output folder (see the module docstring for its layout).
+        max_train: keep at most this many train examples (a seeded sample, in sorted order);
+            ``None`` keeps all.
+        max_eval_queries: at most this many eval queries (a seeded sample); the corpus keeps the
+            documents of every eval-split object regardless.
+        eval_target: take modules into the eval split until it has at least this many examples.
+        seed: seed of the module split, the negatives and the samples.
+        min_rest_chars: an object is used only if its docstring minus the first sentence has at
+            least this many characters.
+        max_query_chars: an object whose first sentence is longer is not used.
+        max_chars: positives and negatives are cut to this many characters.
+        modules: the standard-library modules to read.
+        fresh: rebuild even if a complete build with the same parameters exists.
+        verbose: print what is done.
+    """
+    say = print if verbose else (lambda *a, **k: None)
+    out = Path(out_dir)
+    params = {
+        "format_version": FORMAT_VERSION,
+        "max_train": max_train,
+        "max_eval_queries": max_eval_queries,
+        "eval_target": eval_target,
+        "seed": seed,
+        "min_rest_chars": min_rest_chars,
+        "max_query_chars": max_query_chars,
+        "max_chars": max_chars,
+        "modules": list(modules),
+    }
+    if not fresh:
+        manifest = _complete(out, params)
+        if manifest is not None:
+            say(
+                f"[stdlib-data] reusing the complete build in {out} "
+                f"({manifest['sizes']['train']} train pairs, {manifest['sizes']['eval_queries']} eval queries)"
+            )
+            return manifest
+
+    start = time.perf_counter()
+    say(f"[stdlib-data] reading the docstrings of {len(modules)} standard-library modules (Python {platform.python_version()})")
+    objects: list[DocObject] = []
+    used, skipped = [], {}
+    for module in sorted(set(modules)):
+        try:
+            found = collect_module(module, min_rest_chars, max_query_chars, max_chars)
+        except Exception as exc:  # an optional module missing from this build
+            skipped[module] = f"{type(exc).__name__}: {exc}"
+            continue
+        used.append(module)
+        objects.extend(found)
+    objects = _dedupe(objects)
+    negatives = _pick_negatives(objects, seed)
+    objects = [d for d in objects if d.name in negatives]  # a module with a single object has no negative
+
+    # Split by module.
+    per_module: dict[str, int] = {}
+    for d in objects:
+        per_module[d.module] = per_module.get(d.module, 0) + 1
+    order = sorted(per_module)
+    random.Random(seed).shuffle(order)
+    eval_modules: list[str] = []
+    n_eval = 0
+    for module in order:
+        if n_eval >= eval_target:
+            break
+        eval_modules.append(module)
+        n_eval += per_module[module]
+    eval_set = set(eval_modules)
+    train_objs = [d for d in objects if d.module not in eval_set]
+    eval_objs = [d for d in objects if d.module in eval_set]
+
+    if max_train is not None and len(train_objs) > max_train:
+        keep = set(random.Random(f"{seed}:train").sample(range(len(train_objs)), max_train))
+        train_objs = [d for i, d in enumerate(train_objs) if i in keep]
+    query_objs = eval_objs
+    if max_eval_queries is not None and len(eval_objs) > max_eval_queries:
+        keep = set(random.Random(f"{seed}:eval").sample(range(len(eval_objs)), max_eval_queries))
+        query_objs = [d for i, d in enumerate(eval_objs) if i in keep]
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MANIFEST_FILE).unlink(missing_ok=True)  # the old build is incomplete from here on
+    _write_jsonl(
+        out / TRAIN_FILE,
+        ({"query": d.query, "positive": d.text, "negative": negatives[d.name].text} for d in train_objs),
+    )
+    _write_jsonl(
+        out / PROVENANCE_FILE,
+        ({"module": d.module, "query_object": d.name, "negative_object": negatives[d.name].name} for d in train_objs),
+    )
+    _write_jsonl(out / CORPUS_FILE, ({"_id": d.name, "title": "", "text": d.text} for d in eval_objs))
+    _write_jsonl(out / QUERIES_FILE, ({"_id": "q:" + d.name, "text": d.query} for d in query_objs))
+    _write_jsonl(out / QRELS_FILE, ({"query-id": "q:" + d.name, "corpus-id": d.name, "score": 1} for d in query_objs))
+
+    files = [TRAIN_FILE, PROVENANCE_FILE, CORPUS_FILE, QUERIES_FILE, QRELS_FILE]
+    train_modules = sorted({d.module for d in train_objs})
+    manifest = {
+        "name": "stdlib-docstrings",
+        "python_version": platform.python_version(),
+        "python_implementation": platform.python_implementation(),
+        "parameters": params,
+        "sizes": {
+            "objects": len(objects),
+            "train_available": sum(1 for d in objects if d.module not in eval_set),
+            "train": len(train_objs),
+            "eval_objects": len(eval_objs),
+            "eval_corpus": len(eval_objs),
+            "eval_queries": len(query_objs),
+            "eval_qrels": len(query_objs),
+            "train_modules": len(train_modules),
+            "eval_modules": len(eval_modules),
+        },
+        "train_modules": train_modules,
+        "eval_modules": sorted(eval_modules),
+        "modules_without_examples": sorted(set(used) - set(per_module)),
+        "skipped_modules": skipped,
+        "files": files,
+        "sha256": {rel: _sha256(out / rel) for rel in files},
+    }
+    with atomic_write(out / MANIFEST_FILE) as f:
+        f.write(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+    s = manifest["sizes"]
+    say(
+        f"[stdlib-data] {s['objects']} documented objects from {len(used)} modules -> "
+        f"train {s['train']} pairs ({s['train_available']} available, {s['train_modules']} modules); "
+        f"eval {s['eval_queries']} queries over a corpus of {s['eval_corpus']} ({s['eval_modules']} modules)"
+    )
+    if skipped:
+        say(f"[stdlib-data] skipped modules that did not import: {', '.join(sorted(skipped))}")
+    say(f"[stdlib-data] wrote {out} in {time.perf_counter() - start:.1f} s")
+    return manifest
+
+
+if __name__ == "__main__":  # pragma: no cover
+    build_stdlib_dataset(fresh="--fresh" in sys.argv[1:])
