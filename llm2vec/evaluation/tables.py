@@ -1,0 +1,412 @@
+"""The paper's MTEB tables, printed from mteb result folders.
+
+mteb 2.x saves one JSON file per task, ``<cache>/results/<model>/<revision>/<TaskName>.json``
+(a serialised :class:`mteb.TaskResult`; scores are in 0-1). This module reads such folders, picks the
+split and hf_subset the paper's numbers use (``test_configs/mteb/tasks.json``), scales to 0-100 and
+renders Markdown:
+
+(a) the layout of the paper's Table 1: one average per category (Retrieval 15, Reranking 4, Clustering 11,
+    PairClassification 3, Classification 12, STS 10, Summarization 1) and the mean over all 56 tasks
+    (the paper's "Avg" is the mean over tasks, not over categories);
+(b) one row per task.
+
+Each run is shown beside a row of the paper (``test_configs/mteb/paper_results.json``) and the
+difference. An average over fewer tasks than the category holds is shown with ``*`` and a footnote
+giving n/total; it is never compared with the paper. The paper's ``CQADupstackRetrieval`` is the mean
+of mteb's 12 sub-forum tasks and counts as missing unless all 12 are there.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "test_configs" / "mteb"
+"""Folder holding ``tasks.json`` and ``paper_results.json``."""
+
+FULL_BENCHMARK = "mteb56"
+AVERAGE = "Average"
+"""Key of the all-task mean, in the paper's tables and in :meth:`Run.averages`."""
+
+# Where the paper reports numbers for a (model, row) pair, in order of preference.
+CATEGORY_TABLES = {FULL_BENCHMARK: ("table1", "table3"), "subset15": ("table10",)}
+PER_TASK_TABLES = ("table14", "table15")
+
+
+class TableError(ValueError):
+    """Bad input; the message names the path or field and says what to do."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Benchmark definition
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task as the paper counts it, and where its score is read from in an mteb result."""
+
+    name: str
+    category: str
+    split: str
+    hf_subset: str
+    main_score: str
+    subtasks: tuple[str, ...] = ()
+    """mteb tasks whose mean is this task's score (CQADupstackRetrieval's 12 sub-forums)."""
+
+
+@dataclass(frozen=True)
+class Category:
+    name: str
+    label: str
+    tasks: tuple[Task, ...]
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """A list of tasks grouped into the paper's categories (empty categories are dropped)."""
+
+    name: str
+    categories: tuple[Category, ...]
+
+    @property
+    def tasks(self) -> tuple[Task, ...]:
+        return tuple(task for category in self.categories for task in category.tasks)
+
+    def result_files(self) -> dict[str, Task]:
+        """mteb task name -> the paper task it belongs to, for every result file worth reading."""
+        files = {}
+        for task in self.tasks:
+            files[task.name] = task
+            files.update({sub: task for sub in task.subtasks})
+        return files
+
+
+def load_benchmark(subset: str | None = None, config_dir: Path = CONFIG_DIR) -> Benchmark:
+    """The paper's 56 tasks, or the named subset of them (``"15"``: Table 8)."""
+    config = json.loads((Path(config_dir) / "tasks.json").read_text(encoding="utf-8"))
+    tasks = {
+        name: Task(
+            name=name,
+            category=spec["category"],
+            split=spec["split"],
+            hf_subset=spec["hf_subset"],
+            main_score=spec["main_score"],
+            subtasks=tuple(spec.get("subtasks", ())),
+        )
+        for name, spec in config["tasks"].items()
+    }
+    name = FULL_BENCHMARK
+    if subset is not None:
+        if subset not in config["subsets"]:
+            raise TableError(
+                f"--subset {subset!r}: unknown subset; choose one of {sorted(config['subsets'])}"
+            )
+        keep = set(config["subsets"][subset]["tasks"])
+        tasks = {n: t for n, t in tasks.items() if n in keep}
+        name = f"subset{subset}"
+    categories = []
+    for cat in config["categories"]:
+        members = tuple(t for t in tasks.values() if t.category == cat["name"])
+        if members:
+            categories.append(Category(cat["name"], cat["label"], members))
+    return Benchmark(name, tuple(categories))
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading mteb result folders
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Average:
+    """A mean over ``n_total`` scores of which ``n_total - len(missing)`` were available."""
+
+    value: float | None
+    n_total: int
+    missing: tuple[str, ...] = ()
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing
+
+    @property
+    def n_present(self) -> int:
+        return self.n_total - len(self.missing)
+
+    @classmethod
+    def of(cls, scores: Mapping[str, float | None]) -> Average:
+        present = [v for v in scores.values() if v is not None]
+        missing = tuple(name for name, v in scores.items() if v is None)
+        return cls(sum(present) / len(present) if present else None, len(scores), missing)
+
+
+@dataclass
+class Run:
+    """The scores (0-100) found in one result folder, keyed by mteb task name."""
+
+    label: str
+    scores: dict[str, float]
+    problems: dict[str, str] = field(default_factory=dict)
+    """mteb task name -> why a result file that exists gave no score."""
+
+    def task_score(self, task: Task) -> Average:
+        """The paper task's score; for CQADupstackRetrieval the mean over its sub-forums.
+
+        A single aggregated ``CQADupstackRetrieval.json`` (mteb 2.x's aggregate task) is used only
+        when no sub-forum file was found.
+        """
+        parts = task.subtasks
+        if not parts or (task.name in self.scores and not any(p in self.scores for p in parts)):
+            parts = (task.name,)
+        return Average.of({p: self.scores.get(p) for p in parts})
+
+    def averages(self, benchmark: Benchmark) -> dict[str, Average]:
+        """Category name (and :data:`AVERAGE`) -> mean over that category's tasks.
+
+        A task counts only if it is complete (all 12 CQADupstack sub-forums, for that one).
+        """
+        per_task = {}
+        for task in benchmark.tasks:
+            score = self.task_score(task)
+            per_task[task.name] = score.value if score.complete else None
+        out = {c.name: Average.of({t.name: per_task[t.name] for t in c.tasks}) for c in benchmark.categories}
+        out[AVERAGE] = Average.of(per_task)
+        return out
+
+
+def read_run(folder: str | Path, benchmark: Benchmark, label: str | None = None) -> Run:
+    """Read every ``<TaskName>.json`` of the benchmark found anywhere under ``folder``.
+
+    Files are loaded with mteb's own :meth:`mteb.TaskResult.from_disk` (which also converts the
+    layouts of older mteb versions). The score is ``main_score`` of the task's split and hf_subset.
+    """
+    folder = Path(folder)
+    label = label or str(folder)
+    if not folder.is_dir():
+        raise TableError(f"{folder}: no such directory; pass a folder that mteb wrote results into")
+    wanted = benchmark.result_files()
+    found: dict[str, Path] = {}
+    for path in sorted(folder.rglob("*.json")):
+        if path.stem not in wanted:
+            continue
+        if path.stem in found:
+            raise TableError(
+                f"{folder}: two results for {path.stem} ({found[path.stem]} and {path}); "
+                "pass the folder of a single model revision"
+            )
+        found[path.stem] = path
+    if not found:
+        raise TableError(
+            f"{folder}: no mteb result files for any of the {len(benchmark.tasks)} tasks "
+            "(looked for <TaskName>.json in all subfolders); pass the folder mteb.evaluate wrote to"
+        )
+
+    from mteb import TaskResult  # imported late: mteb is slow to import and only needed here
+
+    run = Run(label, {})
+    for name, path in found.items():
+        try:
+            result = TaskResult.from_disk(path)
+        except Exception as err:  # noqa: BLE001 - any parse failure is a bad input file
+            first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise TableError(f"{path}: not a readable mteb result ({first_line}); re-run mteb on it") from err
+        task = wanted[name]
+        entries = {e["hf_subset"]: e for e in result.scores.get(task.split, [])}
+        if task.split not in result.scores:
+            run.problems[name] = f"no '{task.split}' split in {path}"
+        elif task.hf_subset not in entries:
+            run.problems[name] = f"no '{task.hf_subset}' subset of the '{task.split}' split in {path}"
+        else:
+            run.scores[name] = 100.0 * float(entries[task.hf_subset]["main_score"])
+    return run
+
+
+# --------------------------------------------------------------------------------------------------
+# The paper's numbers
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PaperReference:
+    """The paper's numbers for one model and row, restricted to one benchmark."""
+
+    label: str
+    averages: dict[str, float]
+    """Category name or :data:`AVERAGE` -> the paper's number (the keys the paper reports)."""
+    tasks: dict[str, float]
+    """Paper task name -> the paper's per-task score (Tables 14/15); empty if not reported."""
+    disputed: dict[str, str]
+    """Category name -> note, for Table 1 cells that disagree with the paper's per-task tables."""
+
+
+def load_paper_results(config_dir: Path = CONFIG_DIR) -> dict:
+    return json.loads((Path(config_dir) / "paper_results.json").read_text(encoding="utf-8"))
+
+
+def paper_reference(
+    model: str, row: str, benchmark: Benchmark, paper: Mapping | None = None
+) -> PaperReference:
+    """Look up ``row`` (e.g. ``"anchor"``, ``"baseline"``) of ``model`` in the paper's tables.
+
+    For the full benchmark the category averages come from Table 1 (or Table 3 for the Stage I
+    ablations); for the 15-task subset only the overall average exists (Table 10). Per-task scores
+    come from Tables 14/15 (the paper has none for Mistral-7B).
+    """
+    paper = paper if paper is not None else load_paper_results()
+    tables = paper["tables"]
+    models = {m.lower(): m for m in paper["models"]}
+    if model.lower() not in models:
+        raise TableError(f"--paper-model {model!r}: not a model of the paper; choose one of {paper['models']}")
+    model = models[model.lower()]
+
+    def first_with_row(candidates: Iterable[str]) -> tuple[str | None, object]:
+        for table in candidates:
+            entry = tables[table]["models"].get(model, {}).get(row)
+            if entry is not None:
+                return table, entry
+        return None, None
+
+    category_table, entry = first_with_row(CATEGORY_TABLES.get(benchmark.name, ()))
+    averages = dict(entry) if isinstance(entry, Mapping) else ({AVERAGE: entry} if entry is not None else {})
+    task_table, entry = first_with_row(PER_TASK_TABLES)
+    wanted = {t.name for t in benchmark.tasks}
+    tasks = {name: score for name, score in (entry or {}).items() if name in wanted}
+    sources = [t for t in (category_table, task_table) if t is not None]
+    if not sources:
+        searched = CATEGORY_TABLES.get(benchmark.name, ()) + PER_TASK_TABLES
+        rows = sorted({r for t in searched for r in tables[t]["models"].get(model, {})})
+        if not rows:
+            raise TableError(
+                f"--paper-model {model!r}: the paper reports no {benchmark.name} numbers for this model; "
+                "choose another model or leave out --paper-model"
+            )
+        raise TableError(
+            f"--paper-row {row!r}: the paper reports no such row for {model} on {benchmark.name}; "
+            f"choose one of {rows}"
+        )
+    disputed = {}
+    if category_table == "table1":
+        for cell in paper["known_inconsistencies"]["cells"]:
+            if cell["model"] == model and cell["row"] == row:
+                disputed[cell["column"]] = (
+                    f"Table 1 gives {cell['table1']:.2f} but the mean of the paper's per-task scores is "
+                    f"{cell['per_task_mean']:.2f} (see test_configs/mteb/README.md)"
+                )
+    tables_used = ("Tables " if len(sources) > 1 else "Table ") + ", ".join(t.removeprefix("table") for t in sources)
+    return PaperReference(f"Paper ({tables_used}): {model}, {row}", averages, tasks, disputed)
+
+
+# --------------------------------------------------------------------------------------------------
+# Markdown
+# --------------------------------------------------------------------------------------------------
+
+NOT_AVAILABLE = "–"
+
+
+def _fmt(value: float | None) -> str:
+    return NOT_AVAILABLE if value is None or math.isnan(value) else f"{value:.2f}"
+
+
+def _fmt_average(avg: Average) -> str:
+    if avg.value is None:
+        return "missing"
+    return _fmt(avg.value) + ("" if avg.complete else "*")
+
+
+def _fmt_diff(ours: Average, paper: float | None) -> str:
+    if paper is None or ours.value is None or not ours.complete:
+        return NOT_AVAILABLE
+    diff = round(ours.value - paper, 2) + 0.0  # + 0.0 turns -0.0 into 0.0
+    return f"{diff:+.2f}"
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[str]], align_left: int = 1) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |"]
+    lines.append("|" + "|".join(":---" if i < align_left else "---:" for i in range(len(header))) + "|")
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def _missing_note(avg: Average, what: str) -> str:
+    return f"{what} {avg.n_present}/{avg.n_total} (missing: {', '.join(avg.missing)})"
+
+
+def render_category_table(runs: Sequence[Run], benchmark: Benchmark, paper: PaperReference | None) -> str:
+    """Table 1 layout: one column per category plus the all-task average."""
+    keys = [c.name for c in benchmark.categories] + [AVERAGE]
+    labels = [c.label for c in benchmark.categories] + ["Avg"]
+    rows = [["# of datasets"] + [str(len(c.tasks)) for c in benchmark.categories] + [str(len(benchmark.tasks))]]
+    if paper is not None:
+        cells = []
+        for key in keys:
+            cell = _fmt(paper.averages.get(key))
+            cells.append(cell + ("†" if key in paper.disputed else ""))
+        rows.append([paper.label] + cells)
+    notes = []
+    for run in runs:
+        averages = run.averages(benchmark)
+        rows.append([f"`{run.label}`"] + [_fmt_average(averages[k]) for k in keys])
+        if paper is not None:
+            rows.append([f"`{run.label}` − paper"] + [_fmt_diff(averages[k], paper.averages.get(k)) for k in keys])
+        incomplete = [_missing_note(averages[k], label) for k, label in zip(keys, labels) if not averages[k].complete]
+        if incomplete:
+            notes.append(f"\\* `{run.label}` incomplete: " + "; ".join(incomplete) + ".")
+    lines = _table(["Model"] + labels, rows)
+    if paper is not None:
+        label_of = dict(zip(keys, labels))
+        notes += [f"† Paper, {label_of[key]}: {note}." for key, note in paper.disputed.items() if key in label_of]
+        if benchmark.name != FULL_BENCHMARK:
+            notes.append("The paper reports only the overall average on this subset.")
+    return "\n".join(lines + ([""] + notes if notes else []))
+
+
+def render_task_table(runs: Sequence[Run], benchmark: Benchmark, paper: PaperReference | None) -> str:
+    """One row per task: each run's score and its difference from the paper's."""
+    header = ["Task", "Category"]
+    if paper is not None:
+        header.append("Paper")
+    for run in runs:
+        header += [f"`{run.label}`"] + (["Δ"] if paper is not None else [])
+    rows, notes = [], []
+    for category in benchmark.categories:
+        for task in category.tasks:
+            row = [task.name, category.label]
+            expected = paper.tasks.get(task.name) if paper is not None else None
+            if paper is not None:
+                row.append(_fmt(expected))
+            for run in runs:
+                score = run.task_score(task)
+                row.append(_fmt_average(score))
+                if paper is not None:
+                    row.append(_fmt_diff(score, expected))
+                if score.value is not None and not score.complete:
+                    notes.append(f"\\* `{run.label}`: " + _missing_note(score, task.name) + ".")
+            rows.append(row)
+    for run in runs:
+        notes += [f"`{run.label}`: {name} not scored: {why}." for name, why in sorted(run.problems.items())]
+    if paper is not None and not paper.tasks:
+        notes.append("The paper gives no per-task scores for this model (Tables 14/15).")
+    return "\n".join(_table(header, rows, align_left=2) + ([""] + notes if notes else []))
+
+
+def render_markdown(runs: Sequence[Run], benchmark: Benchmark, paper: PaperReference | None = None) -> str:
+    """Both tables, with a short heading each."""
+    title = "MTEB (56 tasks)" if benchmark.name == FULL_BENCHMARK else f"MTEB subset ({len(benchmark.tasks)} tasks)"
+    return "\n".join(
+        [
+            f"## {title}: category averages",
+            "",
+            "Scores are mteb main scores x 100; `missing` = no result file.",
+            "",
+            render_category_table(runs, benchmark, paper),
+            "",
+            f"## {title}: per task",
+            "",
+            render_task_table(runs, benchmark, paper),
+            "",
+        ]
+    )
