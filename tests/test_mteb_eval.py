@@ -301,3 +301,37 @@ def test_cli_evaluates_a_local_folder(llama_path, tmp_path, capsys):
     assert "StdlibDocRetrieval\t1.0000" in out
     saved = list((tmp_path / "out" / "results" / "tiny__llama3").glob("*/StdlibDocRetrieval.json"))
     assert len(saved) == 1
+
+
+def test_cli_authors_command_with_a_lora_adapter(llama_path, tmp_path, capsys):
+    """The authors' flags (base + adapter + instructions file + output dir), on a local task; the adapter is
+    merged, names the results folder, and changes the embeddings."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModel
+
+    body = AutoModel.from_pretrained(llama_path)
+    lora = get_peft_model(body, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    adapter = tmp_path / "stage2" / "adapter"
+    lora.save_pretrained(adapter)
+
+    data = tmp_path / "eval"
+    write_beir(data, TEXTS, QRELS)
+    instructions = tmp_path / "instr.json"
+    instructions.write_text(json.dumps({"StdlibDocRetrieval": ""}))
+    out = tmp_path / "out"
+    argv = ["--base_model_name_or_path", llama_path, "--peft_model_name_or_path", str(adapter),
+            "--local_retrieval_dir", str(data), "--task_to_instructions_fp", str(instructions),
+            "--output_dir", str(out), "--device", "cpu"]
+    assert main(argv) == 0
+    assert "StdlibDocRetrieval\t1.0000" in capsys.readouterr().out
+    (folder,) = (out / "results" / "stage2__adapter").iterdir()
+    meta = json.loads((folder / "model_meta.json").read_text())
+    assert meta["loader_kwargs"]["peft_model_name_or_path"] == str(adapter.resolve())
+
+    merged = LLM2VecMTEBEncoder.from_pretrained(llama_path, str(adapter), instructions={}, devices="cpu")
+    plain = LLM2VecMTEBEncoder.from_pretrained(llama_path, instructions={}, devices="cpu")
+    with torch.no_grad():
+        a = merged.encode_items([["", TEXTS[0]]], show_progress_bar=False)
+        b = plain.encode_items([["", TEXTS[0]]], show_progress_bar=False)
+    assert not np.allclose(a, b)

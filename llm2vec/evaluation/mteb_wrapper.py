@@ -535,9 +535,11 @@ def run(args) -> int:
         )
     try:
         devices = [d.strip() for d in args.device.split(",")] if "," in args.device else args.device
-        resolve_devices(devices)
+        device_list = resolve_devices(devices)
     except RuntimeError as e:
         raise UsageError(f"--device {args.device!r}: {e}") from None
+    if any(d.type == "cuda" for d in device_list) and not torch.cuda.is_available():
+        raise UsageError(f"--device {args.device!r}: no CUDA device is visible; use --device cpu or auto")
 
     encoder = LLM2VecMTEBEncoder.from_pretrained(
         args.base_model_name_or_path,
