@@ -117,13 +117,20 @@ class LLM2VecTrainer(Trainer):
             if getattr(result, "unexpected_keys", None):
                 raise ValueError(f"{adapter}: keys that do not fit this model: {result.unexpected_keys[:5]}")
             return
-        from transformers.modeling_utils import load_sharded_checkpoint
-
-        single = os.path.join(resume_from_checkpoint, "model.safetensors")
-        if os.path.isfile(single):
-            missing, unexpected = inner.load_state_dict(load_file(single), strict=False)
-            tied = {"lm_head.weight"} if getattr(inner.config, "tie_word_embeddings", False) else set()
-            if set(missing) - tied or unexpected:
-                raise ValueError(f"{single}: does not match the model (missing {missing[:5]}, unexpected {unexpected[:5]})")
+        index = os.path.join(resume_from_checkpoint, "model.safetensors.index.json")
+        if os.path.isfile(index):
+            with open(index) as f:
+                files = sorted(set(json.load(f)["weight_map"].values()))
         else:
-            load_sharded_checkpoint(inner, resume_from_checkpoint, strict=True)
+            files = ["model.safetensors"]
+        state = {}
+        for name in files:
+            path = os.path.join(resume_from_checkpoint, name)
+            if not os.path.isfile(path):
+                raise ValueError(f"resume_from_checkpoint: {path} is missing; the checkpoint folder is incomplete")
+            state.update(load_file(path))
+        missing, unexpected = inner.load_state_dict(state, strict=False)
+        tied = {"lm_head.weight"} if getattr(inner.config, "tie_word_embeddings", False) else set()
+        if set(missing) - tied or unexpected:
+            raise ValueError(f"{resume_from_checkpoint}: the weights do not match the model "
+                             f"(missing {missing[:5]}, unexpected {unexpected[:5]})")

@@ -1,0 +1,297 @@
+"""Stage I: the reconstruction loss against a per-example causal-LM reference, and the driver end to end."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from llm2vec import LLM2Vec
+from llm2vec.collator import TrainCollator
+from llm2vec.dataset import TrainExample
+from llm2vec.llm2vec_q2d_d2q import LLM2Vec_q2d_d2q
+from llm2vec.templates import encode as template_encode
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PAIRS = [
+    ("Given a question, retrieve passages that answer it", "What is the capital of France?",
+     "Paris is the capital of France. Berlin is the capital of Germany."),
+    ("", "quick fox", "The quick brown fox jumps over the lazy dog."),
+    ("Retrieve semantically similar text", "numbers, punctuation: commas (parentheses) and [brackets] in a long query",
+     "Rome"),
+]
+
+
+def examples(pairs=PAIRS):
+    return [TrainExample(query=q, positive=d, negative=None, query_instruction=i, source="t") for i, q, d in pairs]
+
+
+def stage_I_model(tiny_models, family, **kwargs):
+    model, tokenizer = tiny_models[family]
+    return LLM2Vec_q2d_d2q(model, tokenizer, **kwargs)
+
+
+def reference_direction_nll(causal_lm, tokenizer, spec, source_item, target_item, targets="text"):
+    """-sum log P(target tokens | anchor of source) from plain, unpadded causal-LM forwards of one pair."""
+    src, tgt = template_encode(tokenizer, spec, [source_item, target_item], max_length=512)
+    with torch.no_grad():
+        hidden = causal_lm.model(input_ids=torch.tensor([src.input_ids])).last_hidden_state
+    anchor = hidden[0, -1]  # the final-layer state at the anchor token, the last token of the source
+    y = list(tgt.input_ids[tgt.text_start:tgt.text_end] if targets == "text" else tgt.input_ids[:-1])
+    embeds = torch.cat([anchor[None], causal_lm.get_input_embeddings()(torch.tensor(y))])
+    with torch.no_grad():
+        logits = causal_lm(inputs_embeds=embeds[None]).logits[0]
+    logp = torch.log_softmax(logits.float(), -1)
+    return -sum(logp[t, token] for t, token in enumerate(y)), len(y)
+
+
+@pytest.mark.parametrize("targets", ["text", "all"])
+def test_batched_loss_matches_per_example_reference(tiny_models, family, targets):
+    model = stage_I_model(tiny_models, family, alpha=0.2, reconstruction_targets=targets)
+    causal_lm, tokenizer = tiny_models[family]
+    batch = TrainCollator.for_encoder(model, reconstruction=targets)(examples())
+    with torch.no_grad():
+        out = model(**batch)
+    q2d = [reference_direction_nll(causal_lm, tokenizer, model.template, (i, q), ("", d), targets) for i, q, d in PAIRS]
+    d2q = [reference_direction_nll(causal_lm, tokenizer, model.template, ("", d), (i, q), targets) for i, q, d in PAIRS]
+    ref_q2d = sum(s for s, _ in q2d) / sum(n for _, n in q2d)  # token mean over the batch
+    ref_d2q = sum(s for s, _ in d2q) / sum(n for _, n in d2q)
+    torch.testing.assert_close(out.loss_q2d, ref_q2d, rtol=0, atol=1e-5)
+    torch.testing.assert_close(out.loss_d2q, ref_d2q, rtol=0, atol=1e-5)
+    torch.testing.assert_close(out.loss, 0.2 * ref_q2d + 0.8 * ref_d2q, rtol=0, atol=1e-5)
+
+
+def test_targets_text_exclude_template_and_instruction(tiny_models):
+    model = stage_I_model(tiny_models, "llama3")
+    batch = TrainCollator.for_encoder(model, reconstruction="text")(examples())
+    tok = model.tokenizer
+    row = batch["query_targets"]["input_ids"][0][batch["query_targets"]["attention_mask"][0].bool()]
+    assert tok.decode(row) == PAIRS[0][1]  # the query text only: no header, no instruction, no anchor
+    batch = TrainCollator.for_encoder(model, reconstruction="all")(examples())
+    row = batch["query_targets"]["input_ids"][0][batch["query_targets"]["attention_mask"][0].bool()]
+    assert tok.decode(row) == "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n" + PAIRS[0][0] + "\n" + PAIRS[0][1]
+
+
+def test_pair_loss_independent_of_batch_padding(tiny_models, family):
+    """With unit denominators the loss is a sum over pairs: a pair contributes the same alone or padded."""
+    model = stage_I_model(tiny_models, family)
+    collate = TrainCollator.for_encoder(model, reconstruction="text")
+    ones = {"q2d": torch.tensor(1.0), "d2q": torch.tensor(1.0)}
+    with torch.no_grad():
+        together = model(**collate(examples()), target_counts=ones).loss
+        alone = sum(model(**collate(examples([p])), target_counts=ones).loss for p in PAIRS)
+    torch.testing.assert_close(together, alone, rtol=0, atol=1e-4)
+
+
+def test_alpha_extremes_give_single_directions(tiny_models):
+    batch = TrainCollator.for_encoder(stage_I_model(tiny_models, "qwen2"), reconstruction="text")(examples())
+    with torch.no_grad():
+        both = stage_I_model(tiny_models, "qwen2", alpha=0.5)(**batch)
+        only_q2d = stage_I_model(tiny_models, "qwen2", alpha=1.0)(**batch)
+        only_d2q = stage_I_model(tiny_models, "qwen2", alpha=0.0)(**batch)
+    assert only_q2d.loss_d2q is None and only_d2q.loss_q2d is None
+    torch.testing.assert_close(only_q2d.loss, both.loss_q2d, rtol=0, atol=1e-6)
+    torch.testing.assert_close(only_d2q.loss, both.loss_d2q, rtol=0, atol=1e-6)
+
+
+def test_gradient_flows_through_the_anchor_into_the_encoding_pass(tiny_models, monkeypatch):
+    causal_lm, tokenizer = tiny_models["mistral"]
+    model = LLM2Vec_q2d_d2q(causal_lm, tokenizer)
+    batch = TrainCollator.for_encoder(model, reconstruction="text")(examples())
+
+    def grads():
+        model.zero_grad()
+        out = model(**batch)
+        if out.query_embedding.requires_grad:
+            out.query_embedding.retain_grad()
+            out.document_embedding.retain_grad()
+        out.loss.backward()
+        g = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad()
+        return out, g
+
+    out, attached = grads()
+    assert out.query_embedding.grad.abs().sum() > 0 and out.document_embedding.grad.abs().sum() > 0
+    # The same step with the anchor embeddings detached from the encoding pass: the gradients change.
+    encode = LLM2Vec.embed
+    monkeypatch.setattr(LLM2Vec, "embed", lambda self, features: encode(self, features).detach())
+    _, detached = grads()
+    changed = [n for n in attached if not torch.allclose(attached[n], detached[n])]
+    assert changed, "detaching the anchor did not change any gradient: the encoding pass gets no signal"
+
+
+# ---------------------------------------------------------------------------------------------- the driver
+
+
+def write_e5(folder: Path, n=24, sources=("nq", "fever")):
+    folder.mkdir(parents=True, exist_ok=True)
+    words = "the quick brown fox jumps over lazy dog paris capital france berlin rome numbers".split()
+    g = torch.Generator().manual_seed(0)
+    for s in sources:
+        with open(folder / f"{s}.jsonl", "w") as f:
+            for _ in range(n):
+                pick = lambda k: " ".join(words[i] for i in torch.randint(len(words), (k,), generator=g))
+                f.write(json.dumps({"query": pick(5), "positive": pick(14), "negative": pick(9)}) + "\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def stage_I_setup(tmp_path_factory):
+    from llm2vec.testing import save_tiny_model
+
+    root = tmp_path_factory.mktemp("stage1")
+    return save_tiny_model("llama3", root / "model"), write_e5(root / "data"), root
+
+
+def driver_args(model, data, out, **overrides):
+    args = {"model_name_or_path": str(model), "output_dir": str(out), "dataset_file_path": str(data),
+            "e5_sources": '["nq","fever"]', "learning_rate": "1e-3", "warmup_steps": "0", "max_steps": "1",
+            "per_device_train_batch_size": "4", "use_cpu": "true", "save_strategy": "no", "seed": "7",
+            "logging_steps": "1", "report_to": "none", "dataloader_num_workers": "0"}
+    args.update({k: str(v) for k, v in overrides.items()})
+    return [x for k, v in args.items() for x in (f"--{k}", v)]
+
+
+def free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_driver(argv, nproc=1):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    launcher = ([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+                 "--master_addr=127.0.0.1", f"--master_port={free_port()}"] if nproc > 1 else [sys.executable])
+    return subprocess.run(launcher + [str(ROOT / "experiments/run_stage_I.py")] + argv, env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=240)
+
+
+def weights(folder):
+    return load_file(os.path.join(folder, "model.safetensors"))
+
+
+def test_two_processes_equal_one_process_and_accumulation(stage_I_setup):
+    """After one step, 2 ranks x 2, 1 rank x 4, and 1 rank x 2 x 2 accumulation give the same parameters."""
+    model, data, root = stage_I_setup
+    runs = {
+        "ddp": (driver_args(model, data, root / "ddp", per_device_train_batch_size=2, ddp_backend="gloo"), 2),
+        "single": (driver_args(model, data, root / "single"), 1),
+        "accum": (driver_args(model, data, root / "accum", per_device_train_batch_size=2, gradient_accumulation_steps=2), 1),
+    }
+    for name, (argv, nproc) in runs.items():
+        result = run_driver(argv, nproc)
+        assert result.returncode == 0, f"{name} failed:\n{result.stderr[-3000:]}"
+    base, single = weights(model), weights(root / "single")
+    assert any(not torch.equal(base[k], single[k]) for k in single), "the step changed nothing"
+    for other in ("ddp", "accum"):
+        w = weights(root / other)
+        for k in single:
+            torch.testing.assert_close(w[k], single[k], rtol=0, atol=2e-6, msg=f"{other}: {k}")
+    # The checkpoint is a full causal LM that the encoder loads, with the run's settings and resolved config.
+    enc = LLM2Vec.from_pretrained(str(root / "ddp"), device="cpu")
+    assert enc.encode(["hello"], show_progress_bar=False).shape == (1, 32)
+    resolved = json.loads((root / "ddp" / "run_config.json").read_text())
+    assert resolved["world_size"] == 2 and resolved["alpha"] == 0.2
+
+
+def test_resume_continues_the_same_run(stage_I_setup):
+    from llm2vec.training import run_stage_I
+
+    model, data, root = stage_I_setup
+    run_stage_I(driver_args(model, data, root / "straight", max_steps=3))
+    run_stage_I(driver_args(model, data, root / "broken", max_steps=3, save_strategy="steps", save_steps=2))
+    # Simulate an interruption after step 2: resume from that checkpoint into a fresh run folder.
+    ckpt = root / "broken" / "checkpoint-2"
+    run_stage_I(driver_args(model, data, root / "broken", max_steps=3, resume_from_checkpoint=str(ckpt)))
+    a, b = weights(root / "straight"), weights(root / "broken")
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6)
+    assert (ckpt / "llm2vec_config.json").is_file() and (ckpt / "run_config.json").is_file()
+
+
+def test_driver_reports_missing_and_malformed_data(stage_I_setup, tmp_path):
+    model, _, _ = stage_I_setup
+    result = run_driver(driver_args(model, tmp_path / "nowhere", tmp_path / "out"))
+    assert result.returncode == 2
+    assert "nowhere/nq.jsonl" in result.stderr and "nowhere/fever.jsonl" in result.stderr
+    assert "Traceback" not in result.stderr
+    bad = write_e5(tmp_path / "bad")
+    with open(bad / "fever.jsonl", "a") as f:
+        f.write("{not json\n")
+    result = run_driver(driver_args(model, bad, tmp_path / "out"))
+    assert result.returncode == 2 and "fever.jsonl:25" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_driver_config_errors_are_clear(stage_I_setup, tmp_path):
+    from llm2vec.arguments import ConfigError
+    from llm2vec.training import run_stage_I
+
+    model, data, _ = stage_I_setup
+    with pytest.raises(ConfigError, match="unknown field.*'alhpa'"):
+        run_stage_I(driver_args(model, data, tmp_path / "o") + ["--alhpa", "0.3"])
+    with pytest.raises(ConfigError, match="total_batch_size is 512"):
+        run_stage_I(driver_args(model, data, tmp_path / "o", total_batch_size=512))
+    with pytest.raises(ConfigError, match="flash"):
+        run_stage_I(driver_args(model, data, tmp_path / "o", attn_implementation="flash_attention_2"))
+    with pytest.raises(ConfigError, match="stage 'II'"):
+        run_stage_I(driver_args(model, data, tmp_path / "o", stage="II"))
+
+
+# ---------------------------------------------------------------------------------------------- configs
+
+PAPER_MODELS = {
+    "MetaLlama3.2_1b_q2d_d2q": "meta-llama/Llama-3.2-1B-Instruct",
+    "Qwen2.5_1.5b_q2d_d2q": "Qwen/Qwen2.5-1.5B-Instruct",
+    "MetaLlama3.2_3b_q2d_d2q": "meta-llama/Llama-3.2-3B-Instruct",
+    "Mistral_7b_q2d_d2q": "mistralai/Mistral-7B-Instruct-v0.2",
+    "MetaLlama3.1_8b_q2d_d2q": "meta-llama/Llama-3.1-8B-Instruct",
+}
+ABLATIONS = {"OnlyQ2D": 1.0, "OnlyD2Q": 0.0, "alpha0.5": 0.5, "alpha0.8": 0.8}
+
+
+def check_paper_stage_I(path):
+    from llm2vec.arguments import parse_args
+
+    model, data, exp, args, raw, _ = parse_args([str(path), "--use_cpu", "true"])  # CI has no GPU
+    assert exp.stage == "I" and args.max_steps == 2000 and args.learning_rate == 4e-5
+    assert args.warmup_steps == 300 and args.lr_scheduler_type == "linear"
+    assert args.per_device_train_batch_size * 8 * args.gradient_accumulation_steps == 512 == exp.total_batch_size
+    assert model.max_seq_length == 512 and model.pooling_mode == "eos_token"
+    assert model.attn_implementation == "flash_attention_2"
+    assert args.bf16 and args.activation_checkpointing and args.seed == 42
+    assert exp.reconstruction_targets == "text" and data.dataset_name == "E5"
+    return model, exp, raw
+
+
+def test_stage_I_configs_match_the_paper():
+    files = sorted((ROOT / "train_configs/stage_I").glob("*.json"))
+    assert {f.stem for f in files} == set(PAPER_MODELS)
+    for f in files:
+        model, exp, raw = check_paper_stage_I(f)
+        assert model.model_name_or_path == PAPER_MODELS[f.stem] and exp.alpha == 0.2
+        assert raw["output_dir"] == f"output/stage_I/{f.stem}"
+        if "7b" in f.stem or "8b" in f.stem:
+            assert "full_shard" in raw["fsdp"], "7B/8B full fine-tuning needs FSDP"
+
+
+def test_stage_I_ablation_configs():
+    for name, alpha in ABLATIONS.items():
+        model, exp, _ = check_paper_stage_I(ROOT / f"train_configs/ablation/MetaLlama3.2_1b_stage1_{name}.json")
+        assert model.model_name_or_path == "meta-llama/Llama-3.2-1B-Instruct" and exp.alpha == alpha
+
+
+def test_stage_I_model_still_encodes(tiny_models):
+    """The training subclass keeps the encoder API: encode() pools like a plain LLM2Vec on the same body."""
+    causal_lm, tokenizer = tiny_models["smollm2"]
+    texts = ["Paris is the capital of France.", "fox"]
+    trained = LLM2Vec_q2d_d2q(causal_lm, tokenizer).encode(texts, show_progress_bar=False)
+    plain = LLM2Vec(causal_lm.model, tokenizer).encode(texts, show_progress_bar=False)
+    assert trained.shape == (2, 32)
+    assert (abs(trained - plain) < 1e-6).all()
