@@ -191,9 +191,13 @@ class LLM2Vec(nn.Module):
         )
         return out.last_hidden_state
 
-    def forward(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Embeddings (B, H) of a tokenized batch, with gradients (training uses this)."""
+    def embed(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Embeddings (B, H) of a tokenized batch, with gradients (training and ``encode`` both use this)."""
         return pool(self.hidden_states(features), features["attention_mask"], features["text_mask"], self.pooling_mode)
+
+    def forward(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The encoder's forward is ``embed``; training subclasses override it to return their loss."""
+        return self.embed(features)
 
     # ------------------------------------------------------------------ inference
 
@@ -230,7 +234,7 @@ class LLM2Vec(nn.Module):
         for start in tqdm(range(0, len(order), batch_size), desc="Encoding", disable=not show_progress_bar):
             batch = pad_batch([encoded[i] for i in order[start : start + batch_size]], self.pad_token_id)
             batch = {k: v.to(device) for k, v in batch.items()}
-            chunks.append(self.forward(batch).float().cpu())
+            chunks.append(self.embed(batch).float().cpu())
         self.train(was_training)
         hidden = decoder_body(self.model).config.hidden_size
         sorted_embeddings = torch.cat(chunks) if chunks else torch.zeros((0, hidden))

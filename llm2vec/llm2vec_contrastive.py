@@ -2,7 +2,7 @@
 
 For a batch of (query Q, positive D+, hard negative D-) triples:
 
-    e_Q, e_D+, e_D- = LLM2Vec.forward(...)        (the same anchor embedding as evaluation, Eq. 1)
+    e_Q, e_D+, e_D- = LLM2Vec.embed(...)          (the same anchor embedding as evaluation, Eq. 1)
     L = InfoNCE(e_Q ; [all e_D+ of the global batch ; all e_D- of the global batch])   (Eq. 6)
 
 - The three embeddings are computed inside this module's ``forward``, which the trainer calls on the
@@ -10,8 +10,7 @@ For a batch of (query Q, positive D+, hard negative D-) triples:
   code computed the embeddings with the unwrapped model inside the trainer.)
 - Candidates of other processes are gathered with gradient (:mod:`llm2vec.distributed`).
 - ``negative=None`` trains on in-batch negatives only.
-- Called with a features dict only (``model(features)``), ``forward`` returns the embeddings, as
-  ``LLM2Vec.forward`` does, so ``encode`` works on the training model too.
+- ``encode`` works on the training model too: it calls ``LLM2Vec.embed``, not this ``forward``.
 """
 
 from __future__ import annotations
@@ -44,12 +43,8 @@ class LLM2VecContrastive(LLM2Vec):
         super().__init__(model, tokenizer, **kwargs)
         self.loss_fn = InfoNCELoss(scale=loss_scale)
 
-    def forward(self, query: dict, positive: dict | None = None, negative: dict | None = None):
-        if positive is None:  # plain embedding call (LLM2Vec.encode)
-            if negative is not None:
-                raise ValueError("a negative batch was given without a positive batch")
-            return super().forward(query)
-        e_q = super().forward(query)
-        e_p = super().forward(positive)
-        e_n = super().forward(negative) if negative is not None else None
+    def forward(self, query: dict, positive: dict, negative: dict | None = None):
+        e_q = self.embed(query)
+        e_p = self.embed(positive)
+        e_n = self.embed(negative) if negative is not None else None
         return ContrastiveOutput(self.loss_fn(e_q, e_p, e_n), e_q, e_p, e_n)

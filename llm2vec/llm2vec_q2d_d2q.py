@@ -8,7 +8,7 @@ For a batch of (query Q, document D) pairs (paper Sec. 3.2, Algorithm 1):
     L     = alpha * L_Q2D + (1 - alpha) * L_D2Q,   alpha = 0.2 by default  (Eq. 5)
 
 - e_Q and e_D are final-layer hidden states at the anchor token, from an encoding pass with the real
-  attention mask (the same ``LLM2Vec.forward`` that evaluation uses). They are *not* detached: the
+  attention mask (the same ``LLM2Vec.embed`` that evaluation uses). They are *not* detached: the
   gradients of both reconstruction losses flow through them into the encoding pass.
 - The reconstruction pass (:func:`llm2vec.loss.reconstruction_nll`) reads [e_X ; Embed(y_1..y_m)] with the
   anchor at position 0 and the targets at consecutive positions 1..m, whatever the padding.
@@ -83,8 +83,8 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
     ) -> StageIOutput:
         """Stage I loss of a batch; ``negative`` is accepted and ignored (Stage I uses pairs only)."""
         counts = target_counts or {}
-        e_q = super().forward(query)
-        e_d = super().forward(positive)
+        e_q = self.embed(query)
+        e_d = self.embed(positive)
         loss_q2d = self._direction(e_q, positive_targets, counts.get("q2d")) if self.alpha > 0 else None
         loss_d2q = self._direction(e_d, query_targets, counts.get("d2q")) if self.alpha < 1 else None
         loss = sum(w * l for w, l in ((self.alpha, loss_q2d), (1 - self.alpha, loss_d2q)) if l is not None)

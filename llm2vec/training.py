@@ -68,7 +68,9 @@ def load_training_data(data: DataArguments, global_batch_size: int, seed: int, r
 
 def setup_logging(args: TrainingArguments) -> None:
     level = logging.INFO if args.process_index == 0 else logging.WARNING
-    logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", level=level, force=True)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(format="%(asctime)s %(name)s: %(message)s")
+    logger.setLevel(level)
     transformers.utils.logging.set_verbosity(logging.WARNING)
 
 
