@@ -47,6 +47,8 @@ class DataArguments:
         default="cache/echo-data", metadata={"help": "E5: the folder of <source>.jsonl files; jsonl: a file, or files joined by ','."})
     max_examples_per_source: int | None = field(default=None, metadata={"help": "Keep at most this many pairs per source."})
     e5_sources: list[str] | None = field(default=None, metadata={"help": "E5 sources to use (default: all of Table 6)."})
+    default_instruction: str = field(
+        default="", metadata={"help": "jsonl: the query instruction of lines that have no 'instruction' field."})
 
     def __post_init__(self):
         if self.dataset_name not in ("E5", "jsonl"):

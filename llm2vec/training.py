@@ -63,7 +63,8 @@ def load_training_data(data: DataArguments, global_batch_size: int, seed: int, r
         return load_e5(data.dataset_file_path, global_batch_size=global_batch_size, seed=seed, sources=data.e5_sources,
                        max_per_source=data.max_examples_per_source, require_negative=require_negative)
     paths = [p for p in data.dataset_file_path.split(",") if p]
-    return load_jsonl(paths, global_batch_size=global_batch_size, seed=seed, require_negative=require_negative)
+    return load_jsonl(paths, global_batch_size=global_batch_size, seed=seed,
+                      default_instruction=data.default_instruction, require_negative=require_negative)
 
 
 def setup_logging(args: TrainingArguments) -> None:

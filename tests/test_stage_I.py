@@ -295,3 +295,22 @@ def test_stage_I_model_still_encodes(tiny_models):
     plain = LLM2Vec(causal_lm.model, tokenizer).encode(texts, show_progress_bar=False)
     assert trained.shape == (2, 32)
     assert (abs(trained - plain) < 1e-6).all()
+
+
+def test_driver_reads_user_jsonl_with_default_instruction(tmp_path):
+    from llm2vec.arguments import DataArguments
+    from llm2vec.training import load_training_data
+
+    for name in ("a", "b"):
+        with open(tmp_path / f"{name}.jsonl", "w") as f:
+            for i in range(4):
+                line = {"query": f"q{i}", "positive": f"p{i}"}
+                if i == 0:
+                    line["instruction"] = "own"
+                f.write(json.dumps(line) + "\n")
+    data = DataArguments(dataset_name="jsonl", dataset_file_path=f"{tmp_path}/a.jsonl,{tmp_path}/b.jsonl",
+                         default_instruction="Retrieve the answer")
+    dataset = load_training_data(data, global_batch_size=2, seed=0, require_negative=False)
+    by_query = {(ex.source, ex.query): ex.query_instruction for ex in dataset}
+    assert len(by_query) == 8 and {s for s, _ in by_query} == {"a", "b"}
+    assert by_query[("a", "q0")] == "own" and by_query[("b", "q3")] == "Retrieve the answer"
