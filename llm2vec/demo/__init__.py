@@ -1,1 +1,2 @@
-"""Building blocks of the offline CPU demo: a local SmolLM2 checkpoint and a small real dataset."""
+"""The offline CPU demo: a local SmolLM2 checkpoint, a small real dataset, and the one-command pipeline
+(:mod:`llm2vec.demo.pipeline`, run by ``experiments/run_demo.py``)."""
