@@ -27,7 +27,7 @@ settings, an upstream step that was redone, or ``fresh``) it is redone. Temporar
 kill are removed when their step next runs. One demo at a time per output folder.
 
 Sizes. ``default``: SmolLM2-135M-Instruct, the configs of ``train_configs/demo/`` as they are
-(sequences of 64 tokens; Stage I 12 steps of 8 pairs; each Stage II 12 steps of 8 triples),
+(sequences of 64 tokens; Stage I 15 steps of 8 pairs; each Stage II 25 steps of 8 triples),
 outputs in ``cache/demo-runs/``. Budget on 2 CPU cores: under 25 minutes (measured: 18.8 minutes from an
 empty cache, SmolLM2 conversion included; peak memory of one process 5.9 GB, in the Stage II runs). ``smoke``: the same steps and scripts with a tiny random
 model (:func:`llm2vec.testing.save_tiny_model`), 32 train pairs, 20 eval queries, 2 steps per stage,
