@@ -91,4 +91,5 @@ def run_stage_II(argv: list[str] | None = None):
     trainer = LLM2VecTrainer(model=model, args=args, train_dataset=dataset, data_collator=collator, run_config=run_config)
     trainer.train(resume_from_checkpoint=resume_checkpoint(args))
     trainer.save_model(args.output_dir)
+    trainer.save_state()  # trainer_state.json (the log history) beside the final model
     return trainer

@@ -140,4 +140,5 @@ def run_stage_I(argv: list[str] | None = None):
                              run_config=run_config)
     trainer.train(resume_from_checkpoint=resume_checkpoint(args))
     trainer.save_model(args.output_dir)
+    trainer.save_state()  # trainer_state.json (the log history) beside the final model
     return trainer
