@@ -40,7 +40,7 @@ def test_demo_configs_are_valid_and_the_two_stage_II_runs_differ_only_in_their_s
     for path in (STAGE_I_CONFIG, ANCHOR_CONFIG, BASELINE_CONFIG):
         *_, config, _ = parse_args([str(path)])  # raises on an unknown field or a bad value
         assert config["logging_steps"] == 1, path  # one loss point per step for the plot
-        assert config["save_steps"] == config["max_steps"] and config["save_only_model"], path
+        assert config["save_strategy"] == "no", path  # the driver saves the final model and trainer_state.json
     anchor, baseline = _config(ANCHOR_CONFIG), _config(BASELINE_CONFIG)
     differ = {k for k in anchor if anchor[k] != baseline.get(k)}
     assert differ == {"model_name_or_path", "output_dir"}
@@ -60,7 +60,7 @@ def test_default_size_runs_the_configs_as_they_are():
 
 def test_smoke_size_and_gpus_change_only_what_they_need():
     smoke = pipeline._size_overrides(SIZES["smoke"], "II")
-    assert smoke["max_steps"] == smoke["save_steps"] == 2 and smoke["warmup_steps"] == 0
+    assert smoke["max_steps"] == 2 and smoke["warmup_steps"] == 0
     cmd = training_command(STAGE_I_SCRIPT, STAGE_I_CONFIG, {"output_dir": "o"}, Hardware(gpus=1, bf16=True))
     assert cmd[0] == sys.executable and cmd[-2:] == ["--bf16", "true"]
     cmd = training_command(STAGE_I_SCRIPT, STAGE_I_CONFIG, {"output_dir": "o"}, Hardware(gpus=2, bf16=False))

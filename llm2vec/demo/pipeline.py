@@ -317,11 +317,11 @@ def training_command(script: Path, config: Path, overrides: dict[str, Any], hard
 
 
 def _size_overrides(size: DemoSize, stage: str) -> dict[str, Any]:
-    """Fields a smaller (or larger) run changes: steps (checkpoint and warm-up follow), batch, length."""
+    """Fields a smaller (or larger) run changes: steps (warm-up follows), batch, length."""
     out: dict[str, Any] = {}
     steps = size.stage_I_steps if stage == "I" else size.stage_II_steps
     if steps is not None:
-        out.update(max_steps=steps, save_steps=steps, warmup_steps=int(round(0.1 * steps)))
+        out.update(max_steps=steps, warmup_steps=int(round(0.1 * steps)))
     if size.batch_size is not None:
         out.update(per_device_train_batch_size=size.batch_size, total_batch_size=size.batch_size,
                    gradient_accumulation_steps=1)
@@ -330,20 +330,11 @@ def _size_overrides(size: DemoSize, stage: str) -> dict[str, Any]:
     return out
 
 
-def _keep_trainer_state(folder: Path) -> dict[str, Any]:
-    """Move the last checkpoint's ``trainer_state.json`` (the log history) up into ``folder``, drop the checkpoints.
-
-    The drivers save the final model into the output folder, but the trainer state only into
-    ``checkpoint-N``; the demo configs save one checkpoint, at the last step, without optimizer state.
-    """
-    checkpoints = sorted(folder.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]) if p.name.split("-")[-1].isdigit() else -1)
+def _training_summary(folder: Path) -> dict[str, Any]:
+    """Steps and final loss of a finished training run, from the ``trainer_state.json`` the drivers save."""
     state = folder / "trainer_state.json"
     if not state.is_file():
-        if not checkpoints or not (checkpoints[-1] / "trainer_state.json").is_file():
-            raise DemoError(f"{folder}: no trainer_state.json (the config must save a checkpoint at the last step)")
-        shutil.copy2(checkpoints[-1] / "trainer_state.json", state)
-    for checkpoint in checkpoints:
-        shutil.rmtree(checkpoint)
+        raise DemoError(f"{folder}: no trainer_state.json; the training run did not finish")
     history = json.loads(state.read_text())["log_history"]
     losses = [h for h in history if "loss" in h and "step" in h]
     return {"steps": max((h["step"] for h in losses), default=0),
@@ -519,7 +510,7 @@ def run_demo(size: DemoSize = SIZES["default"], fresh: bool = False, out_dir: st
 
         def build(tmp: Path) -> dict[str, Any]:
             run_command(training_command(script, config, {**overrides, "output_dir": _rel(tmp)}, hardware))
-            return _keep_trainer_state(tmp)
+            return _training_summary(tmp)
 
         key = {"config": json.loads(config.read_text()), "overrides": overrides, "upstream": upstream,
                "hardware": dataclasses.asdict(hardware)}
