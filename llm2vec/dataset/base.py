@@ -378,3 +378,9 @@ class TrainDataset(torch.utils.data.Dataset):
 def missing_files(paths: Iterable[str]) -> list[str]:
     """The paths in ``paths`` that are not existing files, in order."""
     return [p for p in paths if not os.path.isfile(p)]
+
+
+def examples_from_records(records, source: str, instruction_of) -> list[TrainExample]:
+    """``TrainExample``s of one source; ``instruction_of(record)`` gives each query's instruction."""
+    return [TrainExample(query=r.query, positive=r.positive, negative=r.negative,
+                         query_instruction=instruction_of(r), source=source) for r in records]

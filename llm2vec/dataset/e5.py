@@ -23,6 +23,7 @@ from .base import (
     SourceStats,
     TrainDataset,
     TrainExample,
+    examples_from_records,
     missing_files,
     read_jsonl_pairs,
 )
@@ -195,14 +196,5 @@ def load_e5(
         )
         stats[name] = SourceStats(name=name)
         stats[name].add_report(report)
-        examples_by_source[name] = [
-            TrainExample(
-                query=r.query,
-                positive=r.positive,
-                negative=r.negative,
-                query_instruction=e5_instruction(name, r.index),
-                source=name,
-            )
-            for r in records
-        ]
+        examples_by_source[name] = examples_from_records(records, name, lambda r, n=name: e5_instruction(n, r.index))
     return TrainDataset.from_sources(examples_by_source, global_batch_size, seed, stats)

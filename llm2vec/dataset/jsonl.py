@@ -17,6 +17,7 @@ from .base import (
     SourceStats,
     TrainDataset,
     TrainExample,
+    examples_from_records,
     missing_files,
     read_jsonl_pairs,
 )
@@ -74,18 +75,8 @@ def load_jsonl(
         )
         stats[stem] = SourceStats(name=stem)
         stats[stem].add_report(report)
-        examples_by_source[stem] = [
-            TrainExample(
-                query=r.query,
-                positive=r.positive,
-                negative=r.negative,
-                query_instruction=(
-                    r.instruction if r.instruction is not None else default_instruction
-                ),
-                source=stem,
-            )
-            for r in records
-        ]
+        examples_by_source[stem] = examples_from_records(
+            records, stem, lambda r: r.instruction if r.instruction is not None else default_instruction)
     return TrainDataset.from_sources(examples_by_source, global_batch_size, seed, stats)
 
 
