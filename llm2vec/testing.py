@@ -7,6 +7,7 @@ built-in corpus, with the family's special tokens and chat template added.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -107,3 +108,20 @@ def save_tiny_model(family: str, path: str | Path, seed: int = 0, **kwargs) -> P
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def write_tiny_e5(folder: str | Path, n: int = 24, sources: tuple[str, ...] = ("nq", "fever"), seed: int = 0) -> Path:
+    """E5-layout training files (``<source>.jsonl`` with query/positive/negative) of random words, offline."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    words = " ".join(_CORPUS).replace(".", "").replace(",", "").split()
+    g = torch.Generator().manual_seed(seed)
+
+    def pick(k: int) -> str:
+        return " ".join(words[i] for i in torch.randint(len(words), (k,), generator=g))
+
+    for source in sources:
+        with open(folder / f"{source}.jsonl", "w") as f:
+            for _ in range(n):
+                f.write(json.dumps({"query": pick(5), "positive": pick(14), "negative": pick(9)}) + "\n")
+    return folder

@@ -15,6 +15,7 @@ from llm2vec.collator import TrainCollator
 from llm2vec.dataset import TrainExample
 from llm2vec.llm2vec_q2d_d2q import LLM2Vec_q2d_d2q
 from llm2vec.templates import encode as template_encode
+from llm2vec.testing import save_tiny_model, write_tiny_e5 as write_e5
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -128,22 +129,8 @@ def test_gradient_flows_through_the_anchor_into_the_encoding_pass(tiny_models, m
 # ---------------------------------------------------------------------------------------------- the driver
 
 
-def write_e5(folder: Path, n=24, sources=("nq", "fever")):
-    folder.mkdir(parents=True, exist_ok=True)
-    words = "the quick brown fox jumps over lazy dog paris capital france berlin rome numbers".split()
-    g = torch.Generator().manual_seed(0)
-    for s in sources:
-        with open(folder / f"{s}.jsonl", "w") as f:
-            for _ in range(n):
-                pick = lambda k: " ".join(words[i] for i in torch.randint(len(words), (k,), generator=g))
-                f.write(json.dumps({"query": pick(5), "positive": pick(14), "negative": pick(9)}) + "\n")
-    return folder
-
-
 @pytest.fixture(scope="module")
 def stage_I_setup(tmp_path_factory):
-    from llm2vec.testing import save_tiny_model
-
     root = tmp_path_factory.mktemp("stage1")
     return save_tiny_model("llama3", root / "model"), write_e5(root / "data"), root
 

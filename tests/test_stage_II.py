@@ -14,6 +14,7 @@ from llm2vec.arguments import parse_args
 from llm2vec.distributed import gather_with_grad, positive_labels
 from llm2vec.llm2vec import LLM2Vec
 from llm2vec.loss.infonce import InfoNCELoss
+from llm2vec.testing import write_tiny_e5
 
 from _stage_II_dist_worker import LR, build_encoder, lora_state, run_rank, sgd_step, slice_batch
 
@@ -69,16 +70,6 @@ def test_single_process_gather_is_identity():
 
 
 # ---------------------------------------------------------------- data and helpers
-
-
-def write_e5(folder: Path, n: int = 16) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / "nq.jsonl", "w") as f:
-        for i in range(n):
-            f.write(json.dumps({"query": f"question {i}: who jumps over the lazy dog?",
-                                "positive": f"The quick brown fox {i} jumps over the lazy dog.",
-                                "negative": f"Paris is the capital of France ({i})."}) + "\n")
-    return folder
 
 
 def union_batch(encoder, n: int = 4) -> dict:
@@ -165,34 +156,20 @@ def common_flags(data: Path) -> list[str]:
             "--logging_steps", "1", "--attn_implementation", "sdpa"]
 
 
-class RecordingHandler(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.records = []
-
-    def emit(self, record):
-        self.records.append(record)
-
-
-def test_stage_I_then_stage_II_then_load(llama_checkpoint, tmp_path):
+def test_stage_I_then_stage_II_then_load(llama_checkpoint, tmp_path, caplog):
     from llm2vec.stage_II import run_stage_II
     from llm2vec.training import run_stage_I
 
-    data = write_e5(tmp_path / "data")
+    data = write_tiny_e5(tmp_path / "data", n=16, sources=("nq",))
     stage_I, stage_II = tmp_path / "stage_I", tmp_path / "stage_II"
     run_stage_I(["--model_name_or_path", llama_checkpoint, "--output_dir", str(stage_I), "--max_steps", "2",
                  "--per_device_train_batch_size", "4", "--save_strategy", "no", *common_flags(data)])
     stage_II_flags = ["--stage", "II", "--model_name_or_path", str(stage_I), "--max_steps", "2",
                       "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2", "--total_batch_size", "4",
                       "--activation_checkpointing", "true", "--save_steps", "1", *common_flags(data)]
-    # the driver's logging set-up replaces the root handlers (caplog's too), so listen on "llm2vec" itself
-    records = RecordingHandler()
-    logging.getLogger("llm2vec").addHandler(records)
-    try:
+    with caplog.at_level(logging.WARNING, logger="llm2vec"):
         trainer = run_stage_II([*stage_II_flags, "--output_dir", str(stage_II)])
-    finally:
-        logging.getLogger("llm2vec").removeHandler(records)
-    warnings = [r.getMessage() for r in records.records if r.levelno == logging.WARNING]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("gradient_accumulation_steps = 2" in m and "2 examples of one micro-batch" in m for m in warnings), warnings
     assert trainer.state.global_step == 2
     assert all(math.isfinite(h["loss"]) for h in trainer.state.log_history if "loss" in h)
