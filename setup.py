@@ -28,8 +28,12 @@ setup(
     ],
     extras_require={
         "flash": ["flash-attn>=2.8"],
+        # optional, CUDA only: Liger's fused LM head + cross-entropy for Stage I's logit_chunk_rows
+        "liger": ["liger-kernel>=0.6"],
         # the offline demo: GGUF loading of SmolLM2 and the loss plot
         "demo": ["gguf>=0.19.0", "matplotlib>=3.10"],
-        "test": ["pytest>=9.0", "gguf>=0.19.0", "matplotlib>=3.10"],
+        # sentence-transformers export (experiments/export_sentence_transformers.py)
+        "st": ["sentence-transformers>=6.2.0"],
+        "test": ["pytest>=9.0", "gguf>=0.19.0", "matplotlib>=3.10", "sentence-transformers>=6.2.0"],
     },
 )

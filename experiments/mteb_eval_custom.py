@@ -1,18 +1,226 @@
-"""Evaluate an LLM2Vec / Anchor Embedding model on MTEB (mteb 2.x), one task, a task set or a local folder.
+"""Evaluate an LLM2Vec / Anchor Embedding model on MTEB (mteb 2.x): tasks, a task set, or a local folder.
 
-    python experiments/mteb_eval_custom.py --base_model_name_or_path <base> \
-        --peft_model_name_or_path <adapter> --task_name <TASK> \
+    python experiments/mteb_eval_custom.py --base_model_name_or_path <base> \\
+        --peft_model_name_or_path <adapter> --task_name <TASK> \\
         --task_to_instructions_fp test_configs/mteb/task_to_instructions.json --output_dir <dir>
 
-All logic lives in :mod:`llm2vec.evaluation.mteb_wrapper`; ``--help`` lists the options.
+``--help`` lists the options. The defaults of ``--tasks_fp`` and ``--task_to_instructions_fp`` are the files
+in this repository's ``test_configs/mteb``. Inputs are checked before the model is loaded; bad input is
+one ``error:`` line and exit status 2; a task that fails during evaluation gives exit status 1.
+The library code is :mod:`llm2vec.evaluation`.
 """
 
-import os
+from __future__ import annotations
+
+import argparse
 import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "test_configs" / "mteb"
+DEFAULT_TASKS_FILE = CONFIG_DIR / "tasks.json"
+DEFAULT_INSTRUCTIONS_FILE = CONFIG_DIR / "task_to_instructions.json"
+PROG = "mteb_eval_custom.py"
 
-from llm2vec.evaluation.mteb_wrapper import main  # noqa: E402
+
+class UsageError(ValueError):
+    """Bad command-line input; the message names the option or file and what to do."""
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Evaluate an LLM2Vec / Anchor Embedding model on MTEB tasks (mteb 2.x) with per-task instructions.",
+    )
+    p.add_argument("--base_model_name_or_path", required=True, help="base model (hub id or folder)")
+    p.add_argument("--peft_model_name_or_path", default=None, help="LoRA adapter folder (merged before encoding)")
+    p.add_argument("--task_name", nargs="+", default=[], help="mteb task name(s); several names or comma-separated")
+    p.add_argument(
+        "--task_set", default=None, help="a named task list of --tasks_fp: mteb56 (all 56) or subset15 (Table 8)"
+    )
+    p.add_argument(
+        "--tasks_fp",
+        default=str(DEFAULT_TASKS_FILE),
+        help="tasks file: task sets, split and subset per task (default: %(default)s)",
+    )
+    p.add_argument(
+        "--task_to_instructions_fp",
+        default=str(DEFAULT_INSTRUCTIONS_FILE),
+        help="JSON object: mteb task name -> instruction (default: %(default)s)",
+    )
+    p.add_argument(
+        "--allow-missing-instructions",
+        "--allow_missing_instructions",
+        dest="allow_missing_instructions",
+        action="store_true",
+        help="encode tasks absent from the instructions file without instruction (warns)",
+    )
+    p.add_argument(
+        "--local_retrieval_dir",
+        default=None,
+        help="a BEIR-style folder (corpus.jsonl, queries.jsonl, qrels.jsonl) to evaluate as a retrieval task",
+    )
+    p.add_argument("--local_task_name", default="StdlibDocRetrieval", help="task name of --local_retrieval_dir")
+    p.add_argument(
+        "--local_instruction",
+        default=None,
+        help="query instruction of the local task (default: its entry in the instructions file)",
+    )
+    p.add_argument(
+        "--output_dir",
+        default="mteb_results",
+        help="mteb result cache; results go to <output_dir>/results/<model>/<revision>/<Task>.json",
+    )
+    p.add_argument("--overwrite", action="store_true", help="recompute tasks whose results already exist")
+    p.add_argument("--batch_size", type=int, default=32)
+    p.add_argument(
+        "--dtype", default="auto", help="auto (bf16 on a GPU that has it, else fp32), bfloat16, float16, float32"
+    )
+    p.add_argument(
+        "--max_length", type=int, default=None, help="tokens per input (default: the model's config, else 512)"
+    )
+    p.add_argument(
+        "--doc_max_length",
+        type=int,
+        default=None,
+        help="cut every text to this many tokens before the prompt is added and --max_length applies; "
+        "the authors' evaluation used 400 (default: no such cap)",
+    )
+    p.add_argument("--pooling_mode", default=None, help="eos_token (the paper's), last_token, mean, weighted_mean")
+    p.add_argument("--template", default=None, help="prompt template name (default: detected from the model)")
+    p.add_argument("--attn_implementation", default=None, help="e.g. flash_attention_2, sdpa")
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="auto (all visible GPUs, one replica each, else CPU), a device (cuda:1, cpu) or a comma-separated list",
+    )
+    p.add_argument("--model_name", default=None, help="org/name of the results folder (default: from the model path)")
+    p.add_argument("--revision", default=None, help="revision folder (default: a hash of the model settings)")
+    return p
+
+
+def select_tasks(args: argparse.Namespace, instructions: Mapping[str, str]) -> list:
+    """The mteb task objects that ``args`` ask for (restricted to the paper's splits), the local task last.
+
+    Checks that every task has an instruction: in ``instructions``, or the local task's own.
+    """
+    from llm2vec.evaluation.benchmark import BenchmarkError, UnknownTaskError, load_benchmark, mteb_tasks
+    from llm2vec.evaluation.local_task import local_retrieval_task
+
+    try:
+        benchmark = load_benchmark(args.tasks_fp)
+    except BenchmarkError as e:
+        raise UsageError(f"--tasks_fp: {e}") from None
+    sets = {benchmark.name: [t.name for t in benchmark.tasks]}
+    sets.update({f"subset{key}": list(names) for key, names in benchmark.subsets.items()})
+    names = given = [name.strip() for raw in args.task_name for name in raw.split(",") if name.strip()]
+    if args.task_set is not None:
+        if args.task_set not in sets:
+            raise UsageError(
+                f"--task_set {args.task_set!r}: unknown; choose one of {sorted(sets)} (from {args.tasks_fp})"
+            )
+        names = given + sets[args.task_set]
+    if not names and args.local_retrieval_dir is None:
+        raise UsageError("no task: give --task_name, --task_set or --local_retrieval_dir")
+    try:
+        tasks = mteb_tasks(benchmark.expand(names), benchmark)
+    except UnknownTaskError as e:
+        if e.name not in given:  # listed in the tasks file
+            raise UsageError(f"--tasks_fp {args.tasks_fp}: {e}") from None
+        raise UsageError(
+            f"--task_name {e}; use mteb 2.x task names as in {args.tasks_fp}, or --task_set {' / '.join(sorted(sets))}"
+        ) from None
+
+    covered = set(instructions)
+    if args.local_retrieval_dir is not None:
+        try:
+            local = local_retrieval_task(args.local_retrieval_dir, name=args.local_task_name)
+        except (FileNotFoundError, ValueError) as e:
+            raise UsageError(f"--local_retrieval_dir: {e}") from None
+        if args.local_instruction is not None:
+            local.instruction = args.local_instruction
+            covered.add(local.metadata.name)
+        tasks.append(local)
+
+    missing = [t.metadata.name for t in tasks if t.metadata.name not in covered]
+    if missing and not args.allow_missing_instructions:
+        raise UsageError(
+            f"no instruction for {missing} in {args.task_to_instructions_fp}; add them there"
+            + (" (or give --local_instruction)" if args.local_retrieval_dir else "")
+            + ", or pass --allow-missing-instructions to encode them without one"
+        )
+    return tasks
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check the inputs (before loading the model), evaluate, print main scores. Returns the exit code."""
+    import torch
+
+    from llm2vec.evaluation.local_task import LocalRetrievalTask
+    from llm2vec.evaluation.mteb_wrapper import InstructionsFileError, LLM2VecMTEBEncoder, evaluate, load_instructions
+    from llm2vec.evaluation.replicas import resolve_devices
+
+    if args.batch_size < 1:
+        raise UsageError(f"--batch_size must be >= 1, got {args.batch_size}")
+    if args.doc_max_length is not None and args.doc_max_length < 1:
+        raise UsageError(f"--doc_max_length must be >= 1 (tokens), got {args.doc_max_length}; leave it out for no cap")
+    try:
+        instructions = load_instructions(args.task_to_instructions_fp)
+    except InstructionsFileError as e:
+        raise UsageError(f"--task_to_instructions_fp: {e}") from None
+    tasks = select_tasks(args, instructions)
+    devices = [d.strip() for d in args.device.split(",")] if "," in args.device else args.device
+    try:
+        device_list = resolve_devices(devices)
+    except (RuntimeError, ValueError) as e:
+        raise UsageError(f"--device {args.device!r}: {e}") from None
+    if any(d.type == "cuda" for d in device_list) and not torch.cuda.is_available():
+        raise UsageError(f"--device {args.device!r}: no CUDA device is visible; use --device cpu or auto")
+
+    try:
+        encoder = LLM2VecMTEBEncoder.from_pretrained(
+            args.base_model_name_or_path,
+            args.peft_model_name_or_path,
+            instructions=args.task_to_instructions_fp,
+            devices=device_list,
+            dtype=args.dtype,
+            pooling_mode=args.pooling_mode,
+            max_length=args.max_length,
+            template=args.template,
+            attn_implementation=args.attn_implementation,
+            doc_max_length=args.doc_max_length,
+            model_name=args.model_name,
+            revision=args.revision,
+            allow_missing_instructions=args.allow_missing_instructions,
+            batch_size=args.batch_size,
+        )
+    except OSError as e:  # transformers / peft: no such folder or hub id, or no weights in it
+        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UsageError(
+            f"cannot load the model {args.base_model_name_or_path!r}"
+            + (f" with adapter {args.peft_model_name_or_path!r}" if args.peft_model_name_or_path else "")
+            + f": {first_line}"
+        ) from None
+    for task in tasks:
+        if isinstance(task, LocalRetrievalTask) and task.instruction is not None:
+            encoder.add_instruction(task.metadata.name, task.instruction)
+    results = evaluate(encoder, tasks, args.output_dir, overwrite=args.overwrite, batch_size=args.batch_size)
+    for tr in results.task_results:
+        print(f"{tr.task_name}\t{tr.get_score():.4f}")
+    for err in results.exceptions:
+        print(f"FAILED {err.task_name}: {err.exception}")
+    print(f"results: {encoder.results_folder(args.output_dir)}")
+    return 1 if results.exceptions else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_arg_parser().parse_args(argv)
+    try:
+        return run(args)
+    except UsageError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -4,50 +4,81 @@
         --paper-model Llama-3.2-1B-Instruct --paper-row anchor [--subset 15] [--output tables.md]
 
 Each folder is one run (any folder under which mteb wrote ``<TaskName>.json`` files, e.g. an mteb
-cache's ``results/<model>/<revision>``). The logic lives in :mod:`llm2vec.evaluation.tables`.
+cache's ``results/<model>/<revision>``). The tasks and the paper's numbers default to the files in this
+repository's ``test_configs/mteb``. The logic lives in :mod:`llm2vec.evaluation.tables`.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+from llm2vec.evaluation.benchmark import BenchmarkError, load_benchmark
+from llm2vec.evaluation.tables import TableError, load_paper_results, paper_reference, read_run, render_markdown
 
-from llm2vec.evaluation.tables import (  # noqa: E402
-    TableError,
-    load_benchmark,
-    paper_reference,
-    read_run,
-    render_markdown,
-)
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "test_configs" / "mteb"
+DEFAULT_TASKS_FILE = CONFIG_DIR / "tasks.json"
+DEFAULT_PAPER_FILE = CONFIG_DIR / "paper_results.json"
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("result_dirs", nargs="+", type=Path, metavar="RESULT_DIR",
-                        help="folder with mteb result files of one run (searched recursively)")
-    parser.add_argument("--paper-model", default=None,
-                        help="paper model to compare with, e.g. Llama-3.2-1B-Instruct, Qwen2.5-1.5B-Instruct, "
-                             "Llama-3.2-3B-Instruct, Mistral-7B, Llama-3.1-8B-Instruct (default: no comparison)")
-    parser.add_argument("--paper-row", default="anchor",
-                        help="row of the paper for that model: anchor or baseline (Table 1); only_d2q or only_q2d "
-                             "(Table 3, Llama-3.2-1B-Instruct) (default: anchor)")
-    parser.add_argument("--subset", default=None,
-                        help="restrict to a task subset of test_configs/mteb/tasks.json: 15 = the ablation subset "
-                             "of Table 8 (default: all 56 tasks)")
+def build_arg_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mteb_tables.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "result_dirs",
+        nargs="+",
+        type=Path,
+        metavar="RESULT_DIR",
+        help="folder with mteb result files of one run (searched recursively)",
+    )
+    parser.add_argument(
+        "--paper-model",
+        default=None,
+        help="paper model to compare with, e.g. Llama-3.2-1B-Instruct, Qwen2.5-1.5B-Instruct, "
+        "Llama-3.2-3B-Instruct, Mistral-7B, Llama-3.1-8B-Instruct (default: no comparison)",
+    )
+    parser.add_argument(
+        "--paper-row",
+        default="anchor",
+        help="row of the paper for that model: anchor or baseline (Table 1); only_d2q or only_q2d "
+        "(Table 3, Llama-3.2-1B-Instruct) (default: anchor)",
+    )
+    parser.add_argument(
+        "--subset",
+        default=None,
+        help="restrict to a task subset of the tasks file: 15 = the ablation subset of Table 8 (default: all 56 tasks)",
+    )
+    parser.add_argument(
+        "--tasks-file",
+        type=Path,
+        default=DEFAULT_TASKS_FILE,
+        help="tasks, categories, splits and subsets (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--paper-file",
+        type=Path,
+        default=DEFAULT_PAPER_FILE,
+        help="the paper's numbers, read with --paper-model (default: %(default)s)",
+    )
     parser.add_argument("--output", type=Path, default=None, help="also write the Markdown to this file")
-    return parser.parse_args(argv)
+    return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_arg_parser().parse_args(argv)
     try:
-        benchmark = load_benchmark(args.subset)
-        paper = paper_reference(args.paper_model, args.paper_row, benchmark) if args.paper_model else None
+        benchmark = load_benchmark(args.tasks_file)
+        if args.subset is not None:
+            try:
+                benchmark = benchmark.subset(args.subset)
+            except BenchmarkError as err:
+                raise TableError(f"--subset {args.subset!r}: {err}") from None
+        paper = None
+        if args.paper_model:
+            paper = paper_reference(load_paper_results(args.paper_file), args.paper_model, args.paper_row, benchmark)
         runs = [read_run(folder, benchmark) for folder in args.result_dirs]
-    except TableError as err:
+    except (TableError, BenchmarkError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     markdown = render_markdown(runs, benchmark, paper)

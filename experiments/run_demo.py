@@ -5,15 +5,70 @@
     python experiments/run_demo.py --smoke    # tiny random model, 2 steps per stage (CI); cache/demo-smoke/
     python experiments/run_demo.py --fresh    # redo every step
 
-Finished steps are reused on the next run. All logic lives in :mod:`llm2vec.demo.pipeline`.
+Finished steps are reused on the next run. The steps are in ``experiments/demo/pipeline.py``.
 """
 
-import os
+from __future__ import annotations
+
+import argparse
+import dataclasses
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from demo.pipeline import run_demo
+from demo.settings import SIZES
+from demo.steps import DemoError
 
-from llm2vec.demo.pipeline import main  # noqa: E402
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="run_demo.py",
+        description="The Anchor Embedding pipeline end to end, offline, on CPU: SmolLM2-135M-Instruct, Stage I, "
+        "Stage II (Anchor and Baseline), mteb evaluation of the paper's Table 10 rows, loss plot.",
+    )
+    p.add_argument(
+        "--size",
+        choices=sorted(SIZES),
+        default="default",
+        help="default: SmolLM2-135M-Instruct (about 20 min on 2 CPU cores); smoke: tiny random model, "
+        "2 steps per stage (CI)",
+    )
+    p.add_argument("--smoke", action="store_const", const="smoke", dest="size", help="same as --size smoke")
+    p.add_argument("--fresh", action="store_true", help="redo every step, even those whose output exists")
+    p.add_argument(
+        "--out_dir",
+        default=None,
+        help="where the runs and the report go (default: cache/demo-runs, "
+        "cache/demo-smoke for --smoke; relative to the repository)",
+    )
+    p.add_argument("--stage_I_steps", type=int, default=None, help="override the Stage I steps of the size")
+    p.add_argument("--stage_II_steps", type=int, default=None, help="override the Stage II steps (both runs)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_arg_parser()
+    args = parser.parse_args(argv)
+    changes = {
+        k: v
+        for k, v in (("stage_I_steps", args.stage_I_steps), ("stage_II_steps", args.stage_II_steps))
+        if v is not None
+    }
+    if any(v < 1 for v in changes.values()):
+        parser.error("step counts must be at least 1")
+    size = dataclasses.replace(SIZES[args.size], **changes)
+    try:
+        run_demo(size, fresh=args.fresh, out_dir=args.out_dir)
+    except DemoError as e:
+        print(f"run_demo.py: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(
+            "\nrun_demo.py: interrupted; finished steps are kept, the interrupted one is redone next time",
+            file=sys.stderr,
+        )
+        return 130
+    return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,10 +1,18 @@
 """Stage I: bidirectional reconstruction (EBQ2D + EBD2Q), full-parameter.
 
-    torchrun --nproc_per_node=8 experiments/run_stage_I.py train_configs/stage_I/MetaLlama3.2_1b_q2d_d2q.json
-    python experiments/run_stage_I.py CONFIG.json --max_steps 10    # flags override the JSON
+torchrun --nproc_per_node=8 experiments/run_stage_I.py train_configs/stage_I/MetaLlama3.2_1b_q2d_d2q.json
+python experiments/run_stage_I.py CONFIG.json --max_steps 10    # flags override the JSON
+python experiments/run_stage_I.py --help                       # every field
 """
 
-from llm2vec.training import run_cli, run_stage_I
+import sys
+
+from llm2vec import training
+
+
+def main(argv: list[str] | None = None) -> int:
+    return training.main("I", argv)
+
 
 if __name__ == "__main__":
-    run_cli(run_stage_I)
+    sys.exit(main())

@@ -1,92 +1,487 @@
-"""Argument dataclasses shared by the Stage I and Stage II drivers, and the config parser.
+"""Run configuration: one argument dataclass per concern, validated where it is defined, parsed per stage.
 
 A run is configured by one JSON file (``run_stage_I.py train_configs/stage_I/<model>.json``), by the same
 fields as CLI flags (``--model_name_or_path ... --max_steps ...``), or by a JSON file followed by flags
-that override it (``config.json --max_steps 2``). Every field is validated; an unknown field or a bad
-value names the config file and the field.
+that override it (``config.json --max_steps 2``). The fields of a stage are those of:
+
+- :class:`ModelArguments` (both stages): the base model, pooling, lengths, template, attention, dtype;
+- :class:`DataArguments` (both stages): the training data;
+- :class:`StageIArguments` or :class:`StageIIArguments`: what only that stage has (the reconstruction
+  loss; the contrastive loss and LoRA);
+- ``transformers.TrainingArguments``: optimiser, schedule, batch, precision, saving, distribution.
+
+Every value is checked in its dataclass's ``__post_init__``; what depends on several classes or on the
+machine (the global batch, FlashAttention) is checked once, in :meth:`RunConfig.validate`. A field that
+does not belong to the stage (say ``alpha`` in a Stage II config) is an error naming the file and the
+field. Allowed values are imported from the modules that define them, never copied.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import logging
 import os
-import sys
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
+import torch
 from transformers import HfArgumentParser, TrainingArguments
+
+from .llm2vec import resolve_dtype
+from .loss.reconstruction import RECONSTRUCTION_TARGETS
+from .pooling import POOLING_MODES
+from .templates import TRAINING_SEPARATOR
+
+logger = logging.getLogger("llm2vec")
+
+STAGES = ("I", "II")
+DATASETS = ("E5", "jsonl")
+DTYPE_NAMES = ("bfloat16", "float16", "float32")
+MASTER_WEIGHTS = ("bf16", "fp32")
+ATTENTION = ("flash_attention_2", "sdpa", "eager")
 
 
 class ConfigError(ValueError):
     """A bad configuration: the message names the file or flag, the field, and what to do."""
 
 
+def _choice(name: str, value: Any, allowed) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{name}={value!r}: choose one of {', '.join(map(str, allowed))}")
+
+
 @dataclass
 class ModelArguments:
-    model_name_or_path: str = field(metadata={"help": "Hub id or local folder of the base causal LM (or a Stage I checkpoint)."})
-    peft_model_name_or_path: str | None = field(
-        default=None, metadata={"help": "A LoRA adapter to merge into the base before training (Stage II)."})
-    pooling_mode: str = field(default="eos_token", metadata={"help": "eos_token (the paper's), last_token, mean, weighted_mean."})
-    max_seq_length: int = field(default=512, metadata={"help": "Most tokens per text, template and anchor included."})
-    template: str | None = field(default=None, metadata={"help": "Prompt template name; default: detected from the model."})
+    """The model being trained and how it embeds a text (both stages)."""
+
+    model_name_or_path: str = field(
+        metadata={
+            "help": "Hub id or local folder of the base model: a causal LM for Stage I; for Stage II a hub "
+            "id (the Baseline) or a Stage I output folder."
+        }
+    )
+    pooling_mode: str = field(
+        default="eos_token",
+        metadata={
+            "help": "How a text becomes one vector: eos_token (the paper's anchor), last_token, mean, weighted_mean.",
+            "choices": POOLING_MODES,
+        },
+    )
+    max_seq_length: int = field(
+        default=512, metadata={"help": "Most tokens of one input, chat template, instruction and anchor included."}
+    )
+    template: str | None = field(
+        default=None,
+        metadata={
+            "help": "Prompt template (model family) name; default: detected from the model's config and tokenizer."
+        },
+    )
     attn_implementation: str = field(
-        default="sdpa", metadata={"help": "flash_attention_2 (the paper's; needs the flash extra), sdpa or eager."})
-    torch_dtype: str = field(default="auto", metadata={"help": "Weights dtype: auto (bf16 if --bf16, else fp32), bfloat16, float32."})
+        default="sdpa",
+        metadata={
+            "help": "flash_attention_2 (the paper's; needs the flash extra and a CUDA GPU), sdpa or eager.",
+            "choices": ATTENTION,
+        },
+    )
+    torch_dtype: str = field(
+        default="auto",
+        metadata={
+            "help": "dtype of the weights: auto (with bf16: as master_weights says; else float32), bfloat16, float16, "
+            "float32. With bf16 an explicit value must agree with master_weights.",
+            "choices": ("auto", *DTYPE_NAMES),
+        },
+    )
+    master_weights: str = field(
+        default="bf16",
+        metadata={
+            "help": "Precision policy of bf16 training (bf16: true), the same under DDP and FSDP. bf16 (the authors'): "
+            "pure bf16, the weights, their gradients and the AdamW states are bfloat16, so an update smaller "
+            "than half a bf16 step of a weight is lost (the README's precision section gives the measured share); "
+            "under FSDP the Trainer's mixed precision is then switched off, since accelerate would otherwise "
+            "keep fp32 copies of the weights. fp32: float32 master weights and AdamW states, forward and "
+            "backward under bf16 autocast (FSDP: its bf16 mixed-precision policy). Ignored without bf16.",
+            "choices": MASTER_WEIGHTS,
+        },
+    )
 
     def __post_init__(self):
-        if self.pooling_mode not in ("eos_token", "last_token", "mean", "weighted_mean"):
-            raise ConfigError(f"pooling_mode={self.pooling_mode!r}: choose eos_token, last_token, mean or weighted_mean")
+        _choice("pooling_mode", self.pooling_mode, POOLING_MODES)
+        _choice("attn_implementation", self.attn_implementation, ATTENTION)
+        _choice("torch_dtype", self.torch_dtype, ("auto", *DTYPE_NAMES))
+        _choice("master_weights", self.master_weights, MASTER_WEIGHTS)
         if self.max_seq_length < 8:
             raise ConfigError(f"max_seq_length={self.max_seq_length}: must be at least 8")
 
 
 @dataclass
 class DataArguments:
-    dataset_name: str = field(default="E5", metadata={"help": "E5 (the paper's data, one file per source) or jsonl (your own)."})
+    """The training data (both stages)."""
+
+    dataset_name: str = field(
+        default="E5",
+        metadata={
+            "help": "E5 (the paper's data: one <source>.jsonl file per source) or jsonl (your own files).",
+            "choices": DATASETS,
+        },
+    )
     dataset_file_path: str = field(
-        default="cache/echo-data", metadata={"help": "E5: the folder of <source>.jsonl files; jsonl: a file, or files joined by ','."})
-    max_examples_per_source: int | None = field(default=None, metadata={"help": "Keep at most this many pairs per source."})
-    e5_sources: list[str] | None = field(default=None, metadata={"help": "E5 sources to use (default: all of Table 6)."})
+        default="cache/echo-data",
+        metadata={"help": "E5: the folder of <source>.jsonl files; jsonl: a file, or files joined by ','."},
+    )
+    max_examples_per_source: int | None = field(
+        default=None, metadata={"help": "Keep at most this many examples of each source (the first ones of its file)."}
+    )
+    e5_sources: list[str] | None = field(
+        default=None, metadata={"help": "E5 sources to use, by file stem (default: all of the paper's Table 6)."}
+    )
     default_instruction: str = field(
-        default="", metadata={"help": "jsonl: the query instruction of lines that have no 'instruction' field."})
+        default="", metadata={"help": "jsonl: the query instruction of lines that have no 'instruction' field."}
+    )
+    query_instructions: bool = field(
+        default=True,
+        metadata={
+            "help": "Prepend each query's instruction (E5: its source's Table 6 instruction; jsonl: the line's "
+            "'instruction' or default_instruction) in both stages, as the authors' loader does (true), or "
+            "train on bare queries (false). Documents never get one; Stage I's 'text' reconstruction "
+            "targets never include it."
+        },
+    )
+    instruction_separator: str = field(
+        default=TRAINING_SEPARATOR,
+        metadata={
+            "help": "What joins a query's instruction and its text in training: '; ' (the authors' E5 loader). "
+            "Evaluation uses ': ' (the authors' evaluation; llm2vec.templates.EVALUATION_SEPARATOR). Keep a "
+            "trailing space for sentencepiece tokenizers (Mistral): they start every text with one."
+        },
+    )
 
     def __post_init__(self):
-        if self.dataset_name not in ("E5", "jsonl"):
-            raise ConfigError(f"dataset_name={self.dataset_name!r}: choose 'E5' or 'jsonl'")
+        _choice("dataset_name", self.dataset_name, DATASETS)
+        if self.max_examples_per_source is not None and self.max_examples_per_source < 1:
+            raise ConfigError(f"max_examples_per_source={self.max_examples_per_source}: must be positive")
+        if not self.instruction_separator:
+            raise ConfigError("instruction_separator is empty: give the string between instruction and text, e.g. '; '")
+
+    def collator_options(self) -> dict[str, Any]:
+        """Keyword arguments of :class:`llm2vec.collator.TrainCollator` from the data settings."""
+        return {"query_instructions": self.query_instructions, "instruction_separator": self.instruction_separator}
 
 
 @dataclass
-class ExperimentArguments:
-    stage: str = field(default="I", metadata={"help": "Which stage this config is for: I or II (checked by the driver)."})
+class _StageArguments:
+    stage: str = field(
+        default="",
+        metadata={"help": "The stage this config is for (I or II); the driver of the other stage refuses it."},
+    )
     total_batch_size: int | None = field(
-        default=None, metadata={"help": "Expected per_device_train_batch_size x processes x gradient_accumulation_steps; "
-                                        "checked at start-up."})
-    # Stage I
-    alpha: float = field(default=0.2, metadata={"help": "Stage I weight: L = alpha * L_Q2D + (1 - alpha) * L_D2Q (paper: 0.2)."})
+        default=None,
+        metadata={
+            "help": "Expected global batch = per_device_train_batch_size x processes x gradient_accumulation_steps; "
+            "checked at start-up."
+        },
+    )
+    stop_after_n_steps: int | None = field(
+        default=None,
+        metadata={
+            "help": "End training after this many optimizer steps and save the final model there (the paper's "
+            "step counts: 2000 in Stage I, 1000 in Stage II). The learning-rate schedule does not end "
+            "here: it spans num_train_epochs over the data actually loaded (e.g. 3 epochs of E5, about "
+            "8.8k steps at batch 512), as in the authors' runs, so the rate at the stop is still most of its "
+            "peak; the run logs and saves (run_config.json, lr_schedule) the horizon and the rate at the "
+            "stop. To decay the rate to zero at the stop instead, set max_steps to the same number (the "
+            "schedule then ends at max_steps). Default: train to the end of the schedule."
+        },
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Replace the run already in output_dir (its final model, completion marker and checkpoints are "
+            "deleted once the start-up checks pass). Without it, a run refuses to start in a folder that holds "
+            "a finished model or checkpoints; --resume_from_checkpoint true continues that run instead."
+        },
+    )
+    num_threads: int | None = field(
+        default=None,
+        metadata={
+            "help": "CPU threads of torch (torch.set_num_threads) for this run. Float sums split among threads round "
+            "differently, so bit-identical results on CPU need the same value in both runs; default: torch's "
+            "own (OMP_NUM_THREADS, else the number of cores)."
+        },
+    )
+
+    STAGE = ""
+
+    def __post_init__(self):
+        if not self.stage:
+            self.stage = self.STAGE
+        _choice("stage", self.stage, STAGES)
+        if self.total_batch_size is not None and self.total_batch_size < 1:
+            raise ConfigError(f"total_batch_size={self.total_batch_size}: must be positive")
+        if self.stop_after_n_steps is not None and self.stop_after_n_steps < 1:
+            raise ConfigError(f"stop_after_n_steps={self.stop_after_n_steps}: must be a positive number of steps")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ConfigError(f"num_threads={self.num_threads}: must be positive (or leave it unset)")
+
+    def collator_options(self) -> dict[str, Any]:
+        """Keyword arguments of :class:`llm2vec.collator.TrainCollator` for this stage."""
+        raise NotImplementedError
+
+    def check(self, args: TrainingArguments, source: str) -> None:
+        """Stage-specific start-up checks against the training arguments (may warn)."""
+
+
+@dataclass
+class StageIArguments(_StageArguments):
+    """Stage I: bidirectional reconstruction (EBQ2D + EBD2Q), full-parameter."""
+
+    STAGE = "I"
+    require_negative = False  # Stage I trains on (query, positive) pairs; a class attribute, not a field
+    alpha: float = field(
+        default=0.2,
+        metadata={"help": "L = alpha * L_Q2D + (1 - alpha) * L_D2Q (paper's Eq. 5: 0.2). 1 = OnlyQ2D, 0 = OnlyD2Q."},
+    )
     reconstruction_targets: str = field(
-        default="text", metadata={"help": "Stage I targets: text (the paper's equations) or all (the authors' code)."})
-    # Stage II
-    loss_scale: float = field(default=20.0, metadata={"help": "Stage II InfoNCE scale = 1 / tau (paper: tau = 0.05, scale 20)."})
+        default="text",
+        metadata={
+            "help": "Tokens each direction predicts: text (the counterpart's text, the paper's Eq. 3-4) or all "
+            "(everything but the anchor: BOS, chat header, instruction; the authors' code).",
+            "choices": RECONSTRUCTION_TARGETS,
+        },
+    )
+    token_budget: int = field(
+        default=0,
+        metadata={
+            "help": "Most padded decoder positions of one forward/backward pass (0: off, the whole per-device batch at "
+            "once). The per-device batch is split into chunks of pairs, longest first and greedily under the "
+            "budget, where a chunk costs its pairs times the summed widths of its four decoder calls (query "
+            "and document encoding, q2d and d2q reconstruction), each padded to the chunk's longest row; the "
+            "chunks are back-propagated one by one. Exact: the same loss and gradient as without it (each "
+            "pair's terms depend on that pair only, and all chunks divide by the step-wide token counts). "
+            "It bounds activation memory and cuts padding; the padding fraction is logged either way."
+        },
+    )
+    logit_chunk_rows: int = field(
+        default=0,
+        metadata={
+            "help": "Compute the LM head's logits and cross-entropy this many target rows at a time, each block "
+            "recomputed in backward, so at most one block of rows x vocabulary float32 logits exists at a "
+            "time (0: all target rows at once). Exact up to float summation order. On CUDA with the liger "
+            "extra installed, Liger's fused linear cross-entropy is used instead."
+        },
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ConfigError(f"alpha={self.alpha}: must be in [0, 1]")
+        _choice("reconstruction_targets", self.reconstruction_targets, RECONSTRUCTION_TARGETS)
+        if self.token_budget < 0:
+            raise ConfigError(f"token_budget={self.token_budget}: must be 0 (off) or a positive number of positions")
+        if self.logit_chunk_rows < 0:
+            raise ConfigError(f"logit_chunk_rows={self.logit_chunk_rows}: must be 0 (off) or a positive number of rows")
+
+    def collator_options(self) -> dict[str, Any]:
+        return {"reconstruction": self.reconstruction_targets}
+
+
+@dataclass
+class StageIIArguments(_StageArguments):
+    """Stage II: LoRA contrastive fine-tuning (InfoNCE with in-batch and hard negatives)."""
+
+    STAGE = "II"
+    peft_model_name_or_path: str | None = field(
+        default=None, metadata={"help": "A LoRA adapter merged into the base model before the new adapters are added."}
+    )
+    loss_scale: float = field(
+        default=20.0,
+        metadata={"help": "InfoNCE scale = 1 / tau (paper: tau = 0.05, so 20; the authors' code defaults to 50)."},
+    )
     lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
-    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha (the authors' code: 2 x rank)."})
     lora_dropout: float = field(default=0.05, metadata={"help": "LoRA dropout."})
     lora_target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        metadata={"help": "Module names that get LoRA adapters."})
-    require_negative: bool = field(default=True, metadata={"help": "Stage II: every example must have a hard negative."})
+        metadata={"help": "Names of the linear modules that get LoRA adapters."},
+    )
+    require_negative: bool = field(
+        default=True,
+        metadata={
+            "help": "Train with hard negatives, which every example must then have (true, the paper's), or with "
+            "in-batch negatives only (false)."
+        },
+    )
+    embedding_token_budget: int = field(
+        default=0,
+        metadata={
+            "help": "Gradient cache (GradCache): 0 (off) embeds the per-device batch in one graph. A positive number "
+            "is the most padded tokens (rows x longest row) of one chunk: the batch's queries, positives and "
+            "negatives are sorted by length and cut into such chunks, embedded once without a graph for the "
+            "loss and its gradient with respect to the embeddings, then again one chunk at a time with a graph "
+            "to back-propagate it (dropout replayed), so activation memory is that of one chunk. Same loss "
+            "and gradient as the plain step (without dropout, up to float rounding), for two forward passes "
+            "instead of one (also for a batch that would fit one chunk: every process must run the same "
+            "collectives). Must be at least max_seq_length."
+        },
+    )
 
     def __post_init__(self):
-        if self.stage not in ("I", "II"):
-            raise ConfigError(f"stage={self.stage!r}: must be 'I' or 'II'")
-        if not 0.0 <= self.alpha <= 1.0:
-            raise ConfigError(f"alpha={self.alpha}: must be in [0, 1]")
-        if self.reconstruction_targets not in ("text", "all"):
-            raise ConfigError(f"reconstruction_targets={self.reconstruction_targets!r}: choose 'text' or 'all'")
+        super().__post_init__()
         if self.loss_scale <= 0:
-            raise ConfigError(f"loss_scale={self.loss_scale}: must be positive")
+            raise ConfigError(f"loss_scale={self.loss_scale}: must be positive (it is 1 / temperature)")
+        if self.lora_r < 1 or self.lora_alpha <= 0:
+            raise ConfigError(f"lora_r={self.lora_r}, lora_alpha={self.lora_alpha}: must be positive")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise ConfigError(f"lora_dropout={self.lora_dropout}: must be in [0, 1)")
+        if not self.lora_target_modules:
+            raise ConfigError("lora_target_modules is empty: name the linear modules that get adapters")
+        if self.embedding_token_budget < 0:
+            raise ConfigError(
+                f"embedding_token_budget={self.embedding_token_budget}: must be 0 (off) or a positive number of tokens"
+            )
+
+    def collator_options(self) -> dict[str, Any]:
+        return {"with_negative": self.require_negative}
+
+    def check(self, args: TrainingArguments, source: str) -> None:
+        """Gradient accumulation splits the contrastive batch: negatives come from one micro-batch only."""
+        if args.gradient_accumulation_steps <= 1:
+            return
+        micro = args.per_device_train_batch_size * args.world_size
+        total = micro * args.gradient_accumulation_steps
+        logger.warning(
+            "gradient_accumulation_steps = %d: each optimizer step covers %d examples, but InfoNCE only sees the "
+            "%d examples of one micro-batch (per_device_train_batch_size %d x %d process(es)), so each query has "
+            "%d in-batch positives of other queries (plus hard negatives) as negatives instead of %d. "
+            "Raise per_device_train_batch_size or the number of processes to keep the whole batch in one step "
+            "(embedding_token_budget bounds the memory of a large per-device batch).",
+            args.gradient_accumulation_steps,
+            total,
+            micro,
+            args.per_device_train_batch_size,
+            args.world_size,
+            micro - 1,
+            total - 1,
+        )
 
 
-ARGUMENT_CLASSES = (ModelArguments, DataArguments, ExperimentArguments, TrainingArguments)
+STAGE_ARGUMENTS: dict[str, type[_StageArguments]] = {"I": StageIArguments, "II": StageIIArguments}
+
+
+def argument_classes(stage: str) -> tuple[type, ...]:
+    _choice("stage", stage, STAGES)
+    return (ModelArguments, DataArguments, STAGE_ARGUMENTS[stage], TrainingArguments)
+
+
+# Training defaults that differ from transformers' (set unless the config gives them).
+TRAINING_DEFAULTS = {"remove_unused_columns": False, "report_to": "none", "ddp_find_unused_parameters": False}
+
+
+@dataclass
+class RunConfig:
+    """A parsed and validated configuration of one stage."""
+
+    model: ModelArguments
+    data: DataArguments
+    stage: StageIArguments | StageIIArguments
+    training: TrainingArguments
+    source: str  # the config file, or "command line"
+
+    @property
+    def global_batch_size(self) -> int:
+        args = self.training
+        return args.per_device_train_batch_size * args.world_size * args.gradient_accumulation_steps
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The weights' dtype: with bf16 training, bfloat16 or float32 as ``master_weights`` says; else
+        ``torch_dtype`` (``auto``: float32)."""
+        name = self.model.torch_dtype
+        if name == "auto":
+            name = (
+                ("bfloat16" if self.model.master_weights == "bf16" else "float32") if self.training.bf16 else "float32"
+            )
+        return resolve_dtype(name)
+
+    @property
+    def autocast(self) -> str:
+        """What the Trainer's mixed precision does: ``bf16`` autocast, or ``off``."""
+        return "off" if self.training.mixed_precision == "no" else self.training.mixed_precision
+
+    def apply_precision_policy(self) -> None:
+        """Check ``torch_dtype`` against ``master_weights`` and keep pure bf16 pure under FSDP.
+
+        accelerate's FSDP casts trainable bf16 weights to float32 master copies whenever the Trainer's
+        mixed precision is on; with ``master_weights = bf16`` that mixed precision is switched off, so the
+        sharded weights, gradients and AdamW states stay bf16 as under DDP.
+        """
+        model, args = self.model, self.training
+        if not args.bf16:
+            return
+        wanted = "bfloat16" if model.master_weights == "bf16" else "float32"
+        if model.torch_dtype not in ("auto", wanted):
+            raise ConfigError(
+                f"{self.source}: torch_dtype {model.torch_dtype!r} contradicts master_weights "
+                f"{model.master_weights!r} (bf16 training keeps {wanted} weights); drop torch_dtype or "
+                "change master_weights"
+            )
+        if model.master_weights == "bf16" and args.fsdp:
+            args.mixed_precision = "no"
+            logger.info(
+                "master_weights bf16 under FSDP: the Trainer's mixed precision is off, so FSDP keeps the "
+                "bf16 weights (it would otherwise upcast them to float32 master weights)"
+            )
+
+    def validate(self) -> None:
+        """The checks that involve several argument classes or the machine; raises :class:`ConfigError`."""
+        if self.model.attn_implementation == "flash_attention_2":
+            if importlib.util.find_spec("flash_attn") is None:
+                raise ConfigError(
+                    f"{self.source}: attn_implementation 'flash_attention_2' needs the flash-attn package: "
+                    'pip install -e \'.[flash]\' (CUDA GPUs only), or set "attn_implementation": "sdpa" '
+                    "(or pass --attn_implementation sdpa)"
+                )
+            if not torch.cuda.is_available():
+                raise ConfigError(
+                    f"{self.source}: attn_implementation 'flash_attention_2' needs a CUDA GPU; "
+                    "pass --attn_implementation sdpa to run on CPU"
+                )
+        expected, args = self.stage.total_batch_size, self.training
+        if args.fsdp and args.activation_checkpointing and (args.fsdp_config or {}).get("activation_checkpointing"):
+            raise ConfigError(
+                f"{self.source}: activation checkpointing is asked for twice, by activation_checkpointing and by "
+                "fsdp_config's \"activation_checkpointing\"; the Trainer accepts only one. Keep FSDP's own (it "
+                "avoids a redundant all-gather): pass --activation_checkpointing false"
+            )
+        if expected is not None and self.global_batch_size != expected:
+            raise ConfigError(
+                f"{self.source}: total_batch_size is {expected} but per_device_train_batch_size "
+                f"{args.per_device_train_batch_size} x {args.world_size} process(es) x gradient_accumulation_steps "
+                f"{args.gradient_accumulation_steps} = {self.global_batch_size}. Launch with the intended number of "
+                "processes (torchrun --nproc_per_node=N) or change per_device_train_batch_size / "
+                "gradient_accumulation_steps."
+            )
+        budget = getattr(self.stage, "embedding_token_budget", 0)  # Stage II's gradient cache
+        if 0 < budget < self.model.max_seq_length:
+            raise ConfigError(
+                f"{self.source}: embedding_token_budget {budget} is below max_seq_length "
+                f"{self.model.max_seq_length}: one text alone could exceed it; give at least "
+                f"{self.model.max_seq_length} (or 0 for no gradient cache)"
+            )
+        self.stage.check(args, self.source)
+
+    def resolved(self) -> dict[str, Any]:
+        """Every field of every argument class, JSON-serialisable, to save beside each checkpoint."""
+        out: dict[str, Any] = {}
+        for obj in (self.model, self.data, self.stage, self.training):
+            values = obj.to_dict() if isinstance(obj, TrainingArguments) else asdict(obj)
+            out.update({k: v for k, v in values.items() if not k.startswith("_")})
+        out.update(
+            config_file=self.source,
+            world_size=self.training.world_size,
+            precision={"weights": str(self.dtype).removeprefix("torch."), "autocast": self.autocast},
+        )
+        return json.loads(json.dumps(out, default=str))
 
 
 def _parse_flags(argv: list[str]) -> dict[str, Any]:
@@ -132,41 +527,80 @@ def load_config(argv: list[str]) -> tuple[dict[str, Any], str]:
     return config, source
 
 
-def parse_args(argv: list[str] | None = None):
-    """(model_args, data_args, experiment_args, training_args, raw_config, source) from argv."""
-    config, source = load_config(sys.argv[1:] if argv is None else argv)
-    known = {f.name for cls in ARGUMENT_CLASSES for f in fields(cls)}
+def parse_config(stage: str, argv: list[str]) -> RunConfig:
+    """Parse a config for ``stage`` (``"I"`` or ``"II"``); field values checked, nothing run-time yet."""
+    config, source = load_config(argv)
+    given_stage = config.get("stage", stage)
+    if given_stage != stage:
+        raise ConfigError(
+            f"{source}: this config is for stage {given_stage!r} (field 'stage'); use run_stage_{given_stage}.py"
+            if given_stage in STAGES
+            else f"{source}: stage={given_stage!r}: choose one of {', '.join(STAGES)}"
+        )
+    classes = argument_classes(stage)
+    known = {f.name for cls in classes for f in fields(cls)}
     unknown = sorted(set(config) - known)
     if unknown:
-        raise ConfigError(f"{source}: unknown field(s) {unknown}. See `python experiments/run_stage_I.py --help` "
-                          "for the fields (and the README's config section).")
+        other = next(s for s in STAGES if s != stage)
+        belongs = [k for k in unknown if k in {f.name for f in fields(STAGE_ARGUMENTS[other])}]
+        hint = f" ({', '.join(belongs)}: Stage {other} only)" if belongs else ""
+        raise ConfigError(
+            f"{source}: unknown field(s) for Stage {stage}: {unknown}{hint}. "
+            f"`run_stage_{stage}.py --help` lists the fields."
+        )
     if "model_name_or_path" not in config or "output_dir" not in config:
         raise ConfigError(f"{source}: 'model_name_or_path' and 'output_dir' are required")
-    config.setdefault("remove_unused_columns", False)
-    config.setdefault("report_to", "none")
-    config.setdefault("ddp_find_unused_parameters", False)
-    if config.get("activation_checkpointing") or config.get("gradient_checkpointing"):
+    for key, value in TRAINING_DEFAULTS.items():
+        config.setdefault(key, value)
+    if config.get("activation_checkpointing"):
         config.setdefault("activation_checkpointing_kwargs", {"use_reentrant": False})
     try:
-        parsed = HfArgumentParser(ARGUMENT_CLASSES).parse_dict(config, allow_extra_keys=False)
-    except ConfigError as e:
-        raise ConfigError(f"{source}: {e}") from None
+        model, data, stage_args, training = HfArgumentParser(classes).parse_dict(config, allow_extra_keys=False)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"{source}: {e}") from None
-    return (*parsed, config, source)
+    config = RunConfig(model, data, stage_args, training, source)
+    config.apply_precision_policy()
+    return config
 
 
-def print_help(stage: str) -> None:
-    parser = HfArgumentParser(ARGUMENT_CLASSES)
+def help_text(stage: str) -> str:
+    """The ``--help`` of a stage's driver: every field with its help and default."""
+    parser = HfArgumentParser(argument_classes(stage))
     parser.prog = f"run_stage_{stage}.py"
     parser.usage = f"run_stage_{stage}.py CONFIG.json [--field value ...]  |  run_stage_{stage}.py --field value ..."
-    parser.print_help()
+    return parser.format_help()
 
 
-def resolved_config(*arg_objects) -> dict[str, Any]:
-    """Every field of the parsed dataclasses, JSON-serialisable, to save beside each checkpoint."""
-    out: dict[str, Any] = {}
-    for obj in arg_objects:
-        values = obj.to_dict() if isinstance(obj, TrainingArguments) else asdict(obj)
-        out.update({k: v for k, v in values.items() if not k.startswith("_")})
-    return json.loads(json.dumps(out, default=str))
+def markdown_reference() -> str:
+    """The field reference of both stages as Markdown (``docs/configuration.md`` is generated from this)."""
+    lines = [
+        "A config is a JSON object of these fields; the same fields work as command-line flags "
+        "(`--field value`), and flags after a JSON file override it. Any field of "
+        "[transformers' `TrainingArguments`](https://huggingface.co/docs/transformers/main_classes/trainer"
+        "#transformers.TrainingArguments) is accepted too (optimiser, schedule, batch, precision, saving).",
+        "",
+    ]
+    sections = [
+        (ModelArguments, "both stages"),
+        (DataArguments, "both stages"),
+        (StageIArguments, "Stage I only"),
+        (StageIIArguments, "Stage II only"),
+    ]
+    for cls, scope in sections:
+        lines += [
+            f"## `{cls.__name__}` ({scope})",
+            "",
+            (cls.__doc__ or "").strip(),
+            "",
+            "| field | default | allowed | meaning |",
+            "|---|---|---|---|",
+        ]
+        for f in fields(cls):
+            if f.name.startswith("_"):
+                continue
+            default = f.default if f.default_factory is MISSING else f.default_factory()
+            default = "required" if default is MISSING else json.dumps(default)
+            allowed = ", ".join(f"`{c}`" for c in f.metadata.get("choices", ()))
+            lines.append(f"| `{f.name}` | `{default}` | {allowed} | {f.metadata.get('help', '')} |")
+        lines.append("")
+    return "\n".join(lines)

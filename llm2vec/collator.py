@@ -1,19 +1,22 @@
 """The training collator (Stage I and II): examples -> explicitly built, padded tensors.
 
 It tokenizes with the same template function and ``pad_batch`` as ``LLM2Vec.tokenize`` at evaluation
-time, so training and evaluation see identical token ids. Queries get their instruction; documents
-(positives, hard negatives) get none.
+time. In both stages a query gets its instruction (E5: its source's Table 6 instruction), joined to the
+text by ``instruction_separator`` (the authors' training data: ``"; "``), unless ``query_instructions`` is
+off; documents (positives, hard negatives) never get one. Stage I's ``text`` reconstruction targets are
+the text tokens only, so the instruction is never a target.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
 from . import templates
 from .dataset import TrainExample
+from .loss.reconstruction import RECONSTRUCTION_TARGETS, target_counts
 from .pooling import pad_batch
 
 
@@ -34,7 +37,7 @@ def reconstruction_targets(e: templates.EncodedText, which: str) -> tuple[int, .
         return e.input_ids[e.text_start : e.text_end]
     if which == "all":
         return e.input_ids[:-1]
-    raise ValueError(f"reconstruction_targets must be 'text' or 'all', got {which!r}")
+    raise ValueError(f"reconstruction_targets must be one of {RECONSTRUCTION_TARGETS}, got {which!r}")
 
 
 @dataclass
@@ -42,7 +45,12 @@ class TrainCollator:
     """Collates ``TrainExample`` lists into ``{"query", "positive"[, "negative"][, "*_targets"]}`` dicts.
 
     ``reconstruction``: ``None`` for Stage II; ``"text"`` or ``"all"`` for Stage I, which adds
-    ``query_targets`` and ``positive_targets`` (right-padded ids and mask).
+    ``query_targets`` and ``positive_targets`` (right-padded ids and mask) and ``target_counts``, the
+    number of target tokens of each direction (:func:`llm2vec.loss.reconstruction.target_counts`), which
+    the trainer sums over a whole optimizer step.
+    ``query_instructions``: give queries their instruction (default) or none.
+    ``instruction_separator``: joins instruction and query text; ``None`` keeps the template's own
+    (:data:`llm2vec.templates.EVALUATION_SEPARATOR`).
     """
 
     tokenizer: object
@@ -51,25 +59,37 @@ class TrainCollator:
     pad_token_id: int
     with_negative: bool = False
     reconstruction: str | None = None
+    query_instructions: bool = True
+    instruction_separator: str | None = None
 
     @classmethod
-    def for_encoder(cls, encoder, **kwargs) -> "TrainCollator":
+    def for_encoder(cls, encoder, **kwargs) -> TrainCollator:
         return cls(encoder.tokenizer, encoder.template, encoder.max_length, encoder.pad_token_id, **kwargs)
 
     def _encode(self, items):
-        return templates.encode(self.tokenizer, self.template, items, self.max_length)
+        spec = (
+            self.template
+            if self.instruction_separator is None
+            else self.template.with_separator(self.instruction_separator)
+        )
+        return templates.encode(self.tokenizer, spec, items, self.max_length)
 
     def __call__(self, examples: Sequence[TrainExample]) -> dict:
-        queries = self._encode([(ex.query_instruction, ex.query) for ex in examples])
+        queries = self._encode([(ex.query_instruction if self.query_instructions else "", ex.query) for ex in examples])
         positives = self._encode([("", ex.positive) for ex in examples])
         batch = {"query": pad_batch(queries, self.pad_token_id), "positive": pad_batch(positives, self.pad_token_id)}
         if self.with_negative:
             missing = [i for i, ex in enumerate(examples) if not ex.negative]
             if missing:
-                raise ValueError(f"hard negatives are required but {len(missing)} example(s) of this batch have none "
-                                 f"(source {examples[missing[0]].source!r})")
+                raise ValueError(
+                    f"hard negatives are required but {len(missing)} example(s) of this batch have none "
+                    f"(source {examples[missing[0]].source!r})"
+                )
             batch["negative"] = pad_batch(self._encode([("", ex.negative) for ex in examples]), self.pad_token_id)
         if self.reconstruction is not None:
             for name, encoded in (("query_targets", queries), ("positive_targets", positives)):
-                batch[name] = pad_targets([reconstruction_targets(e, self.reconstruction) for e in encoded], self.pad_token_id)
+                batch[name] = pad_targets(
+                    [reconstruction_targets(e, self.reconstruction) for e in encoded], self.pad_token_id
+                )
+            batch["target_counts"] = target_counts(batch["query_targets"], batch["positive_targets"])
         return batch

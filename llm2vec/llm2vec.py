@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -55,19 +56,27 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """``"auto"``/None: bfloat16 on a GPU that supports it, float32 otherwise."""
+DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+}
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device | None = None) -> torch.dtype:
+    """A dtype from its name; ``"auto"``/None: bfloat16 on a GPU that supports it, float32 otherwise."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype in (None, "auto"):
-        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        if device is not None and device.type == "cuda" and torch.cuda.is_bf16_supported():
             return torch.bfloat16
         return torch.float32
-    names = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-             "float32": torch.float32, "fp32": torch.float32}
-    if dtype not in names:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(names)} or 'auto'")
-    return names[dtype]
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)} or 'auto'")
+    return DTYPES[dtype]
 
 
 class LLM2Vec(nn.Module):
@@ -79,10 +88,20 @@ class LLM2Vec(nn.Module):
         pooling_mode: one of ``eos_token`` (the paper's), ``last_token``, ``mean``, ``weighted_mean``.
         max_length: the most tokens of one input, template and anchor included.
         template: a registered template name; ``None`` detects the family from config and tokenizer.
+        doc_max_length: if set, every text is first cut to this many tokens, then the prompt is added and
+            ``max_length`` applies (the authors' evaluation used 400 under 512). An encoding-time setting:
+            training ignores it and it is not saved with the model.
     """
 
-    def __init__(self, model: nn.Module, tokenizer, pooling_mode: str = "eos_token", max_length: int = 512,
-                 template: str | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer,
+        pooling_mode: str = "eos_token",
+        max_length: int = 512,
+        template: str | None = None,
+        doc_max_length: int | None = None,
+    ):
         super().__init__()
         if pooling_mode not in POOLING_MODES:
             raise ValueError(f"unknown pooling_mode {pooling_mode!r}; choose one of {POOLING_MODES}")
@@ -90,6 +109,9 @@ class LLM2Vec(nn.Module):
         self.tokenizer = tokenizer
         self.pooling_mode = pooling_mode
         self.max_length = int(max_length)
+        if doc_max_length is not None and int(doc_max_length) < 1:
+            raise ValueError(f"doc_max_length must be a positive number of tokens or None, got {doc_max_length}")
+        self.doc_max_length = None if doc_max_length is None else int(doc_max_length)
         self.template = templates.resolve_template(model.config, tokenizer, template)
         self.pad_token_id = tokenizer.pad_token_id
         if self.pad_token_id is None:
@@ -97,8 +119,12 @@ class LLM2Vec(nn.Module):
 
     # ------------------------------------------------------------------ loading and saving
 
+    backbone_class = AutoModel
+    """What ``load`` reads a checkpoint with: the decoder body (an encoder needs no LM head); Stage I,
+    which generates, uses ``AutoModelForCausalLM``."""
+
     @classmethod
-    def from_pretrained(
+    def load(
         cls,
         base_model_name_or_path: str,
         peft_model_name_or_path: str | None = None,
@@ -106,17 +132,18 @@ class LLM2Vec(nn.Module):
         pooling_mode: str | None = None,
         max_length: int | None = None,
         template: str | None = None,
-        dtype: str | torch.dtype | None = "auto",
+        dtype: torch.dtype = torch.float32,
         attn_implementation: str | None = None,
-        device: str | torch.device | None = None,
-        **model_kwargs,
-    ) -> "LLM2Vec":
-        """Load a checkpoint (hub id or local folder), optionally a LoRA adapter on top.
+        model_kwargs: dict[str, Any] | None = None,
+        **kwargs,
+    ) -> LLM2Vec:
+        """Build the model from a checkpoint (hub id or local folder), optionally with a LoRA adapter.
 
-        Settings come from, in rising priority: defaults, the base folder's ``llm2vec_config.json``, the
-        adapter folder's, then the arguments given here.
+        This is how training and evaluation both load a model: the model stays on the CPU in its current
+        mode (the trainer moves it). Settings come from, in rising priority: defaults, the base folder's
+        ``llm2vec_config.json``, the adapter folder's, then the arguments given here. ``kwargs`` go to
+        the class's constructor (e.g. a training subclass's loss settings).
         """
-        device = torch.device(device) if device is not None else default_device()
         settings = dict(DEFAULTS)
         settings.update(read_llm2vec_config(base_model_name_or_path))
         settings.update(read_llm2vec_config(peft_model_name_or_path))
@@ -124,38 +151,58 @@ class LLM2Vec(nn.Module):
         settings.update({k: v for k, v in given.items() if v is not None})
 
         tokenizer = AutoTokenizer.from_pretrained(base_model_name_or_path)
+        model_kwargs = dict(model_kwargs or {})
         if attn_implementation is not None:
             model_kwargs["attn_implementation"] = attn_implementation
-        model = cls._load_model(base_model_name_or_path, dtype=resolve_dtype(dtype, device), **model_kwargs)
+        model = cls.backbone_class.from_pretrained(base_model_name_or_path, dtype=dtype, **model_kwargs)
         if peft_model_name_or_path is not None:
             from peft import PeftModel
 
             model = PeftModel.from_pretrained(model, peft_model_name_or_path)
             if merge_peft:
                 model = model.merge_and_unload()
-        model.to(device)
-        model.eval()
-        return cls(model, tokenizer, **settings)
+        return cls(model, tokenizer, **settings, **kwargs)
 
-    @staticmethod
-    def _load_model(path: str, **kwargs) -> nn.Module:
-        """The decoder body only: an encoder needs no LM head (subclasses that generate override this)."""
-        return AutoModel.from_pretrained(path, **kwargs)
+    @classmethod
+    def from_pretrained(
+        cls,
+        base_model_name_or_path: str,
+        peft_model_name_or_path: str | None = None,
+        *,
+        dtype: str | torch.dtype | None = "auto",
+        device: str | torch.device | None = None,
+        **kwargs,
+    ) -> LLM2Vec:
+        """Load a model for inference: :meth:`load` (which takes ``kwargs``: ``merge_peft``, ``pooling_mode``,
+        ``max_length``, ``template``, ``attn_implementation``, ``model_kwargs``), moved to ``device`` (default:
+        the GPU when there is one) and put in eval mode. ``dtype="auto"`` is bfloat16 on a GPU that supports
+        it, float32 otherwise.
+        """
+        device = torch.device(device) if device is not None else default_device()
+        model = cls.load(base_model_name_or_path, peft_model_name_or_path, dtype=resolve_dtype(dtype, device), **kwargs)
+        return model.to(device).eval()
 
     def llm2vec_config(self) -> dict[str, Any]:
         return {"pooling_mode": self.pooling_mode, "max_length": self.max_length, "template": self.template.name}
 
-    def save(self, path: str | os.PathLike) -> None:
+    def save(self, path: str | os.PathLike, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         """Weights (safetensors), tokenizer and ``llm2vec_config.json``.
 
         A PEFT-wrapped model saves its adapter only (load it with ``peft_model_name_or_path``).
+        ``state_dict``: the wrapped model's weights when they were gathered elsewhere (FSDP, DeepSpeed).
         """
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(path, safe_serialization=True)
+        self.model.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
         self.tokenizer.save_pretrained(path)
         with open(path / CONFIG_NAME, "w") as f:
             json.dump(self.llm2vec_config(), f, indent=2)
+
+    @property
+    def _no_split_modules(self) -> list[str]:
+        """The wrapped model's layer classes (e.g. ``LlamaDecoderLayer``): FSDP's transformer auto-wrap reads them
+        from the model it is given, so each decoder layer becomes its own shard group instead of the whole model."""
+        return list(getattr(self.model, "_no_split_modules", None) or [])
 
     def activation_checkpointing_enable(self, **kwargs) -> None:
         """Gradient (activation) checkpointing of the wrapped model's layers; the Trainer calls this."""
@@ -175,7 +222,7 @@ class LLM2Vec(nn.Module):
         )
 
     def encode_ids(self, items: Sequence[Item]) -> list[templates.EncodedText]:
-        return templates.encode(self.tokenizer, self.template, items, self.max_length)
+        return templates.encode(self.tokenizer, self.template, items, self.max_length, self.doc_max_length)
 
     def tokenize(self, items: Sequence[str | Sequence[str]], padding_side: str = "right") -> dict[str, torch.Tensor]:
         """``input_ids``, ``attention_mask`` and ``text_mask`` (text + anchor, no instruction) for a batch."""
@@ -188,6 +235,7 @@ class LLM2Vec(nn.Module):
             input_ids=features["input_ids"],
             attention_mask=features["attention_mask"],
             position_ids=position_ids_from_mask(features["attention_mask"]),
+            use_cache=False,  # an encoder keeps no KV cache (a recomputing checkpoint would append to it again)
         )
         return out.last_hidden_state
 

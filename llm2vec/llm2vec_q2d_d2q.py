@@ -1,38 +1,39 @@
 """Stage I model: the encoder plus its causal LM head, trained by bidirectional reconstruction.
 
-For a batch of (query Q, document D) pairs (paper Sec. 3.2, Algorithm 1):
+For a batch of (query Q, document D) pairs (paper Sec. 3.2, Algorithm 1), ``forward`` embeds both sides
+with ``LLM2Vec.embed`` (Eq. 1: the final-layer state at the anchor token, the same function evaluation
+uses) and returns the loss of :class:`llm2vec.loss.ReconstructionLoss`:
 
-    e_Q = f(Q ; [EOS])[-1],   e_D = f(D ; [EOS])[-1]                        (Eq. 1, the anchor embeddings)
-    L_Q2D = - sum_t log P(d_t | e_Q, d_<t)                                 (Eq. 3, EBQ2D)
-    L_D2Q = - sum_t log P(q_t | e_D, q_<t)                                 (Eq. 4, EBD2Q)
-    L     = alpha * L_Q2D + (1 - alpha) * L_D2Q,   alpha = 0.2 by default  (Eq. 5)
+    L = alpha * L_Q2D + (1 - alpha) * L_D2Q                               (Eq. 3-5)
 
-- e_Q and e_D are final-layer hidden states at the anchor token, from an encoding pass with the real
-  attention mask (the same ``LLM2Vec.embed`` that evaluation uses). They are *not* detached: the
-  gradients of both reconstruction losses flow through them into the encoding pass.
-- The reconstruction pass (:func:`llm2vec.loss.reconstruction_nll`) reads [e_X ; Embed(y_1..y_m)] with the
-  anchor at position 0 and the targets at consecutive positions 1..m, whatever the padding.
-- Targets (``reconstruction_targets``): ``"text"`` (default, the paper's Eq. 3-4) predicts the
-  counterpart's text tokens only; ``"all"`` (the authors' code) predicts every token of the counterpart's
-  prompt except its anchor: BOS, chat header and instruction included.
-- Averaging: each direction is a mean over target *tokens*. Under the trainer the denominator is the
-  number of target tokens of that direction in the whole optimizer step (all micro-batches of the
-  gradient accumulation, all ranks; passed as ``target_counts``), so accumulation and data parallelism
-  give the same gradient as one big batch. Without ``target_counts`` the batch's own counts are used.
-- A direction whose weight is 0 (alpha = 0 or 1) is not computed at all.
+where the equations, the reconstruction pass and the token averaging are documented. The embeddings are
+not detached: the gradients of both reconstruction losses flow through them into the encoding pass.
+
+Memory-bounded steps (both exact; off by default):
+
+- ``token_budget``: :meth:`LLM2Vec_q2d_d2q.step_in_parts` splits a batch into chunks of pairs of at most
+  that many padded decoder positions (:mod:`llm2vec.token_budget`) and runs forward and backward chunk by
+  chunk. Each pair's EBQ2D/EBD2Q terms depend on that pair only, and every chunk divides its token NLL
+  sums by the same step-wide ``target_counts``, so the chunks' losses add up to the batch's loss and their
+  gradients to its gradient.
+- ``logit_chunk_rows``: the LM head's logits are built that many target rows at a time
+  (:mod:`llm2vec.loss.linear_cross_entropy`).
+
+Every output also reports the padding fraction of its decoder calls (``metrics``, logged by the trainer).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 from transformers import AutoModelForCausalLM
 
 from .llm2vec import LLM2Vec, decoder_body
-from .loss import reconstruction_nll
-
-RECONSTRUCTION_TARGETS = ("text", "all")
+from .loss import ReconstructionLoss
+from .loss.reconstruction import target_counts as count_targets
+from .token_budget import COUNTS_KEY, decoder_call_lengths, decoder_positions, select_pairs, token_budget_chunks
 
 
 @dataclass
@@ -42,35 +43,95 @@ class StageIOutput:
     loss_d2q: torch.Tensor | None
     query_embedding: torch.Tensor
     document_embedding: torch.Tensor
+    positions: int = 0  # positions the decoder calls processed, padding included
+    real_positions: torch.Tensor | int = 0  # of which real tokens (a tensor: no device sync in the step)
+    chunks: int = 1  # forward/backward passes the batch took (token_budget)
+
+    @property
+    def loss_parts(self) -> dict[str, torch.Tensor]:
+        """The loss's parts, logged by the trainer under these names."""
+        return {
+            name: value
+            for name, value in (("loss_q2d", self.loss_q2d), ("loss_d2q", self.loss_d2q))
+            if value is not None
+        }
+
+    @property
+    def metrics(self) -> dict[str, torch.Tensor | float]:
+        """Logged by the trainer as means over micro-batches: the padded share of the positions the decoder
+        calls processed, and the number of chunks of the batch."""
+        padding = 1 - self.real_positions / self.positions if self.positions else 0.0
+        return {"padding_fraction": padding, "chunks": float(self.chunks)}
+
+    @classmethod
+    def combine(cls, parts: list[StageIOutput], chunks: list[list[int]]) -> StageIOutput:
+        """One detached output for a batch run in ``chunks`` (pair indices) whose outputs are ``parts``:
+        losses summed (each chunk's loss is its share of the step-wide mean), embeddings in batch order."""
+        order = torch.tensor([i for rows in chunks for i in rows], device=parts[0].loss.device)
+        inverse = torch.argsort(order)
+
+        def total(name):
+            values = [getattr(p, name) for p in parts]
+            return None if values[0] is None else torch.stack([v.detach() for v in values]).sum()
+
+        return cls(
+            total("loss"),
+            total("loss_q2d"),
+            total("loss_d2q"),
+            torch.cat([p.query_embedding.detach() for p in parts])[inverse],
+            torch.cat([p.document_embedding.detach() for p in parts])[inverse],
+            positions=sum(p.positions for p in parts),
+            real_positions=sum(p.real_positions for p in parts),
+            chunks=len(parts),
+        )
 
 
 class LLM2Vec_q2d_d2q(LLM2Vec):
-    """``LLM2Vec`` over a causal LM, whose forward returns the Stage I loss of a batch of pairs."""
+    """``LLM2Vec`` over a causal LM, whose forward returns the Stage I loss of a batch of pairs.
 
-    def __init__(self, model, tokenizer, alpha: float = 0.2, reconstruction_targets: str = "text", **kwargs):
+    Args:
+        model, tokenizer, **kwargs: as for :class:`LLM2Vec`; the model must keep its LM head.
+        alpha: weight of EBQ2D in Eq. 5 (the paper's 0.2).
+        token_budget: most padded decoder positions of one forward/backward (0: the whole batch at once);
+            see :meth:`step_in_parts`.
+        logit_chunk_rows: LM-head logits built this many target rows at a time (0: all at once).
+    """
+
+    backbone_class = AutoModelForCausalLM
+
+    def __init__(
+        self, model, tokenizer, alpha: float = 0.2, token_budget: int = 0, logit_chunk_rows: int = 0, **kwargs
+    ):
         super().__init__(model, tokenizer, **kwargs)
-        if not 0.0 <= alpha <= 1.0:
-            raise ValueError(f"alpha must be in [0, 1], got {alpha}")
-        if reconstruction_targets not in RECONSTRUCTION_TARGETS:
-            raise ValueError(f"reconstruction_targets must be one of {RECONSTRUCTION_TARGETS}, got {reconstruction_targets!r}")
         if model.get_output_embeddings() is None:
             raise ValueError("Stage I needs a causal LM with its LM head (load it with AutoModelForCausalLM)")
-        self.alpha = float(alpha)
-        self.reconstruction_targets = reconstruction_targets
+        if token_budget < 0:
+            raise ValueError(f"token_budget must be >= 0, got {token_budget}")
+        self.loss_fn = ReconstructionLoss(alpha, logit_chunk_rows=logit_chunk_rows)
+        self.token_budget = int(token_budget)
 
-    @staticmethod
-    def _load_model(path: str, **kwargs):
-        return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    @classmethod
+    def build(cls, model_args, stage_args, dtype: torch.dtype) -> LLM2Vec_q2d_d2q:
+        """The Stage I model of a run config (:class:`llm2vec.arguments.StageIArguments`)."""
+        return cls.load(
+            model_args.model_name_or_path,
+            pooling_mode=model_args.pooling_mode,
+            max_length=model_args.max_seq_length,
+            template=model_args.template,
+            dtype=dtype,
+            attn_implementation=model_args.attn_implementation,
+            alpha=stage_args.alpha,
+            token_budget=stage_args.token_budget,
+            logit_chunk_rows=stage_args.logit_chunk_rows,
+        )
 
-    @staticmethod
-    def count_targets(batch: dict) -> dict[str, torch.Tensor]:
-        """Target tokens per direction in a collated batch (the trainer sums these over a whole step)."""
-        return {"q2d": batch["positive_targets"]["attention_mask"].sum(), "d2q": batch["query_targets"]["attention_mask"].sum()}
-
-    def _direction(self, anchor: torch.Tensor, targets: dict, count: torch.Tensor | None) -> torch.Tensor:
-        lm_head = self.model.get_output_embeddings()
-        total, n = reconstruction_nll(decoder_body(self.model), lm_head, anchor, targets["input_ids"], targets["attention_mask"])
-        return total / (count if count is not None else n)
+    def describe(self) -> str:
+        text = f"template {self.template.name}, alpha {self.loss_fn.alpha:.2f}"
+        if self.token_budget:
+            text += f", token budget {self.token_budget} padded positions per forward/backward"
+        if self.loss_fn.logit_chunk_rows:
+            text += f", LM-head logits {self.loss_fn.logit_chunk_rows} target rows at a time"
+        return text
 
     def forward(
         self,
@@ -78,14 +139,59 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
         positive: dict,
         query_targets: dict,
         positive_targets: dict,
-        negative: dict | None = None,
         target_counts: dict[str, torch.Tensor] | None = None,
     ) -> StageIOutput:
-        """Stage I loss of a batch; ``negative`` is accepted and ignored (Stage I uses pairs only)."""
-        counts = target_counts or {}
+        """Stage I loss of a collated batch; ``target_counts`` as in :class:`ReconstructionLoss`."""
         e_q = self.embed(query)
         e_d = self.embed(positive)
-        loss_q2d = self._direction(e_q, positive_targets, counts.get("q2d")) if self.alpha > 0 else None
-        loss_d2q = self._direction(e_d, query_targets, counts.get("d2q")) if self.alpha < 1 else None
-        loss = sum(w * l for w, l in ((self.alpha, loss_q2d), (1 - self.alpha, loss_d2q)) if l is not None)
-        return StageIOutput(loss, loss_q2d, loss_d2q, e_q, e_d)
+        loss, parts = self.loss_fn(
+            decoder_body(self.model),
+            self.model.get_output_embeddings(),
+            e_q,
+            e_d,
+            query_targets,
+            positive_targets,
+            target_counts,
+        )
+        batch = {
+            "query": query,
+            "positive": positive,
+            "query_targets": query_targets,
+            "positive_targets": positive_targets,
+        }
+        directions = self.loss_fn.directions()
+        return StageIOutput(
+            loss,
+            parts.get("q2d"),
+            parts.get("d2q"),
+            e_q,
+            e_d,
+            positions=decoder_positions(batch, directions),
+            real_positions=decoder_call_lengths(batch, directions).sum(),
+        )
+
+    def step_in_parts(self, model, inputs: dict, backward, no_sync) -> StageIOutput | None:
+        """Forward and backward of a batch in token-budget chunks of pairs (the trainer's hook,
+        :mod:`llm2vec.trainer`); ``None`` (the plain step) without a budget or when one chunk holds the batch.
+
+        The chunks (:func:`llm2vec.token_budget.token_budget_chunks`) each carry the step-wide
+        ``target_counts`` (the batch's own when it has none), so chunk losses add up to the batch's loss;
+        each goes through the wrapped ``model`` and is back-propagated at once, all but the last inside
+        ``no_sync()`` so that the gradient is all-reduced once. Returns the combined, detached output.
+        """
+        if not self.token_budget:
+            return None
+        directions = self.loss_fn.directions()
+        chunks = token_budget_chunks(decoder_call_lengths(inputs, directions).tolist(), self.token_budget)
+        if len(chunks) == 1:
+            return None
+        counts = inputs.get(COUNTS_KEY) or count_targets(inputs["query_targets"], inputs["positive_targets"])
+        batch = {**inputs, COUNTS_KEY: counts}
+        parts = []
+        for number, pairs in enumerate(chunks):
+            last = number == len(chunks) - 1
+            with contextlib.nullcontext() if last else no_sync():
+                out = model(**select_pairs(batch, pairs))
+                backward(out.loss)
+            parts.append(out)
+        return StageIOutput.combine(parts, chunks)

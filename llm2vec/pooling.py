@@ -11,7 +11,7 @@ Padding may be on either side; pooling locates tokens through the masks, not thr
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -20,7 +20,9 @@ from .templates import EncodedText
 POOLING_MODES = ("eos_token", "last_token", "mean", "weighted_mean")
 
 
-def pad_batch(encoded: Sequence[EncodedText], pad_token_id: int, padding_side: str = "right") -> dict[str, torch.Tensor]:
+def pad_batch(
+    encoded: Sequence[EncodedText], pad_token_id: int, padding_side: str = "right"
+) -> dict[str, torch.Tensor]:
     """Pad token ids to one (B, T) tensor and build ``attention_mask`` and ``text_mask`` for them."""
     if padding_side not in ("left", "right"):
         raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
@@ -47,9 +49,7 @@ def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
     return torch.where(attention_mask.bool(), columns, -1).max(dim=1).values
 
 
-def pool(
-    hidden_states: torch.Tensor, attention_mask: torch.Tensor, text_mask: torch.Tensor, mode: str
-) -> torch.Tensor:
+def pool(hidden_states: torch.Tensor, attention_mask: torch.Tensor, text_mask: torch.Tensor, mode: str) -> torch.Tensor:
     """One vector per row of ``hidden_states`` (B, T, H).
 
     - ``eos_token`` (the paper's Eq. 1): the hidden state at the anchor, the last real token.

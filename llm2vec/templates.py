@@ -1,67 +1,138 @@
 """Prompt templates: one function per model family, shared by training and evaluation.
 
-A template turns an instruction into the *prefix* string that precedes the text in the family's chat
-format, and names the family's *anchor* token: the closing token of a user turn, which is also the
-model's end-of-turn / [EOS] token. :func:`encode` tokenizes prefix and text separately, truncates the
-text, and appends the anchor **as a token id after truncation**, so the anchor is always the last real
-token of the sequence however long the text is (the paper's Eq. 1 reads the embedding there).
+A family's function returns the :class:`UserTurn` of its chat format: the *opening* (BOS where the format
+has one, and the user header), the *closing* that follows the user's content, and the *anchor*, the
+closing's last token. An input ``(instruction, text)`` becomes the user turn whose content is
+
+    instruction + separator + text          (just ``text`` when there is no instruction)
+
+so the token ids are those the model's own chat template gives for one user message (a test compares them
+with ``tokenizer.apply_chat_template``), except that the default system turn some templates insert
+(Llama-3.x: knowledge cut-off and date; Qwen2.5 and SmolLM2: a default persona) is left out, as LLM2Vec
+and the authors' code do, and nothing follows the anchor (ChatML's newline between turns is not part of
+the user turn). The anchor is the token the paper's Eq. 1 reads the embedding at:
+
+- ``llama3``: ``<|begin_of_text|><|start_header_id|>user<|end_header_id|>\\n\\n`` ... ``<|eot_id|>``; anchor
+  ``<|eot_id|>`` (the Instruct models' EOS);
+- ``qwen2`` and ``smollm2`` (ChatML): ``<|im_start|>user\\n`` ... ``<|im_end|>``; anchor ``<|im_end|>`` (EOS);
+- ``mistral``: ``<s>[INST] `` ... `` [/INST]``; anchor ``]``, the last token of ``[/INST]``.
+
+Mistral-7B-Instruct-v0.2 closes a user turn with the plain-text ``[/INST]`` (4 tokens, ``▁[ / INST ]``),
+so its anchor is the ``]`` that ends it; its EOS ``</s>`` only ever follows an assistant reply.
+
+:func:`encode` tokenizes the prefix (opening + instruction + separator), the text and the closing
+separately, cuts the text so that everything fits, and appends the closing **after truncation**, so the
+anchor is always the last token however long the text is. Spaces at the boundaries are given to the
+piece that follows them, as joint tokenization would (byte-level BPE: ``"; "`` + ``"Paris"`` is ``;`` +
+`` Paris``); tokenizers that prepend a word-boundary marker to every text (sentencepiece's dummy prefix:
+Mistral, Llama-2) get one space fewer, so no extra space token appears.
+
+The separator is part of the :class:`TemplateSpec`: evaluation uses the spec as registered
+(:data:`EVALUATION_SEPARATOR`, the authors' evaluation), training replaces it by the config's
+``instruction_separator`` (:data:`TRAINING_SEPARATOR`, the authors' training data).
 
 The family is selected from the model config (``config.model_type``) together with the special tokens
-present in the tokenizer (Llama-3 and SmolLM2 are both ``model_type == "llama"`` but use different
-chat formats), never from a hub name. Register a new family with :func:`register_template`.
+present in the tokenizer (Llama-3 and SmolLM2 are both ``model_type == "llama"`` but use different chat
+formats), never from a hub name. Register a new family with :func:`register_template`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import NamedTuple
+
+logger = logging.getLogger("llm2vec")
+
+TRAINING_SEPARATOR = "; "
+"""Between a query's instruction and its text in training: the authors' E5 loader (LLM2Vec's) writes
+``f"{instruction}; " + query``."""
+
+EVALUATION_SEPARATOR = ": "
+"""Between an instruction and its text at evaluation: the authors' evaluation (LLM2Vec's encoder) joins
+``instruction.strip() + " " + text`` with instructions that end in ``":"`` (LLM2Vec's
+``task_to_instructions.json``), i.e. ``"<instruction>: <text>"``; this repository's instructions file has
+no colons, so the colon is in the separator. An instruction that already ends with the separator's mark
+does not get it twice (see :func:`join_instruction`)."""
 
 
-def _instruction_line(instruction: str) -> str:
-    """The instruction and the text are separated by a newline; no instruction, no separator."""
-    instruction = instruction.strip()
-    return instruction + "\n" if instruction else ""
+class UserTurn(NamedTuple):
+    """One user turn of a chat format: ``opening + content + closing``; ``anchor`` is the closing's last token."""
+
+    opening: str
+    closing: str
+    anchor: str
 
 
-# --- one function per family: instruction -> (prefix string, anchor token) -------------------------
+# --- one function per family: the user turn of its chat format ----------------------------------------
 
 
-def llama3_template(instruction: str) -> tuple[str, str]:
+def llama3_template() -> UserTurn:
     """Llama-3.x Instruct: ``<|begin_of_text|><|start_header_id|>user<|end_header_id|>\\n\\n`` ... ``<|eot_id|>``."""
-    return (
-        "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n" + _instruction_line(instruction),
-        "<|eot_id|>",
-    )
+    return UserTurn("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n", "<|eot_id|>", "<|eot_id|>")
 
 
-def qwen2_template(instruction: str) -> tuple[str, str]:
+def qwen2_template() -> UserTurn:
     """Qwen2.5 Instruct (ChatML, no BOS): ``<|im_start|>user\\n`` ... ``<|im_end|>``."""
-    return "<|im_start|>user\n" + _instruction_line(instruction), "<|im_end|>"
+    return UserTurn("<|im_start|>user\n", "<|im_end|>", "<|im_end|>")
 
 
-def smollm2_template(instruction: str) -> tuple[str, str]:
-    """SmolLM2 Instruct (ChatML on a Llama body; the default system turn is left out): ``<|im_start|>user\\n`` ... ``<|im_end|>``."""
-    return "<|im_start|>user\n" + _instruction_line(instruction), "<|im_end|>"
+def smollm2_template() -> UserTurn:
+    """SmolLM2 Instruct (ChatML on a Llama body): ``<|im_start|>user\\n`` ... ``<|im_end|>``."""
+    return UserTurn("<|im_start|>user\n", "<|im_end|>", "<|im_end|>")
 
 
-def mistral_template(instruction: str) -> tuple[str, str]:
-    """Mistral-7B (Instruct format): ``<s>[INST] `` ... ``</s>``."""
-    return "<s>[INST] " + _instruction_line(instruction), "</s>"
+def mistral_template() -> UserTurn:
+    """Mistral-7B-Instruct-v0.2: ``<s>[INST] `` ... `` [/INST]``; the anchor is the final ``]``."""
+    return UserTurn("<s>[INST] ", " [/INST]", "]")
+
+
+def join_instruction(instruction: str, separator: str) -> str:
+    """``instruction + separator`` ("" without an instruction); a mark the instruction already ends with
+    (``"...the claim:"`` with separator ``": "``) is not repeated."""
+    instruction = instruction.strip()
+    if not instruction:
+        return ""
+    mark = separator.strip()
+    if mark and instruction.endswith(mark):
+        return instruction + separator[separator.index(mark) + len(mark) :]
+    return instruction + separator
 
 
 @dataclass(frozen=True)
 class TemplateSpec:
-    """A registered family: its template function and how to recognise it.
+    """A registered family: its user turn, how to recognise it, and the instruction separator.
 
+    ``turn``: the family's function returning its :class:`UserTurn`.
     ``model_types``: values of ``config.model_type`` this family can have.
     ``marker_tokens``: tokens that must all be in the tokenizer's vocabulary (they tell apart families
-    sharing a ``model_type``); the anchor token must be among them or in the vocabulary too.
+    sharing a ``model_type``); the anchor token must be in the vocabulary too.
+    ``separator``: what joins an instruction and its text (:func:`join_instruction`).
     """
 
     name: str
-    build: Callable[[str], tuple[str, str]]
+    turn: Callable[[], UserTurn]
     model_types: tuple[str, ...]
     marker_tokens: tuple[str, ...]
+    separator: str = EVALUATION_SEPARATOR
+
+    @property
+    def anchor(self) -> str:
+        return self.turn().anchor
+
+    def with_separator(self, separator: str) -> TemplateSpec:
+        return dataclasses.replace(self, separator=separator)
+
+    def build(self, instruction: str) -> tuple[str, str]:
+        """``(prefix, anchor)``: the opening with the instruction and separator, and the anchor token."""
+        turn = self.turn()
+        return turn.opening + join_instruction(instruction, self.separator), turn.anchor
+
+    def render(self, instruction: str, text: str) -> str:
+        """The whole user turn as one string (what :func:`encode` tokenizes, in pieces)."""
+        return self.build(instruction)[0] + text.strip() + self.turn().closing
 
 
 _REGISTRY: dict[str, TemplateSpec] = {}
@@ -81,10 +152,6 @@ register_template(TemplateSpec("qwen2", qwen2_template, ("qwen2",), ("<|im_start
 register_template(TemplateSpec("mistral", mistral_template, ("mistral",), ("</s>",)))
 
 
-def registered_templates() -> list[str]:
-    return list(_REGISTRY)
-
-
 def get_template(name: str) -> TemplateSpec:
     try:
         return _REGISTRY[name]
@@ -100,7 +167,11 @@ def _has_token(tokenizer, token: str) -> bool:
 
 
 def resolve_template(config, tokenizer, name: str | None = None) -> TemplateSpec:
-    """The template for a model: by explicit ``name``, else detected from ``config`` and ``tokenizer``."""
+    """The template for a model: by explicit ``name``, else detected from ``config`` and ``tokenizer``.
+
+    When the tokenizer carries a chat template, the spec's token ids are compared with it once
+    (:func:`chat_template_mismatch`) and a difference is logged as a warning.
+    """
     if name is not None:
         spec = get_template(name)
     else:
@@ -113,13 +184,21 @@ def resolve_template(config, tokenizer, name: str | None = None) -> TemplateSpec
                 f"no prompt template for this model: model_type={model_type!r}"
                 + (f" with none of the chat tokens of {[s.name for s in candidates]}" if candidates else "")
                 + f". Known families: {known}. Register one with "
-                "llm2vec.templates.register_template(TemplateSpec(name, build_fn, model_types, marker_tokens)) "
-                "and pass template=<name> (or set \"template\" in the config)."
+                "llm2vec.templates.register_template(TemplateSpec(name, turn_fn, model_types, marker_tokens)) "
+                'and pass template=<name> (or set "template" in the config).'
             )
         spec = matches[0]
-    _, anchor = spec.build("")
-    if not _has_token(tokenizer, anchor):
-        raise ValueError(f"template {spec.name!r}: the anchor token {anchor!r} is not in the tokenizer's vocabulary")
+    if not _has_token(tokenizer, spec.anchor):
+        raise ValueError(
+            f"template {spec.name!r}: the anchor token {spec.anchor!r} is not in the tokenizer's vocabulary"
+        )
+    if getattr(tokenizer, "chat_template", None):
+        try:
+            problem = chat_template_mismatch(tokenizer, spec)
+        except Exception as e:  # a chat template that cannot render one user message: nothing to compare
+            problem = f"template {spec.name!r}: could not compare with the tokenizer's chat template ({e})"
+        if problem:
+            logger.warning("%s", problem)
     return spec
 
 
@@ -128,7 +207,8 @@ class EncodedText:
     """Token ids of one (instruction, text) item.
 
     ``input_ids[:text_start]`` is the template prefix with the instruction, ``input_ids[text_start:text_end]``
-    the (possibly truncated) text, and ``input_ids[-1]`` the anchor token (``text_end == len(input_ids) - 1``).
+    the (possibly truncated) text, ``input_ids[text_end:]`` the closing of the user turn, whose last token,
+    ``input_ids[-1]``, is the anchor (one token for every family but Mistral's `` [/INST]``).
     """
 
     input_ids: tuple[int, ...]
@@ -136,29 +216,117 @@ class EncodedText:
     text_end: int
 
 
-def encode(
-    tokenizer, spec: TemplateSpec, items: Sequence[tuple[str, str]], max_length: int
-) -> list[EncodedText]:
-    """Token ids for ``(instruction, text)`` items; the text is cut so that prefix + text + anchor <= max_length.
+def adds_leading_space(tokenizer) -> bool:
+    """Whether the tokenizer marks the start of every text as a word start (sentencepiece's dummy prefix,
+    as in Mistral and Llama-2): tokenizing ``"b"`` alone then gives the ids ``"b"`` has after a space."""
 
-    Prefix and text are tokenized separately (the text tokens are then the same whatever the instruction).
+    def ids(s: str) -> list[int]:
+        return tokenizer(s, add_special_tokens=False)["input_ids"]
+
+    return ids("a b") == ids("a") + ids("b")
+
+
+def _lead(spaces: str, dummy_prefix: bool) -> str:
+    """The spaces to put before a separately tokenized piece that follows ``spaces`` in the joint string."""
+    return spaces[1:] if dummy_prefix and spaces else spaces
+
+
+def _closing_ids(tokenizer, closing: str, dummy_prefix: bool) -> list[int]:
+    body = closing.lstrip(" ")
+    return tokenizer(_lead(closing[: len(closing) - len(body)], dummy_prefix) + body, add_special_tokens=False)[
+        "input_ids"
+    ]
+
+
+def prompt_parts(
+    tokenizer, spec: TemplateSpec, instruction: str, dummy_prefix: bool | None = None
+) -> tuple[list[int], str]:
+    """``(prefix_ids, lead)``: the ids of the prompt before the text, and the spaces :func:`encode` puts before
+    the stripped text when it tokenizes it as a separate piece (the prompt's trailing spaces, less the one a
+    sentencepiece dummy prefix adds by itself)."""
+    if dummy_prefix is None:
+        dummy_prefix = adds_leading_space(tokenizer)
+    prefix = spec.build(instruction)[0]
+    body = prefix.rstrip(" ")
+    return tokenizer(body, add_special_tokens=False)["input_ids"], _lead(prefix[len(body) :], dummy_prefix)
+
+
+def encode(
+    tokenizer,
+    spec: TemplateSpec,
+    items: Sequence[tuple[str, str]],
+    max_length: int,
+    text_max_tokens: int | None = None,
+) -> list[EncodedText]:
+    """Token ids for ``(instruction, text)`` items; the text is cut so that prefix + text + closing <= max_length.
+
+    ``text_max_tokens`` additionally cuts every text to at most that many tokens before the prompt is
+    added (the authors' evaluation: ``doc_max_length = 400`` under a 512 cap); ``None`` = no such cap.
+
+    The text is stripped of surrounding whitespace (as the Llama-3 chat template and LLM2Vec do). Prefix,
+    text and closing are tokenized separately, with the spaces between them handled as in the module
+    docstring, so the ids equal those of the whole user turn tokenized at once.
     """
-    anchor_id = tokenizer.convert_tokens_to_ids(spec.build("")[1])
-    prefixes: dict[str, list[int]] = {}
+    turn = spec.turn()
+    dummy_prefix = adds_leading_space(tokenizer)
+    closing_ids = _closing_ids(tokenizer, turn.closing, dummy_prefix)
+    anchor_id = tokenizer.convert_tokens_to_ids(turn.anchor)
+    if not closing_ids or closing_ids[-1] != anchor_id:
+        raise ValueError(
+            f"template {spec.name!r}: the closing {turn.closing!r} does not end with the anchor "
+            f"{turn.anchor!r} with this tokenizer ({closing_ids}); fix the template's anchor"
+        )
+    prefixes: dict[str, tuple[list[int], str]] = {}
     for instruction, _ in items:
         if instruction not in prefixes:
-            prefixes[instruction] = tokenizer(spec.build(instruction)[0], add_special_tokens=False)["input_ids"]
-    texts = [text for _, text in items]
+            prefixes[instruction] = prompt_parts(tokenizer, spec, instruction, dummy_prefix)
+    # the lead spaces belong to a text: an empty one is no tokens at all
+    texts = [prefixes[instruction][1] + text.strip() if text.strip() else "" for instruction, text in items]
     text_ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
     out = []
     for (instruction, _), ids in zip(items, text_ids):
-        prefix_ids = prefixes[instruction]
-        budget = max_length - len(prefix_ids) - 1
+        prefix_ids = prefixes[instruction][0]
+        budget = max_length - len(prefix_ids) - len(closing_ids)
         if budget < 1:
             raise ValueError(
                 f"max_length={max_length} leaves no room for text after the {len(prefix_ids)}-token prompt "
                 f"of instruction {instruction[:60]!r}; raise max_length or shorten the instruction"
             )
-        ids = list(ids[:budget])
-        out.append(EncodedText(tuple(prefix_ids + ids + [anchor_id]), len(prefix_ids), len(prefix_ids) + len(ids)))
+        ids = list(ids[: budget if text_max_tokens is None else min(budget, text_max_tokens)])
+        out.append(EncodedText(tuple(prefix_ids + ids + closing_ids), len(prefix_ids), len(prefix_ids) + len(ids)))
     return out
+
+
+def chat_template_mismatch(
+    tokenizer,
+    spec: TemplateSpec,
+    instruction: str = "Given a question, retrieve passages",
+    text: str = "Paris is the capital of France.",
+) -> str | None:
+    """``None`` when :func:`encode` agrees with the tokenizer's own chat template for one user message,
+    else a one-line description of the difference.
+
+    They agree when the chat template's ids are ours with, at most, a system turn inserted after the
+    common beginning (the default system turn of Llama-3.x, Qwen2.5 and SmolLM2, which this package
+    leaves out) and whitespace tokens after the anchor (ChatML's newline between turns).
+    """
+    content = join_instruction(instruction, spec.separator) + text
+    chat = list(tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=True, return_dict=False))
+    ours = list(encode(tokenizer, spec, [(instruction, text)], max_length=1 << 20)[0].input_ids)
+    while chat and chat[-1] != ours[-1] and not tokenizer.decode([chat[-1]]).strip():
+        chat.pop()
+    if chat == ours:
+        return None
+    common = 0
+    while common < min(len(chat), len(ours)) and chat[common] == ours[common]:
+        common += 1
+    tail = ours[common:]
+    if len(chat) > len(ours) and chat[len(chat) - len(tail) :] == tail:
+        inserted = tokenizer.decode(chat[common : len(chat) - len(tail)])
+        if "system" in inserted:
+            return None
+    return (
+        f"template {spec.name!r} differs from the tokenizer's chat template for one user message: ours "
+        f"{tokenizer.decode(ours)!r}, the chat template's {tokenizer.decode(chat)!r}. Pass the right "
+        "template=<name> or register one that matches the model's chat format."
+    )

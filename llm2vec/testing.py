@@ -1,8 +1,9 @@
 """Tiny random causal LMs with each family's tokenizer, built offline.
 
 Used by the test-suite, the distributed tests (which need a checkpoint folder) and the reduced CI demo.
-Nothing here touches the network: the tokenizer is a byte-level BPE trained in memory on a small
-built-in corpus, with the family's special tokens and chat template added.
+Nothing here touches the network: the tokenizer is a BPE trained in memory on a small built-in corpus
+(byte-level like Llama-3's, Qwen2.5's and SmolLM2's; sentencepiece-style for Mistral), with the family's
+special tokens and a chat template that renders conversations as the real model's does.
 """
 
 from __future__ import annotations
@@ -23,54 +24,149 @@ _CORPUS = [
     "0123456789 numbers, punctuation: commas, periods. Questions? Answers! (parentheses) [brackets]",
 ]
 
-# family -> (model class name, special tokens, bos, eos/anchor, pad, chat template)
+# The families' chat templates, written after the public formats of the real models' tokenizers (only the
+# parts a user/system/assistant conversation uses; no tool calls). Each inserts the model's default system
+# turn when the conversation has none, as the real ones do; Llama-3.x's date is fixed to the 3.1 default.
+LLAMA3_CHAT_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content'] | trim %}"
+    "{%- set messages = messages[1:] %}{%- else %}{%- set system_message = '' %}{%- endif %}"
+    "{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' }}"
+    "{{- 'Cutting Knowledge Date: December 2023\\nToday Date: 26 Jul 2024\\n\\n' }}"
+    "{{- system_message }}{{- '<|eot_id|>' }}"
+    "{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
+QWEN2_CHAT_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+    "<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}{%- if message['role'] != 'system' or not loop.first %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+SMOLLM2_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}"
+    "{% endif %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+MISTRAL_CHAT_TEMPLATE = (  # Mistral-7B-Instruct-v0.2: no system role; [INST] and [/INST] are plain text
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}"
+    "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}"
+)
+
+# family -> (model class name, special tokens, bos, eos, pad, chat template)
 _FAMILIES = {
     "llama3": (
         "llama",
         ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
-        "<|begin_of_text|>", "<|eot_id|>", "<|end_of_text|>",
-        "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
-        "{{ m['content'] | trim }}<|eot_id|>{% endfor %}",
+        "<|begin_of_text|>",
+        "<|eot_id|>",
+        "<|end_of_text|>",
+        LLAMA3_CHAT_TEMPLATE,
     ),
     "smollm2": (
         "llama",
         ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        "<|im_start|>", "<|im_end|>", "<|im_end|>",
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}",
+        "<|im_start|>",
+        "<|im_end|>",
+        "<|im_end|>",
+        SMOLLM2_CHAT_TEMPLATE,
     ),
     "qwen2": (
         "qwen2",
         ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        None, "<|im_end|>", "<|endoftext|>",
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}",
+        None,
+        "<|im_end|>",
+        "<|endoftext|>",
+        QWEN2_CHAT_TEMPLATE,
     ),
     "mistral": (
         "mistral",
         ["<unk>", "<s>", "</s>"],
-        "<s>", "</s>", "</s>",
-        "{{ bos_token }}{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}",
+        "<s>",
+        "</s>",
+        "</s>",
+        MISTRAL_CHAT_TEMPLATE,
     ),
 }
 
 FAMILIES = tuple(_FAMILIES)
+SENTENCEPIECE_FAMILIES = ("mistral",)
+"""Families whose tokenizer is sentencepiece-style: a BPE over "▁"-marked words, with "▁" prepended to
+every text (the dummy prefix), as Mistral-7B-Instruct-v0.2's and Llama-2's tokenizer.json files do."""
+
+_ALPHABET = sorted(
+    set("".join(_CORPUS))
+    | set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
+    | set("[]/;:!?.,()'\"-_*#@&%+=<>|")
+)
 
 
-def build_tokenizer(family: str, vocab_size: int = 320):
-    """A byte-level BPE tokenizer with ``family``'s special tokens and chat template."""
+def _byte_level_bpe(specials, vocab_size):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
-    _, specials, bos, eos, pad, chat_template = _FAMILIES[family]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos, pad_token=pad,
-                                        unk_token="<unk>" if family == "mistral" else None)
+    return tok
+
+
+def _sentencepiece_bpe(specials, bos, vocab_size):
+    """A BPE laid out like Mistral-7B-Instruct-v0.2's tokenizer.json: normalizer Prepend("▁") + Replace(" ", "▁")
+    on every text segment between special tokens, no pre-tokenizer, a "<s> $A" post-processor."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True))
+    # Merges are learnt within "▁"-started words (as sentencepiece does), then the pipeline is switched to the
+    # normalizer form, under which those merges give the same pieces.
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=specials, initial_alphabet=_ALPHABET + ["▁"], show_progress=False
+    )
+    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    tok.pre_tokenizer = None
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))]
+    )
+    return tok
+
+
+def build_tokenizer(family: str, vocab_size: int = 320):
+    """A tokenizer with ``family``'s special tokens and chat template: byte-level BPE, or sentencepiece-style
+    BPE for :data:`SENTENCEPIECE_FAMILIES`."""
+    from transformers import PreTrainedTokenizerFast
+
+    _, specials, bos, eos, pad, chat_template = _FAMILIES[family]
+    if family in SENTENCEPIECE_FAMILIES:
+        tok = _sentencepiece_bpe(specials, bos, vocab_size)
+    else:
+        tok = _byte_level_bpe(specials, vocab_size)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=bos,
+        eos_token=eos,
+        pad_token=pad,
+        unk_token="<unk>" if "<unk>" in specials else None,
+    )
     tokenizer.chat_template = chat_template
     return tokenizer
 

@@ -1,17 +1,42 @@
-"""The Hugging Face Trainer, adapted once for both stages.
+"""The Hugging Face Trainer, adapted once for every model of this package; it knows no stage by name.
 
-- Data order: the dataset is pre-arranged so that each optimizer step's global batch comes from one
-  source (``llm2vec.dataset.arrange_global_batches``); the sampler is therefore sequential, and
-  accelerate deals consecutive per-device batches to the ranks in turn.
-- ``compute_loss`` is one call of the (DDP/FSDP-wrapped) model's forward, so gradients synchronise.
-- Stage I token averaging: when the model defines ``count_targets``, the number of target tokens of each
-  direction is summed over every micro-batch of the optimizer step and over all ranks before the step
-  starts, and passed to the forward as ``target_counts``. Each micro-batch then contributes
-  ``sum of its token NLLs / global count``; the trainer's own division by the accumulation steps is
-  switched off, and the loss is multiplied by the number of processes because DDP averages gradients
-  over ranks. The result is exactly the gradient of the token mean over the whole global batch.
-- Checkpoints hold the model in its own format (a full causal LM, or a LoRA adapter), the tokenizer,
-  ``llm2vec_config.json`` and the resolved run config (``run_config.json``).
+The contract with a model and its collator:
+
+- ``compute_loss`` is one call of the (DDP/FSDP-wrapped) model: ``model(**batch)`` returns an output with
+  ``loss`` and ``loss_parts`` (a dict, possibly empty); every part is logged under its name, averaged
+  over the logging interval like the loss. An output may also carry ``metrics``, a dict of numbers
+  (floats or scalar tensors) that are not losses (e.g. the padding fraction of the decoder calls): each is logged under its name as its
+  mean over the micro-batches of the logging interval (and over the processes).
+- Step-wide averaging. A batch may carry ``target_counts``, a dict of counts (e.g. target tokens per loss
+  direction) by which the model divides sums of per-token losses. Before an optimizer step starts, the
+  trainer sums each count over all micro-batches of the step (gradient accumulation) and over all
+  processes, and hands every micro-batch that sum instead of its own. Each micro-batch's loss is then
+  its share of the mean over the whole global batch; the shares add up over accumulation and, since DDP
+  averages gradients over processes, the loss is multiplied by the number of processes. The result is
+  exactly the gradient of one big batch.
+- A batch without ``target_counts`` has a per-micro-batch mean loss, which is divided by the number of
+  accumulation steps (the Trainer's usual behaviour).
+
+- A model may run its own forward and backward passes over parts of a micro-batch (memory-bounded
+  steps: Stage I's token-budget chunks, Stage II's gradient cache). It says so by a method
+  ``step_in_parts(model, inputs, backward, no_sync)`` returning the output (loss detached) or ``None``
+  when the batch needs no parts. ``model`` is the wrapped model (every forward whose graph is
+  back-propagated must go through it, for DDP/FSDP), ``backward(tensor, grad=None)`` back-propagates with
+  this trainer's loss weight and ``no_sync()`` defers the gradient all-reduce; the model must call
+  ``backward`` for its last part outside ``no_sync()``. See :meth:`training_step`.
+
+Both scalings are done here, in :meth:`_loss_weight`, so the Trainer's own division is switched off
+(``loss_is_scaled_for_ga``, a documented Trainer attribute since transformers 5; a test checks that the
+Trainer still honours it).
+
+Data order: the dataset is pre-arranged so that each optimizer step's global batch comes from one
+source (:func:`llm2vec.dataset.arrange_global_batches`); the sampler is therefore sequential, and
+accelerate deals consecutive per-device batches to the ranks in turn.
+
+Checkpoints hold what :meth:`llm2vec.LLM2Vec.save` writes (a full model or a LoRA adapter, the tokenizer,
+``llm2vec_config.json``), the resolved run config (``run_config.json``) and a model card (``README.md``,
+:mod:`llm2vec.model_card`). They are complete or absent: written under a temporary name and renamed when
+complete (:func:`llm2vec.checkpoints.staged_checkpoint`).
 """
 
 from __future__ import annotations
@@ -24,69 +49,112 @@ from safetensors.torch import load_file
 from torch.utils.data import SequentialSampler
 from transformers import Trainer
 
-from .llm2vec import CONFIG_NAME
+from .checkpoints import RUN_CONFIG_NAME, staged_checkpoint
+from .model_card import write_training_card
 
-RUN_CONFIG_NAME = "run_config.json"
+COUNTS_KEY = "target_counts"
 
 
 class LLM2VecTrainer(Trainer):
+    # This trainer scales the loss for gradient accumulation itself (see the module docstring).
+    loss_is_scaled_for_ga = True
+
     def __init__(self, *args, run_config: dict | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.run_config = run_config or {}
-        self._target_counts = None
-        self._component_sums: dict[str, torch.Tensor] = {}
-        self._component_steps = 0
-
-    # ------------------------------------------------------------------ data order
+        self._part_sums: dict[str, torch.Tensor] = {}
+        self._part_steps = 0
+        self._metric_sums: dict[str, tuple[torch.Tensor | float, int]] = {}
+        self._staging_dir: str | None = None
 
     def _get_train_sampler(self, train_dataset=None):
         return SequentialSampler(train_dataset if train_dataset is not None else self.train_dataset)
 
-    # ------------------------------------------------------------------ loss
-
-    def _llm2vec(self):
+    def _encoder(self):
         return self.accelerator.unwrap_model(self.model)
 
+    # ------------------------------------------------------------------ loss
+
     def get_batch_samples(self, epoch_iterator, num_batches, device):
-        batch_samples, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)
-        self._component_steps += 1
-        counter = getattr(self._llm2vec(), "count_targets", None)
-        if counter is not None and batch_samples:
-            per_batch = [counter(b) for b in batch_samples]
-            local = torch.stack([sum(c[k] for c in per_batch) for k in sorted(per_batch[0])]).to(device)
-            total = self.accelerator.reduce(local, reduction="sum") if self.accelerator.num_processes > 1 else local
-            self._target_counts = {k: total[i] for i, k in enumerate(sorted(per_batch[0]))}
-            self.loss_is_scaled_for_ga = True
-        return batch_samples, num_items
+        """The micro-batches of one optimizer step, each with the step's summed ``target_counts``."""
+        batches, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)
+        self._part_steps += 1
+        counted = [b for b in batches if COUNTS_KEY in b]
+        if counted:
+            names = sorted(counted[0][COUNTS_KEY])
+            local = torch.stack([sum(b[COUNTS_KEY][k] for b in counted) for k in names]).to(device)
+            if self.accelerator.num_processes > 1:
+                local = self.accelerator.reduce(local, reduction="sum")
+            step_counts = dict(zip(names, local))
+            batches = [{**b, COUNTS_KEY: step_counts} if COUNTS_KEY in b else b for b in batches]
+        return batches, num_items
+
+    def _loss_weight(self, inputs) -> float:
+        """What the model's loss is multiplied by before backward (see the module docstring)."""
+        if COUNTS_KEY in inputs:
+            return float(self.accelerator.num_processes)
+        return 1.0 / self.args.gradient_accumulation_steps
+
+    def _record_parts(self, outputs, weight: float) -> None:
+        for name, value in outputs.loss_parts.items():
+            self._part_sums[name] = self._part_sums.get(name, 0.0) + value.detach() * weight
+        for name, value in getattr(outputs, "metrics", {}).items():
+            total, count = self._metric_sums.get(name, (0.0, 0))
+            value = value.detach().float() if isinstance(value, torch.Tensor) else value  # no device sync here
+            self._metric_sums[name] = (total + value, count + 1)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        if self._target_counts is not None:
-            outputs = model(**inputs, target_counts=self._target_counts)
-            scale = self.accelerator.num_processes
-        else:
-            outputs = model(**inputs)
-            scale = 1
+        outputs = model(**inputs)
+        loss = outputs.loss
         if model.training:
-            self._accumulate_components(outputs, scale)
-        loss = outputs.loss * scale
+            weight = self._loss_weight(inputs)
+            loss = loss * weight
+            self._record_parts(outputs, weight)
         return (loss, outputs) if return_outputs else loss
 
-    def _accumulate_components(self, outputs, scale: float) -> None:
-        """Running sums of the loss parts for logging (q2d and d2q in Stage I), per optimizer step."""
-        for name in ("loss_q2d", "loss_d2q"):
-            value = getattr(outputs, name, None)
-            if value is not None:
-                if self._target_counts is None:  # per-micro-batch means: average over accumulation
-                    value = value / self.args.gradient_accumulation_steps
-                self._component_sums[name] = self._component_sums.get(name, 0.0) + value.detach() * scale
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        """The Trainer's step, or the model's own ``step_in_parts`` (see the module docstring) when it has one
+        and uses it for this batch. Either way the returned loss is the micro-batch's weighted loss."""
+        step_in_parts = getattr(self._encoder(), "step_in_parts", None)
+        if step_in_parts is None:
+            return super().training_step(model, inputs, num_items_in_batch)
+        model.train()
+        if hasattr(self.optimizer, "train") and callable(self.optimizer.train):
+            self.optimizer.train()
+        inputs = self._prepare_inputs(inputs)
+        weight = self._loss_weight(inputs)
+
+        def backward(tensor, grad=None):
+            if grad is None:
+                self.accelerator.backward(tensor * weight)
+            else:  # a gradient computed by the model (already for the unweighted loss)
+                self.accelerator.backward(tensor, gradient=grad * weight)
+
+        def no_sync():
+            return self.accelerator.no_sync(model)
+
+        with self.compute_loss_context_manager():
+            outputs = step_in_parts(model, inputs, backward, no_sync)
+        if outputs is None:
+            return super().training_step(model, inputs, num_items_in_batch)
+        self._record_parts(outputs, weight)
+        return outputs.loss.detach() * weight
 
     def log(self, logs, start_time=None):
-        if "loss" in logs and self._component_sums:
-            steps = max(1, self._component_steps)
-            for name, value in self._component_sums.items():
-                value = self.accelerator.reduce(value.clone(), reduction="mean") if self.accelerator.num_processes > 1 else value
+        if "loss" in logs and self._part_sums:
+            steps = max(1, self._part_steps)
+            for name, value in self._part_sums.items():
+                if self.accelerator.num_processes > 1:
+                    value = self.accelerator.reduce(value.clone(), reduction="mean")
                 logs[name] = round(value.item() / steps, 6)
-            self._component_sums, self._component_steps = {}, 0
+            self._part_sums, self._part_steps = {}, 0
+        if "loss" in logs and self._metric_sums:
+            for name, (total, count) in self._metric_sums.items():
+                value = torch.as_tensor(total / count, dtype=torch.float32).to(self.args.device)
+                if self.accelerator.num_processes > 1:
+                    value = self.accelerator.reduce(value, reduction="mean")
+                logs[name] = round(value.item(), 6)
+            self._metric_sums = {}
         super().log(logs, start_time)
 
     # ------------------------------------------------------------------ saving and resuming
@@ -95,20 +163,30 @@ class LLM2VecTrainer(Trainer):
         output_dir = output_dir if output_dir is not None else self.args.output_dir
         if not self.args.should_save:
             return
-        os.makedirs(output_dir, exist_ok=True)
-        encoder = self._llm2vec()
-        if state_dict is not None:  # gathered by FSDP / DeepSpeed: strip the wrapper's "model." prefix
-            state_dict = {k[len("model."):]: v for k, v in state_dict.items() if k.startswith("model.")}
-        encoder.model.save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
-        encoder.tokenizer.save_pretrained(output_dir)
-        with open(os.path.join(output_dir, CONFIG_NAME), "w") as f:
-            json.dump(encoder.llm2vec_config(), f, indent=2)
+        if state_dict is not None:  # gathered by FSDP / DeepSpeed: strip the encoder's "model." prefix
+            state_dict = {k[len("model.") :]: v for k, v in state_dict.items() if k.startswith("model.")}
+        self._encoder().save(output_dir, state_dict=state_dict)
         with open(os.path.join(output_dir, RUN_CONFIG_NAME), "w") as f:
             json.dump(self.run_config, f, indent=2)
+        write_training_card(
+            output_dir, self.run_config, self.state.log_history, self._encoder(), self.state.global_step
+        )
+
+    def _get_output_dir(self, trial) -> str:
+        return self._staging_dir or super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model, trial) -> None:
+        """The Trainer's checkpoint, written into a staging folder and renamed into place when complete."""
+        with staged_checkpoint(self, super()._get_output_dir(trial)) as staging:
+            self._staging_dir = staging
+            try:
+                super()._save_checkpoint(model, trial)
+            finally:
+                self._staging_dir = None
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         """Load the weights saved by ``_save`` into the wrapped transformers model (strictly)."""
-        inner = self._llm2vec().model
+        inner = self._encoder().model
         adapter = os.path.join(resume_from_checkpoint, "adapter_model.safetensors")
         if os.path.isfile(adapter):
             from peft import set_peft_model_state_dict
@@ -132,5 +210,7 @@ class LLM2VecTrainer(Trainer):
         missing, unexpected = inner.load_state_dict(state, strict=False)
         tied = {"lm_head.weight"} if getattr(inner.config, "tie_word_embeddings", False) else set()
         if set(missing) - tied or unexpected:
-            raise ValueError(f"{resume_from_checkpoint}: the weights do not match the model "
-                             f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
+            raise ValueError(
+                f"{resume_from_checkpoint}: the weights do not match the model "
+                f"(missing {missing[:5]}, unexpected {unexpected[:5]})"
+            )

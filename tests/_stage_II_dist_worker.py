@@ -9,23 +9,29 @@ import torch
 LR = 0.5
 
 
-def build_encoder(checkpoint: str, seed: int = 0, loss_scale: float = 20.0):
-    """A tiny ``LLM2VecContrastive`` with LoRA (no dropout) whose B matrices are random, so A gets gradients too."""
-    from transformers import AutoTokenizer
-
-    from llm2vec.arguments import ExperimentArguments, ModelArguments
+def build_encoder(
+    checkpoint: str, seed: int = 0, loss_scale: float = 20.0, lora_dropout: float = 0.0, embedding_token_budget: int = 0
+):
+    """A tiny ``LLM2VecContrastive`` with LoRA (no dropout by default) whose B matrices are random, so A gets
+    gradients too."""
+    from llm2vec.arguments import ModelArguments, StageIIArguments
     from llm2vec.llm2vec_contrastive import LLM2VecContrastive
-    from llm2vec.stage_II import load_lora_model
 
-    exp = ExperimentArguments(stage="II", lora_r=4, lora_alpha=8, lora_dropout=0.0)
+    stage = StageIIArguments(
+        lora_r=4,
+        lora_alpha=8,
+        lora_dropout=lora_dropout,
+        loss_scale=loss_scale,
+        embedding_token_budget=embedding_token_budget,
+    )
     torch.manual_seed(seed)  # peft's random A matrices
-    peft_model = load_lora_model(ModelArguments(model_name_or_path=checkpoint), exp, torch.float32)
+    model = LLM2VecContrastive.build(ModelArguments(model_name_or_path=checkpoint), stage, torch.float32)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for name, p in peft_model.named_parameters():
+        for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=generator) * 0.2)
-    return LLM2VecContrastive(peft_model, AutoTokenizer.from_pretrained(checkpoint), loss_scale=loss_scale)
+    return model
 
 
 def lora_state(model) -> dict[str, torch.Tensor]:
@@ -60,5 +66,78 @@ def run_rank(rank: int, world_size: int, init_file: str, checkpoint: str, batch_
         loss = ddp(**local).loss
         sgd_step(model, loss)
         torch.save({"loss": loss.detach(), "lora": lora_state(model)}, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_gather_rank(rank: int, world_size: int, init_file: str, data_file: str, out_dir: str) -> None:
+    """One process: InfoNCE of this rank's queries against the gathered candidates; saves the loss and the
+    gradients of this rank's query, positive and negative embeddings."""
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+
+    from llm2vec.loss.infonce import InfoNCELoss
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    try:
+        data = torch.load(data_file)
+        rows = data["query"].shape[0] // world_size
+        local = {k: v[rank * rows : (rank + 1) * rows].clone().requires_grad_(True) for k, v in data.items()}
+        loss = InfoNCELoss(data["scale"].item() if "scale" in data else 20.0)(
+            local["query"], local["positive"], local["negative"]
+        )
+        loss.backward()
+        torch.save(
+            {"loss": loss.detach(), **{k: v.grad for k, v in local.items()}}, os.path.join(out_dir, f"gather{rank}.pt")
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+def run_gradcache_rank(
+    rank: int, world_size: int, init_file: str, checkpoint: str, batch_files: list[str], budget: int, out_dir: str
+) -> None:
+    """One process: on each batch in turn (consecutive steps of the same two DDP-wrapped encoders), the plain step
+    on one encoder and the gradient-cached step (token budget ``budget``) on the other, this rank's rows; saves per
+    batch both losses, both sets of LoRA gradients (after DDP's all-reduce), the number of chunks this rank's texts
+    alone would make and the number of forward passes of the cached step."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from llm2vec.gradcache import plan_chunks, rows_of
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    try:
+        plain = DistributedDataParallel(build_encoder(checkpoint))
+        encoder = build_encoder(checkpoint, embedding_token_budget=budget)
+        cached = DistributedDataParallel(encoder)
+        forwards = []
+        encoder.register_forward_pre_hook(lambda module, args: forwards.append(1))
+        for case, batch_file in enumerate(batch_files):
+            batch = torch.load(batch_file)
+            rows = batch["query"]["input_ids"].shape[0] // world_size
+            local = slice_batch(batch, rank * rows, (rank + 1) * rows)
+            plain.zero_grad(set_to_none=True)
+            encoder.zero_grad(set_to_none=True)
+            plain_loss = plain(**local).loss
+            plain_loss.backward()
+            forwards.clear()
+            out = encoder.step_in_parts(cached, local, lambda t, grad=None: t.backward(grad), cached.no_sync)
+            lengths = [len(r["input_ids"]) for side in local.values() for r in rows_of(side)]
+            grads = {n: p.grad.clone() for n, p in plain.module.named_parameters() if p.requires_grad}
+            cached_grads = {n: p.grad.clone() for n, p in encoder.named_parameters() if p.requires_grad}
+            torch.save(
+                {
+                    "plain_loss": plain_loss.detach(),
+                    "cached_loss": out.loss.detach(),
+                    "plain": grads,
+                    "cached": cached_grads,
+                    "own_plan": len(plan_chunks(lengths, budget)),
+                    "forwards": len(forwards),
+                },
+                os.path.join(out_dir, f"gradcache{case}_{rank}.pt"),
+            )
     finally:
         dist.destroy_process_group()

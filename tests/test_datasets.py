@@ -25,17 +25,13 @@ PAPER_TABLE_6 = {
         "Retrieve semantically similar text",
     ],
     "dureader": ["Given a Chinese search query, retrieve web passages that answer the question"],
-    "eli5_question_answer": [
-        "Provided a user question, retrieve the highest voted answers on Reddit ELI5 forum"
-    ],
+    "eli5_question_answer": ["Provided a user question, retrieve the highest voted answers on Reddit ELI5 forum"],
     "fever": ["Given a claim, retrieve documents that support or refute the claim"],
     "hotpot_qa": ["Given a multi-hop question, retrieve documents that can help answer the question"],
     "miracl": ["Given a question, retrieve Wikipedia passages that answer the question"],
     "mrtydi": ["Given a question, retrieve Wikipedia passages that answer the question"],
     "msmarco_passage": ["Given a web search query, retrieve relevant passages that answer the query"],
-    "msmarco_document": [
-        "Given a web search query, retrieve relevant documents that answer the query"
-    ],
+    "msmarco_document": ["Given a web search query, retrieve relevant documents that answer the query"],
     "nq": ["Given a question, retrieve Wikipedia passages that answer the question"],
     "quora_duplicates": [
         "Given a question, retrieve questions that are semantically equivalent to the given question",
@@ -55,10 +51,7 @@ def write_jsonl(path, rows):
 
 
 def triples(prefix, n):
-    return [
-        {"query": f"{prefix} q{i}", "positive": f"{prefix} p{i}", "negative": f"{prefix} n{i}"}
-        for i in range(n)
-    ]
+    return [{"query": f"{prefix} q{i}", "positive": f"{prefix} p{i}", "negative": f"{prefix} n{i}"} for i in range(n)]
 
 
 def fake_echo_dir(tmp_path, n=8, skip=()):
@@ -72,8 +65,7 @@ def fake_echo_dir(tmp_path, n=8, skip=()):
 
 def make_examples(sizes):
     return {
-        src: [TrainExample(f"{src}-q{i}", f"{src}-p{i}", None, "", src) for i in range(n)]
-        for src, n in sizes.items()
+        src: [TrainExample(f"{src}-q{i}", f"{src}-p{i}", None, "", src) for i in range(n)] for src, n in sizes.items()
     }
 
 
@@ -281,8 +273,7 @@ def test_e5_strips_whitespace_and_max_per_source(tmp_path):
     d = fake_echo_dir(tmp_path, n=10)
     write_jsonl(
         d / "squad.jsonl",
-        [{"query": "  padded q \n", "positive": "\tpadded p ", "negative": " padded n"}]
-        + triples("squad", 9),
+        [{"query": "  padded q \n", "positive": "\tpadded p ", "negative": " padded n"}] + triples("squad", 9),
     )
     ds = load_e5(str(d), global_batch_size=1, sources=["squad"], max_per_source=3)
     assert len(ds) == 3
@@ -303,9 +294,7 @@ def test_jsonl_instructions_source_and_optional_negative(tmp_path):
             {"query": "q3", "positive": "p3", "negative": None},
         ],
     )
-    b = write_jsonl(
-        tmp_path / "pairs.jsonl", [{"query": f"b{i}", "positive": f"bp{i}"} for i in range(4)]
-    )
+    b = write_jsonl(tmp_path / "pairs.jsonl", [{"query": f"b{i}", "positive": f"bp{i}"} for i in range(4)])
     ds = load_jsonl([str(a), str(b)], global_batch_size=2, seed=0, default_instruction="Default task")
     by_query = {e.query: e for e in ds}
     assert by_query["q0"].query_instruction == "Find financial answers"

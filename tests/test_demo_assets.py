@@ -1,4 +1,5 @@
-"""The offline demo's assets: the standard-library dataset, atomic writes, the SmolLM2 checkpoint."""
+"""The offline demo's assets (``experiments/demo``): the standard-library dataset, the atomic writes it relies
+on (``llm2vec.io``), the SmolLM2 checkpoint."""
 
 import importlib
 import importlib.util
@@ -10,19 +11,21 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from llm2vec.demo import smollm2
-from llm2vec.demo.atomic import atomic_dir, atomic_write
-from llm2vec.demo.stdlib_data import (
+from demo import smollm2, stdlib_data
+from demo.stdlib_data import (
     CORPUS_FILE,
     MANIFEST_FILE,
     PROVENANCE_FILE,
     QRELS_FILE,
     QUERIES_FILE,
+    STDLIB_MODULES,
     TRAIN_FILE,
     build_stdlib_dataset,
+    read_module_list,
     split_first_sentence,
 )
+
+from llm2vec.io import atomic_dir, atomic_write
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,31 +67,76 @@ def _squash(text):
 
 
 def test_build_is_deterministic_across_processes(dataset, tmp_path):
-    """A build in a fresh interpreter (other hash seed, other memory addresses) gives the same bytes."""
+    """A build in a fresh interpreter (other hash seed, other memory addresses, the builder run as a script
+    from another folder) gives the same bytes."""
     out, _ = dataset
     other = tmp_path / "again"
-    code = f"from llm2vec.demo.stdlib_data import build_stdlib_dataset; build_stdlib_dataset({str(other)!r}, verbose=False)"
     env = dict(os.environ, PYTHONHASHSEED="12345", PYTHONPATH=str(REPO))
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path, env=env)
+    script = REPO / "experiments" / "demo" / "stdlib_data.py"
+    subprocess.run(
+        [sys.executable, str(script), "--out_dir", str(other)], check=True, cwd=tmp_path, env=env, capture_output=True
+    )
     first, second = _tree_bytes(out), _tree_bytes(other)
     assert sorted(first) == sorted(second)
     for name in first:
         assert first[name] == second[name], name
 
 
+def test_module_list_is_read_from_the_data_file(dataset, tmp_path):
+    _, manifest = dataset
+    listed = json.loads((REPO / "experiments" / "demo" / "stdlib_modules.json").read_text())["modules"]
+    assert list(STDLIB_MODULES) == listed == manifest["parameters"]["modules"]
+    # every listed module ends up somewhere, and nothing else does
+    found = (
+        set(manifest["train_modules"])
+        | set(manifest["eval_modules"])
+        | set(manifest["modules_without_examples"])
+        | set(manifest["skipped_modules"])
+    )
+    assert found == set(listed)
+    twice = tmp_path / "twice.json"
+    twice.write_text(json.dumps({"modules": ["json", "csv", "json"]}))
+    with pytest.raises(ValueError, match="listed twice"):
+        read_module_list(twice)
+    (tmp_path / "bad.json").write_text(json.dumps({"modules": "json"}))
+    with pytest.raises(ValueError, match="non-empty list of strings"):
+        read_module_list(tmp_path / "bad.json")
+
+
 def test_sizes_and_layout(dataset):
+    """The manifest's sizes are the files' sizes; the eval split stops at the first module that reaches the
+    eval target; every query of a full build (at most ``max_eval_queries``) is kept."""
     out, manifest = dataset
     train = _read_jsonl(out / TRAIN_FILE)
     queries = _read_jsonl(out / QUERIES_FILE)
     corpus = _read_jsonl(out / CORPUS_FILE)
-    sizes = manifest["sizes"]
-    assert sizes["train"] == len(train) >= 500
-    assert sizes["eval_queries"] == len(queries) >= 100
-    assert sizes["eval_corpus"] == len(corpus) >= len(queries)
+    qrels = _read_jsonl(out / QRELS_FILE)
+    sizes, params = manifest["sizes"], manifest["parameters"]
+    assert sizes["train"] == sizes["train_available"] == len(train) == len(_read_jsonl(out / PROVENANCE_FILE)) > 0
+    assert sizes["eval_corpus"] == sizes["eval_objects"] == len(corpus)
+    assert sizes["eval_queries"] == sizes["eval_qrels"] == len(queries) == len(qrels)
+    assert sizes["eval_queries"] == min(params["max_eval_queries"], sizes["eval_objects"])
+    assert sizes["objects"] == sizes["train_available"] + sizes["eval_objects"]
+    assert sizes["train_modules"] == len(manifest["train_modules"])
+    assert sizes["eval_modules"] == len(manifest["eval_modules"])
     assert all(set(row) == {"query", "positive", "negative"} for row in train)
     assert all(set(row) == {"_id", "title", "text"} for row in corpus)
     assert all(set(row) == {"_id", "text"} for row in queries)
     assert manifest["python_version"].startswith(f"{sys.version_info.major}.{sys.version_info.minor}")
+    assert sorted(manifest["files"]) == sorted(manifest["sha256"]) and MANIFEST_FILE not in manifest["files"]
+    # the split: eval modules were taken until the target was reached, and not one more
+    per_module = {}
+    for row in corpus:
+        module = _module_of(row["_id"], manifest)
+        per_module[module] = per_module.get(module, 0) + 1
+    assert set(per_module) == set(manifest["eval_modules"])
+    assert sizes["eval_objects"] >= params["eval_target"]
+    assert sizes["eval_objects"] - max(per_module.values()) < params["eval_target"]
+
+
+def _module_of(dotted, manifest):
+    """The module of "<module>.<name>" or "<module>.<Class>.<method>": the longest listed module prefixing it."""
+    return max((m for m in manifest["parameters"]["modules"] if dotted.startswith(m + ".")), key=len)
 
 
 def test_split_by_module(dataset):
@@ -97,12 +145,17 @@ def test_split_by_module(dataset):
     assert train_modules and eval_modules and not train_modules & eval_modules
     provenance = _read_jsonl(out / PROVENANCE_FILE)
     assert {row["module"] for row in provenance} == train_modules
-    everything = train_modules | eval_modules
+    for row in provenance:
+        modules = {_module_of(row["query_object"], manifest), _module_of(row["negative_object"], manifest)}
+        assert modules == {row["module"]}
     for row in _read_jsonl(out / CORPUS_FILE):
-        # a corpus id is "<module>.<name>" or "<module>.<Class>.<method>"; its module is the longest
-        # listed module that prefixes it
-        owners = [m for m in everything if row["_id"].startswith(m + ".")]
-        assert max(owners, key=len) in eval_modules, row["_id"]
+        assert _module_of(row["_id"], manifest) in eval_modules, row["_id"]
+    # no object, query text or document text is in both splits
+    train_objects = {row["query_object"] for row in provenance}
+    assert not train_objects & {row["_id"] for row in _read_jsonl(out / CORPUS_FILE)}
+    train = _read_jsonl(out / TRAIN_FILE)
+    assert not {row["query"] for row in train} & {row["text"] for row in _read_jsonl(out / QUERIES_FILE)}
+    assert not {row["positive"] for row in train} & {row["text"] for row in _read_jsonl(out / CORPUS_FILE)}
 
 
 def test_no_empty_texts_and_query_not_in_positive(dataset):
@@ -149,7 +202,6 @@ def test_negative_is_another_object_of_the_same_module(dataset):
         assert q_name.startswith(module + ".") and n_name.startswith(module + ".")
         q_obj, n_obj = _resolve(q_name), _resolve(n_name)
         assert q_obj is not n_obj
-        assert importlib.import_module(module) is not None
         q_doc, n_doc = inspect.cleandoc(q_obj.__doc__), inspect.cleandoc(n_obj.__doc__)
         assert _squash(row["query"]) in _squash(q_doc)
         assert row["positive"].startswith(q_name) and row["negative"].startswith(n_name)
@@ -177,8 +229,14 @@ def test_reuse_and_fresh(dataset, capsys):
 
 
 def test_split_first_sentence():
-    assert split_first_sentence("Return x.  E.g. the value.\n\nMore here.") == ("Return x.", "E.g. the value.\n\nMore here.")
-    assert split_first_sentence("Use e.g. this one.\nSecond line of it.") == ("Use e.g. this one.", "Second line of it.")
+    assert split_first_sentence("Return x.  E.g. the value.\n\nMore here.") == (
+        "Return x.",
+        "E.g. the value.\n\nMore here.",
+    )
+    assert split_first_sentence("Use e.g. this one.\nSecond line of it.") == (
+        "Use e.g. this one.",
+        "Second line of it.",
+    )
     assert split_first_sentence("Only one.") == ("Only one.", "")
 
 
@@ -226,10 +284,8 @@ def test_atomic_dir_interrupted_leaves_nothing(tmp_path):
 
 
 def test_dataset_build_interrupted_leaves_no_manifest(tmp_path, monkeypatch):
-    import llm2vec.demo.stdlib_data as stdlib_data
-
     calls = {"n": 0}
-    real = stdlib_data._write_jsonl
+    real = stdlib_data.write_jsonl
 
     def failing(path, rows):
         calls["n"] += 1
@@ -237,7 +293,7 @@ def test_dataset_build_interrupted_leaves_no_manifest(tmp_path, monkeypatch):
             raise _Boom
         return real(path, rows)
 
-    monkeypatch.setattr(stdlib_data, "_write_jsonl", failing)
+    monkeypatch.setattr(stdlib_data, "write_jsonl", failing)
     with pytest.raises(_Boom):
         build_stdlib_dataset(tmp_path / "d", verbose=False)
     assert not (tmp_path / "d" / MANIFEST_FILE).exists()

@@ -15,14 +15,37 @@ TEXTS = [
     "Return the number of items in a container; raise an error if the object has no length. " * 3,
 ]
 
-# The exact strings each family's template produces for (instruction, text): the README records these.
+# The exact user turn each family's template produces for ("Retrieve passages", "the fox") with the evaluation
+# separator ": " (the README records these).
 EXPECTED_STRINGS = {
-    "llama3": "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nRetrieve passages\nthe fox<|eot_id|>",
-    "smollm2": "<|im_start|>user\nRetrieve passages\nthe fox<|im_end|>",
-    "qwen2": "<|im_start|>user\nRetrieve passages\nthe fox<|im_end|>",
-    "mistral": "<s>[INST] Retrieve passages\nthe fox</s>",
+    "llama3": "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nRetrieve passages: the fox<|eot_id|>",
+    "smollm2": "<|im_start|>user\nRetrieve passages: the fox<|im_end|>",
+    "qwen2": "<|im_start|>user\nRetrieve passages: the fox<|im_end|>",
+    "mistral": "<s>[INST] Retrieve passages: the fox [/INST]",
 }
-ANCHORS = {"llama3": "<|eot_id|>", "smollm2": "<|im_end|>", "qwen2": "<|im_end|>", "mistral": "</s>"}
+ANCHORS = {"llama3": "<|eot_id|>", "smollm2": "<|im_end|>", "qwen2": "<|im_end|>", "mistral": "]"}
+CLOSINGS = {"llama3": "<|eot_id|>", "smollm2": "<|im_end|>", "qwen2": "<|im_end|>", "mistral": " [/INST]"}
+# What each family's chat template adds around one user turn that this package leaves out: (before the
+# user turn, after the first `shared` tokens; after the anchor). Written out here from the public formats.
+DROPPED = {
+    "llama3": (
+        "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+        "Today Date: 26 Jul 2024\n\n<|eot_id|>",
+        1,
+        "",
+    ),
+    "qwen2": (
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n",
+        0,
+        "\n",
+    ),
+    "smollm2": (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n",
+        0,
+        "\n",
+    ),
+    "mistral": ("", 1, ""),
+}
 
 
 def encoder(tiny_models, family, **kwargs):
@@ -80,7 +103,8 @@ def test_template_strings_and_anchor(tiny_models, family):
     assert enc.template.name == family
     batch = enc.tokenize([["Retrieve passages", "the fox"]])
     ids = batch["input_ids"][0].tolist()
-    assert enc.tokenizer.decode(ids) == EXPECTED_STRINGS[family]
+    # the ids of the whole user turn, tokenized at once from the literal string above
+    assert ids == enc.tokenizer(EXPECTED_STRINGS[family], add_special_tokens=False)["input_ids"]
     assert ids[-1] == enc.tokenizer.convert_tokens_to_ids(ANCHORS[family])
 
 
@@ -90,9 +114,90 @@ def test_instruction_excluded_from_text_mask(tiny_models, family):
     for instruction in ["", "Given a question, retrieve passages that answer it"]:
         batch = enc.tokenize([[instruction, text]])
         in_text = batch["input_ids"][0][batch["text_mask"][0].bool()].tolist()
-        expected = enc.tokenizer(text, add_special_tokens=False)["input_ids"] + [
-            enc.tokenizer.convert_tokens_to_ids(ANCHORS[family])]
-        assert in_text == expected
+        assert enc.tokenizer.decode(in_text).strip() == (text + CLOSINGS[family]).strip()
+        assert in_text[-1] == enc.tokenizer.convert_tokens_to_ids(ANCHORS[family])
+
+
+@pytest.mark.parametrize("separator", [": ", "; ", " "])
+@pytest.mark.parametrize("instruction", ["", "Given a question, retrieve passages"])
+def test_ids_equal_the_chat_template_of_one_user_message(tiny_models, family, instruction, separator):
+    """Our ids are the tokenizer's own chat template for the user message "<instruction><separator><text>",
+    without the default system turn and ChatML's newline after the turn."""
+    from llm2vec.templates import encode, get_template, join_instruction
+
+    tokenizer = tiny_models[family][1]
+    spec = get_template(family).with_separator(separator)
+    text = "Paris is the capital of France."
+    ours = list(encode(tokenizer, spec, [(instruction, text)], max_length=512)[0].input_ids)
+    content = join_instruction(instruction, separator) + text
+    chat = list(tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=True, return_dict=False))
+    system, shared, after = DROPPED[family]
+
+    def ids(s):
+        return tokenizer(s, add_special_tokens=False)["input_ids"] if s else []
+
+    assert chat == ours[:shared] + ids(system) + ours[shared:] + ids(after)
+
+
+def test_chat_template_check_flags_a_wrong_template(tiny_models, caplog, monkeypatch):
+    """The run-time check agrees with every registered family and catches the old Mistral format (no [/INST])."""
+    import logging
+
+    from llm2vec.templates import TemplateSpec, UserTurn, chat_template_mismatch, get_template
+
+    for family in tiny_models:
+        assert chat_template_mismatch(tiny_models[family][1], get_template(family)) is None
+    old = TemplateSpec(
+        "mistral_without_inst_close", lambda: UserTurn("<s>[INST] ", "</s>", "</s>"), ("mistral",), ("</s>",)
+    )
+    tokenizer = tiny_models["mistral"][1]
+    assert "differs from the tokenizer's chat template" in chat_template_mismatch(tokenizer, old)
+    from llm2vec import templates
+
+    monkeypatch.setitem(templates._REGISTRY, old.name, old)
+    with caplog.at_level(logging.WARNING, logger="llm2vec"):
+        templates.resolve_template(tiny_models["mistral"][0].config, tokenizer, name=old.name)
+    assert any("differs from the tokenizer's chat template" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("separator", [": ", "; ", " "])
+def test_separate_tokenization_adds_no_space_token(tiny_models, family, separator):
+    """Prefix, text and closing are tokenized apart, yet give the ids of the whole turn tokenized at once; for
+    the sentencepiece-style tokenizer (Mistral) the naive split would add a lone space token."""
+    from llm2vec.templates import adds_leading_space, encode, get_template
+
+    tokenizer = tiny_models[family][1]
+    spec = get_template(family).with_separator(separator)
+    for instruction in ["", "Retrieve passages"]:
+        for text in ["the fox", "  Paris is the capital of France.  "]:
+            ours = list(encode(tokenizer, spec, [(instruction, text)], max_length=512)[0].input_ids)
+            joint = tokenizer(spec.render(instruction, text), add_special_tokens=False)["input_ids"]
+            assert ours == joint, (instruction, text)
+    assert adds_leading_space(tokenizer) == (family == "mistral")
+    if family == "mistral":
+        space = tokenizer.convert_tokens_to_ids("\u2581")
+        prefix = spec.build("Retrieve passages")[0]
+        naive = (
+            tokenizer(prefix, add_special_tokens=False)["input_ids"]
+            + tokenizer("the fox", add_special_tokens=False)["input_ids"]
+        )
+        e = encode(tokenizer, spec, [("Retrieve passages", "the fox")], max_length=512)[0]
+        body = list(e.input_ids[: e.text_end])
+        i = next(k for k, (a, b) in enumerate(zip(naive, body)) if a != b)
+        assert naive[i] == space and naive[:i] + naive[i + 1 :] == body  # exactly one extra lone "▁"
+
+
+def test_join_instruction_does_not_repeat_the_mark():
+    from llm2vec.templates import join_instruction
+
+    assert join_instruction("Given a claim, find documents that refute the claim", ": ") == (
+        "Given a claim, find documents that refute the claim: "
+    )
+    assert join_instruction("Given a claim, find documents that refute the claim: ", ": ") == (
+        "Given a claim, find documents that refute the claim: "
+    )  # LLM2Vec's instructions end with ":"
+    assert join_instruction("Retrieve text", "; ") == "Retrieve text; "
+    assert join_instruction("  ", "; ") == ""
 
 
 def test_long_text_still_ends_in_anchor(tiny_models, family):
@@ -102,11 +207,39 @@ def test_long_text_still_ends_in_anchor(tiny_models, family):
     batch = enc.tokenize([["Retrieve", long_text]])
     ids = batch["input_ids"][0]
     assert len(ids) == 24 and ids[-1].item() == anchor
+    closing = enc.tokenizer(CLOSINGS[family].strip(), add_special_tokens=False)["input_ids"]
+    assert ids[-len(closing) :].tolist() == closing  # the whole closing survives truncation
     # The embedding is the final hidden state at that anchor: check against a plain forward of the body.
     with torch.no_grad():
         hidden = enc.model(input_ids=ids[None]).last_hidden_state[0, -1]
-    torch.testing.assert_close(enc.encode([["Retrieve", long_text]], convert_to_tensor=True,
-                                          show_progress_bar=False)[0], hidden, rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        enc.encode([["Retrieve", long_text]], convert_to_tensor=True, show_progress_bar=False)[0],
+        hidden,
+        rtol=0,
+        atol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("family", ["llama3", "mistral"])
+def test_doc_max_length_cuts_each_text_before_the_prompt(tiny_models, family):
+    """The authors' evaluation cap (400 tokens per text under 512): the text keeps its first N ids, the prompt
+    and the anchor stay whole, a shorter text is unchanged, and the embedding follows the cut ids."""
+    free, capped = encoder(tiny_models, family, max_length=64), encoder(tiny_models, family, max_length=64)
+    capped.doc_max_length = 5
+    long_text, short_text = " ".join(TEXTS), "fox"
+    for item in (["Retrieve", long_text], long_text):
+        whole = free.encode_ids([LLM2Vec.as_item(item)])[0]
+        cut = capped.encode_ids([LLM2Vec.as_item(item)])[0]
+        text = whole.input_ids[whole.text_start : whole.text_end]
+        assert len(text) > 5 and cut.input_ids[cut.text_start : cut.text_end] == text[:5]
+        assert cut.input_ids[: cut.text_start] == whole.input_ids[: whole.text_start]  # prompt untouched
+        assert cut.input_ids[cut.text_end :] == whole.input_ids[whole.text_end :]  # closing and anchor untouched
+    assert capped.encode_ids([("", short_text)]) == free.encode_ids([("", short_text)])
+    # a cap above the room left by max_length changes nothing: max_length still applies
+    capped.doc_max_length = 1000
+    assert capped.encode_ids([("", long_text * 9)]) == free.encode_ids([("", long_text * 9)])
+    with pytest.raises(ValueError, match="doc_max_length"):
+        LLM2Vec(free.model, free.tokenizer, doc_max_length=0)
 
 
 def test_unknown_family_gives_clear_error(tiny_models):

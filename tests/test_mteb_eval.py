@@ -1,29 +1,32 @@
-"""The mteb 2.x evaluation path: wrapper, instruction routing, result cache, local retrieval task, CLI.
+"""The mteb 2.x evaluation path: wrapper, instruction routing, result cache, replicas, benchmark tasks,
+local retrieval task, and the command line (``experiments/mteb_eval_custom.py``).
 
 Everything runs offline on CPU with a tiny random Llama-3-family checkpoint and mteb's own in-memory
 mock tasks (``mteb.mocks``), or a local BEIR-style folder written to ``tmp_path``.
 """
 
-import importlib.util
 import json
 from pathlib import Path
 
+import mteb_eval_custom
 import numpy as np
 import pytest
+import torch
+from mteb.mocks import MockClassificationTask, MockRetrievalTask, MockSTSTask
 
-mteb = pytest.importorskip("mteb")
-from mteb.mocks import MockClassificationTask, MockRetrievalTask, MockSTSTask  # noqa: E402
-
-from llm2vec import LLM2Vec  # noqa: E402
-from llm2vec.evaluation.local_task import local_retrieval_task  # noqa: E402
-from llm2vec.evaluation.mteb_wrapper import (  # noqa: E402
+from llm2vec import LLM2Vec
+from llm2vec.evaluation.benchmark import BenchmarkError, UnknownTaskError, load_benchmark, mteb_tasks
+from llm2vec.evaluation.local_task import local_retrieval_task
+from llm2vec.evaluation.mteb_wrapper import (
+    InstructionsFileError,
     LLM2VecMTEBEncoder,
     MissingInstructionError,
     evaluate,
-    main,
+    load_instructions,
 )
+from llm2vec.evaluation.replicas import encode_on_replicas, resolve_devices
 
-REPO = Path(__file__).resolve().parents[1]
+main = mteb_eval_custom.main
 INSTRUCTIONS = {
     "MockRetrievalTask": "Given a test query, retrieve the matching sentence",
     "MockSTSTask": "Retrieve semantically similar text",
@@ -58,11 +61,6 @@ def encoder(llama_path):
     return LLM2VecMTEBEncoder.from_pretrained(llama_path, instructions=dict(INSTRUCTIONS), devices="cpu", batch_size=4)
 
 
-def results_dir(out: Path, enc: LLM2VecMTEBEncoder) -> Path:
-    meta = enc.mteb_model_meta
-    return out / "results" / meta.model_name_as_path() / meta.revision
-
-
 # ---------------------------------------------------------------------------------------- mock tasks
 
 
@@ -71,7 +69,9 @@ def test_mock_tasks_write_results_and_cache_is_reused(encoder, tmp_path, monkeyp
     tasks = [MockRetrievalTask(), MockSTSTask(), MockClassificationTask()]
     res = evaluate(encoder, tasks, tmp_path, show_progress_bar=False, raise_error=True)
     assert sorted(r.task_name for r in res.task_results) == sorted(t.metadata.name for t in tasks)
-    folder = results_dir(tmp_path, encoder)
+    folder = encoder.results_folder(tmp_path)
+    meta = encoder.mteb_model_meta
+    assert folder == tmp_path / "results" / meta.model_name_as_path() / meta.revision
     for t in tasks:
         saved = json.loads((folder / f"{t.metadata.name}.json").read_text())
         assert saved["task_name"] == t.metadata.name
@@ -81,8 +81,13 @@ def test_mock_tasks_write_results_and_cache_is_reused(encoder, tmp_path, monkeyp
     assert first_calls > 0
 
     # same model, same folder: everything is loaded from the cache, nothing is encoded
-    again = evaluate(encoder, [MockRetrievalTask(), MockSTSTask(), MockClassificationTask()], tmp_path,
-                     show_progress_bar=False, raise_error=True)
+    again = evaluate(
+        encoder,
+        [MockRetrievalTask(), MockSTSTask(), MockClassificationTask()],
+        tmp_path,
+        show_progress_bar=False,
+        raise_error=True,
+    )
     assert len(spy.calls) == first_calls
     score = {r.task_name: r.get_score() for r in res.task_results}
     assert {r.task_name: r.get_score() for r in again.task_results} == pytest.approx(score, abs=1e-6)
@@ -97,6 +102,9 @@ def test_settings_change_the_revision_folder(llama_path):
     b = LLM2VecMTEBEncoder.from_pretrained(llama_path, instructions=INSTRUCTIONS, devices="cpu", max_length=64)
     c = LLM2VecMTEBEncoder.from_pretrained(llama_path, instructions=INSTRUCTIONS, devices="cpu")
     assert a.mteb_model_meta.revision == c.mteb_model_meta.revision != b.mteb_model_meta.revision
+    d = LLM2VecMTEBEncoder.from_pretrained(llama_path, instructions=INSTRUCTIONS, devices="cpu", doc_max_length=400)
+    assert d.model.doc_max_length == 400 and d.mteb_model_meta.loader_kwargs["doc_max_length"] == 400
+    assert d.mteb_model_meta.revision not in (a.mteb_model_meta.revision, b.mteb_model_meta.revision)
     assert a.mteb_model_meta.name.endswith("/llama3")
 
 
@@ -141,8 +149,9 @@ def test_wrapper_output_is_llm2vec_encode_of_the_pairs(encoder):
     assert got.dtype == np.float32 and got.shape == (3, 32)
     np.testing.assert_allclose(got, want, rtol=0, atol=0)
     # the instruction changes the embedding; a document (no instruction) equals the bare text
-    doc = encoder.encode(loader, task_metadata=meta, hf_split="test", hf_subset="default",
-                         prompt_type=PromptType.document)
+    doc = encoder.encode(
+        loader, task_metadata=meta, hf_split="test", hf_subset="default", prompt_type=PromptType.document
+    )
     np.testing.assert_allclose(doc, encoder.model.encode(texts, show_progress_bar=False), rtol=0, atol=0)
     assert not np.allclose(doc, got)
 
@@ -156,8 +165,9 @@ def test_missing_instruction_is_a_clear_error_or_an_explicit_fallback(llama_path
         strict.encode([{"text": ["a"]}], task_metadata=meta, hf_split="test", hf_subset="default")
     assert "MockSTSTask" in str(err.value) and str(fp) in str(err.value)
 
-    lenient = LLM2VecMTEBEncoder.from_pretrained(llama_path, instructions=str(fp), devices="cpu",
-                                                allow_missing_instructions=True)
+    lenient = LLM2VecMTEBEncoder.from_pretrained(
+        llama_path, instructions=str(fp), devices="cpu", allow_missing_instructions=True
+    )
     with caplog.at_level("WARNING"):
         out = lenient.encode([{"text": ["a"]}], task_metadata=meta, hf_split="test", hf_subset="default")
     np.testing.assert_allclose(out, lenient.model.encode(["a"], show_progress_bar=False), rtol=0, atol=0)
@@ -174,6 +184,44 @@ def test_several_replicas_give_the_same_embeddings_in_input_order(llama_path):
     b = multi.encode_items(items, batch_size=2, show_progress_bar=False)
     assert b.dtype == np.float32 and b.shape == a.shape
     np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
+class FakeReplica:
+    """Stands in for an LLM2Vec replica: the embedding of an item is ``[len(text), replica id]``."""
+
+    def __init__(self, ident: int, fail_on: str | None = None):
+        self.ident, self.fail_on, self.device, self.chunks = ident, fail_on, torch.device("cpu"), []
+
+    def encode(self, items, batch_size, show_progress_bar, convert_to_numpy):
+        self.chunks.append(len(items))
+        if any(text == self.fail_on for _, text in items):
+            raise RuntimeError(f"replica {self.ident} failed")
+        return np.array([[len(text), self.ident] for _, text in items], dtype=np.float64)
+
+
+def test_encode_on_replicas_keeps_input_order_and_shares_the_work():
+    items = [["", "x" * n] for n in (5, 1, 9, 3, 7, 2, 8, 4, 6, 10, 11)]
+    replicas = [FakeReplica(0), FakeReplica(1)]
+    out = encode_on_replicas(replicas, items, batch_size=1, chunk_size=2, show_progress_bar=False)
+    assert out.dtype == np.float32 and out.shape == (11, 2)
+    assert out[:, 0].tolist() == [len(text) for _, text in items]  # rows in input order
+    assert sorted(n for r in replicas for n in r.chunks) == [1, 2, 2, 2, 2, 2]  # 11 items in chunks of 2
+    assert set(out[:, 1].tolist()) <= {0.0, 1.0}
+
+
+def test_encode_on_replicas_raises_a_worker_error():
+    items = [["", "x" * n] for n in range(1, 9)]
+    with pytest.raises(RuntimeError, match="replica 1 failed"):
+        encode_on_replicas([FakeReplica(1, fail_on="xxxx")], items, batch_size=2, show_progress_bar=False)
+
+
+def test_resolve_devices():
+    assert resolve_devices("cpu") == [torch.device("cpu")]
+    assert resolve_devices(["cpu", "cuda:1"]) == [torch.device("cpu"), torch.device("cuda:1")]
+    expected = [torch.device(f"cuda:{i}") for i in range(torch.cuda.device_count())] or [torch.device("cpu")]
+    assert resolve_devices("auto") == resolve_devices(None) == expected
+    with pytest.raises(ValueError, match="empty"):
+        resolve_devices([])
 
 
 # ---------------------------------------------------------------------------------------- local task
@@ -214,14 +262,16 @@ def test_local_retrieval_task_scores_ndcg_one_for_identical_texts(encoder, tmp_p
     # each query is the exact text of its relevant document and gets no instruction ("" here), so its
     # nearest document by cosine is that document: nDCG@10 = 1 for any encoder
     assert res.task_results[0].get_score() == pytest.approx(1.0)
-    assert (results_dir(tmp_path / "out", encoder) / "StdlibDocRetrieval.json").is_file()
+    assert (encoder.results_folder(tmp_path / "out") / "StdlibDocRetrieval.json").is_file()
 
     # control: the same texts with wrong qrels score below 1, so the check above can fail
     wrong = tmp_path / "wrong"
     write_beir(wrong, TEXTS, QRELS)
     with open(wrong / "qrels.jsonl", "w") as f:
         for qid, did in QRELS.items():
-            f.write(json.dumps({"query-id": qid, "corpus-id": f"d{(int(did[1:]) + 1) % len(TEXTS)}", "score": 1}) + "\n")
+            f.write(
+                json.dumps({"query-id": qid, "corpus-id": f"d{(int(did[1:]) + 1) % len(TEXTS)}", "score": 1}) + "\n"
+            )
     task = local_retrieval_task(wrong, name="WrongQrels", instruction="")
     encoder.add_instruction("WrongQrels", "")
     res = evaluate(encoder, [task], tmp_path / "out", show_progress_bar=False, raise_error=True)
@@ -238,14 +288,50 @@ def test_local_retrieval_task_rejects_bad_folders(tmp_path):
         local_retrieval_task(tmp_path)
 
 
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        (
+            "corpus.jsonl",
+            '{"_id": "d0", "text": "x"}\n\n{"_id": "d1"}\n',
+            r"corpus.jsonl:3: missing field\(s\) \['text'\]",
+        ),
+        ("queries.jsonl", '{"_id": "q0", "text": "x"}\n{not json\n', r"queries.jsonl:2: invalid JSON"),
+        ("queries.jsonl", '["q0", "x"]\n', r"queries.jsonl:1: expected a JSON object"),
+        (
+            "qrels.jsonl",
+            '{"query-id": "q0", "corpus-id": "d0", "score": 1}\n{"query-id": "q7", "corpus-id": "d0", "score": 1}\n',
+            r"qrels.jsonl:2: query-id 'q7' is not in queries.jsonl",
+        ),
+        ("qrels.jsonl", '{"query-id": "q0", "corpus-id": "d0", "score": "high"}\n', r"qrels.jsonl:1: score 'high'"),
+        ("corpus.jsonl", "\n", r"corpus.jsonl: no records"),
+    ],
+)
+def test_local_retrieval_task_errors_name_file_and_line(tmp_path, name, content, message):
+    write_beir(tmp_path, ["x"], {"q0": "d0"})
+    (tmp_path / name).write_text(content)
+    with pytest.raises(ValueError, match=message):
+        local_retrieval_task(tmp_path)
+
+
+def test_local_retrieval_task_reads_the_folder_and_hashes_its_files(tmp_path):
+    write_beir(tmp_path, TEXTS, QRELS)
+    with open(tmp_path / "queries.jsonl", "a") as f:
+        f.write(json.dumps({"_id": "unjudged", "text": "no qrels line"}) + "\n")
+    task = local_retrieval_task(tmp_path, name="Mine", instruction="Find it")
+    task.load_data()
+    split = task.dataset["default"]["test"]
+    assert split["corpus"]["id"] == [f"d{i}" for i in range(len(TEXTS))]
+    assert sorted(split["queries"]["id"]) == sorted(QRELS)  # the unjudged query is left out
+    assert split["relevant_docs"] == {q: {d: 1} for q, d in QRELS.items()}
+    assert task.metadata.name == "Mine" and task.instruction == "Find it"
+    revision = task.metadata.dataset["revision"]
+    assert len(revision) == 12
+    (tmp_path / "qrels.jsonl").write_text(json.dumps({"query-id": "qa", "corpus-id": "d0", "score": 1}) + "\n")
+    assert local_retrieval_task(tmp_path).metadata.dataset["revision"] != revision  # the data changed
+
+
 # ---------------------------------------------------------------------------------------- CLI
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("mteb_eval_custom", REPO / "experiments" / "mteb_eval_custom.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize(
@@ -253,49 +339,157 @@ def load_script():
     [
         (["--task_name", "NoSuchTaskXYZ"], "--task_name 'NoSuchTaskXYZ'"),
         (["--task_set", "mteb99"], "--task_set 'mteb99'"),
-        (["--task_name", "STSBenchmark", "--task_to_instructions_fp", "/nonexistent/instr.json"], "/nonexistent/instr.json"),
+        (
+            ["--task_name", "STSBenchmark", "--task_to_instructions_fp", "/nonexistent/instr.json"],
+            "/nonexistent/instr.json",
+        ),
         (["--local_retrieval_dir", "/nonexistent/beir"], "--local_retrieval_dir"),
+        (["--task_name", "STSBenchmark", "--tasks_fp", "/nonexistent/tasks.json"], "--tasks_fp"),
+        (["--task_name", "STSBenchmark", "--device", "gpu:0"], "--device 'gpu:0'"),
+        (["--task_name", "STSBenchmark", "--batch_size", "0"], "--batch_size"),
+        (["--task_name", "STSBenchmark", "--doc_max_length", "0"], "--doc_max_length"),
+        ([], "no task"),
     ],
 )
 def test_cli_bad_input_is_a_one_line_error(extra, expected, llama_path, tmp_path, capsys):
-    script = load_script()
-    with pytest.raises(SystemExit) as exit_info:
-        script.main(["--base_model_name_or_path", llama_path, "--output_dir", str(tmp_path), *extra])
-    assert exit_info.value.code == 2
+    rc = main(["--base_model_name_or_path", llama_path, "--output_dir", str(tmp_path), *extra])
+    assert rc == 2
     err = capsys.readouterr().err.strip()
     assert expected in err and "error" in err and "Traceback" not in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "results").exists()
+
+
+def test_cli_unloadable_model_is_a_one_line_error(tmp_path, capsys):
+    data = tmp_path / "eval"
+    write_beir(data, TEXTS, QRELS)
+    rc = main(
+        [
+            "--base_model_name_or_path",
+            str(tmp_path / "no-model"),
+            "--local_retrieval_dir",
+            str(data),
+            "--local_instruction",
+            "",
+            "--output_dir",
+            str(tmp_path / "out"),
+            "--device",
+            "cpu",
+        ]
+    )
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "cannot load the model" in err and "no-model" in err and len(err.splitlines()) == 1
+
+
+def test_cli_task_in_the_tasks_file_that_mteb_lacks_names_the_file(llama_path, tmp_path, capsys):
+    tasks = json.loads(mteb_eval_custom.DEFAULT_TASKS_FILE.read_text())
+    tasks["tasks"]["NoSuchTaskXYZ"] = dict(tasks["tasks"]["STSBenchmark"])
+    fp = tmp_path / "tasks.json"
+    fp.write_text(json.dumps(tasks))
+    rc = main(
+        [
+            "--base_model_name_or_path",
+            llama_path,
+            "--tasks_fp",
+            str(fp),
+            "--task_set",
+            "mteb56",
+            "--output_dir",
+            str(tmp_path),
+        ]
+    )
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and f"--tasks_fp {fp}" in err and "'NoSuchTaskXYZ' is not an mteb" in err
 
 
 def test_cli_missing_instruction_names_the_task_and_file(llama_path, tmp_path, capsys):
     fp = tmp_path / "instr.json"
     fp.write_text(json.dumps({"STSBenchmark": "x"}))
-    with pytest.raises(SystemExit) as exit_info:
-        main(["--base_model_name_or_path", llama_path, "--task_name", "STSBenchmark,SICK-R",
-              "--task_to_instructions_fp", str(fp), "--output_dir", str(tmp_path)])
-    assert exit_info.value.code == 2
+    rc = main(
+        [
+            "--base_model_name_or_path",
+            llama_path,
+            "--task_name",
+            "STSBenchmark,SICK-R",
+            "--task_to_instructions_fp",
+            str(fp),
+            "--output_dir",
+            str(tmp_path),
+        ]
+    )
+    assert rc == 2
     err = capsys.readouterr().err
     assert "SICK-R" in err and str(fp) in err and "STSBenchmark'" not in err
 
 
 def test_cli_task_sets_resolve_to_the_paper_tasks():
-    from llm2vec.evaluation.mteb_wrapper import expand_task_names, get_mteb_tasks, task_sets
-
-    sets, entries = task_sets()
-    assert len(sets["mteb56"]) == 56 and len(sets["subset15"]) == 15
-    names = expand_task_names(sets["mteb56"], entries)
+    benchmark = load_benchmark(mteb_eval_custom.DEFAULT_TASKS_FILE)
+    assert benchmark.name == "mteb56" and len(benchmark.tasks) == 56 and len(benchmark.subsets["15"]) == 15
+    names = benchmark.expand(t.name for t in benchmark.tasks)
     assert len(names) == 56 - 1 + 12  # CQADupstackRetrieval -> its 12 sub-forums
-    instructions = json.loads((REPO / "test_configs/mteb/task_to_instructions.json").read_text())
+    assert "CQADupstackRetrieval" not in names and "CQADupstackTexRetrieval" in names
+    instructions = load_instructions(mteb_eval_custom.DEFAULT_INSTRUCTIONS_FILE)
     assert not [n for n in names if n not in instructions]
-    sts17 = get_mteb_tasks(["STS17"], entries)[0]
+    sts17 = mteb_tasks(["STS17"], benchmark)[0]
     assert list(sts17.hf_subsets) == ["en-en"] and list(sts17.eval_splits) == ["test"]
-    assert list(get_mteb_tasks(["MSMARCO"], entries)[0].eval_splits) == ["dev"]
+    assert list(mteb_tasks(["MSMARCO"], benchmark)[0].eval_splits) == ["dev"]
+    # a sub-forum takes its parent's split; a task the benchmark does not list keeps mteb's own
+    assert list(mteb_tasks(["CQADupstackTexRetrieval"], benchmark)[0].eval_splits) == ["test"]
+    unlisted = mteb_tasks(["STS17"])[0]
+    assert len(unlisted.hf_subsets) > 1
+    with pytest.raises(UnknownTaskError) as err:
+        mteb_tasks(["NoSuchTaskXYZ"], benchmark)
+    assert err.value.name == "NoSuchTaskXYZ"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "malformed"),
+        ('{"tasks": {}}', "malformed"),
+        (
+            '{"categories": [{"name": "STS", "label": "STS"}], "tasks": {"A": {"category": "Other", "split": "test", '
+            '"hf_subset": "default", "main_score": "x"}}}',
+            r"tasks \['A'\] name a category",
+        ),
+        ('{"categories": [], "tasks": {}, "subsets": {"1": {"tasks": ["B"]}}}', r"subsets name tasks \['B'\]"),
+    ],
+)
+def test_load_benchmark_rejects_malformed_files(tmp_path, content, message):
+    fp = tmp_path / "tasks.json"
+    fp.write_text(content)
+    with pytest.raises(BenchmarkError, match=message):
+        load_benchmark(fp)
+    with pytest.raises(BenchmarkError, match="not found"):
+        load_benchmark(tmp_path / "nope.json")
+
+
+@pytest.mark.parametrize(("content", "message"), [("{x", "not valid JSON"), ('{"A": 1}', "JSON object mapping")])
+def test_load_instructions_rejects_malformed_files(tmp_path, content, message):
+    fp = tmp_path / "instr.json"
+    fp.write_text(content)
+    with pytest.raises(InstructionsFileError, match=message):
+        load_instructions(fp)
 
 
 def test_cli_evaluates_a_local_folder(llama_path, tmp_path, capsys):
     data = tmp_path / "eval"
     write_beir(data, TEXTS, QRELS)
-    argv = ["--base_model_name_or_path", llama_path, "--local_retrieval_dir", str(data), "--local_instruction", "",
-            "--output_dir", str(tmp_path / "out"), "--device", "cpu", "--batch_size", "2", "--model_name", "tiny/llama3"]
+    argv = [
+        "--base_model_name_or_path",
+        llama_path,
+        "--local_retrieval_dir",
+        str(data),
+        "--local_instruction",
+        "",
+        "--output_dir",
+        str(tmp_path / "out"),
+        "--device",
+        "cpu",
+        "--batch_size",
+        "2",
+        "--model_name",
+        "tiny/llama3",
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "StdlibDocRetrieval\t1.0000" in out
@@ -311,7 +505,9 @@ def test_cli_authors_command_with_a_lora_adapter(llama_path, tmp_path, capsys):
     from transformers import AutoModel
 
     body = AutoModel.from_pretrained(llama_path)
-    lora = get_peft_model(body, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    lora = get_peft_model(
+        body, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    )
     adapter = tmp_path / "stage2" / "adapter"
     lora.save_pretrained(adapter)
 
@@ -320,9 +516,20 @@ def test_cli_authors_command_with_a_lora_adapter(llama_path, tmp_path, capsys):
     instructions = tmp_path / "instr.json"
     instructions.write_text(json.dumps({"StdlibDocRetrieval": ""}))
     out = tmp_path / "out"
-    argv = ["--base_model_name_or_path", llama_path, "--peft_model_name_or_path", str(adapter),
-            "--local_retrieval_dir", str(data), "--task_to_instructions_fp", str(instructions),
-            "--output_dir", str(out), "--device", "cpu"]
+    argv = [
+        "--base_model_name_or_path",
+        llama_path,
+        "--peft_model_name_or_path",
+        str(adapter),
+        "--local_retrieval_dir",
+        str(data),
+        "--task_to_instructions_fp",
+        str(instructions),
+        "--output_dir",
+        str(out),
+        "--device",
+        "cpu",
+    ]
     assert main(argv) == 0
     assert "StdlibDocRetrieval\t1.0000" in capsys.readouterr().out
     (folder,) = (out / "results" / "stage2__adapter").iterdir()

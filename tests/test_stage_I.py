@@ -15,16 +15,23 @@ from llm2vec.collator import TrainCollator
 from llm2vec.dataset import TrainExample
 from llm2vec.llm2vec_q2d_d2q import LLM2Vec_q2d_d2q
 from llm2vec.templates import encode as template_encode
-from llm2vec.testing import save_tiny_model, write_tiny_e5 as write_e5
+from llm2vec.testing import save_tiny_model
+from llm2vec.testing import write_tiny_e5 as write_e5
 
 ROOT = Path(__file__).resolve().parents[1]
 
 PAIRS = [
-    ("Given a question, retrieve passages that answer it", "What is the capital of France?",
-     "Paris is the capital of France. Berlin is the capital of Germany."),
+    (
+        "Given a question, retrieve passages that answer it",
+        "What is the capital of France?",
+        "Paris is the capital of France. Berlin is the capital of Germany.",
+    ),
     ("", "quick fox", "The quick brown fox jumps over the lazy dog."),
-    ("Retrieve semantically similar text", "numbers, punctuation: commas (parentheses) and [brackets] in a long query",
-     "Rome"),
+    (
+        "Retrieve semantically similar text",
+        "numbers, punctuation: commas (parentheses) and [brackets] in a long query",
+        "Rome",
+    ),
 ]
 
 
@@ -43,7 +50,7 @@ def reference_direction_nll(causal_lm, tokenizer, spec, source_item, target_item
     with torch.no_grad():
         hidden = causal_lm.model(input_ids=torch.tensor([src.input_ids])).last_hidden_state
     anchor = hidden[0, -1]  # the final-layer state at the anchor token, the last token of the source
-    y = list(tgt.input_ids[tgt.text_start:tgt.text_end] if targets == "text" else tgt.input_ids[:-1])
+    y = list(tgt.input_ids[tgt.text_start : tgt.text_end] if targets == "text" else tgt.input_ids[:-1])
     embeds = torch.cat([anchor[None], causal_lm.get_input_embeddings()(torch.tensor(y))])
     with torch.no_grad():
         logits = causal_lm(inputs_embeds=embeds[None]).logits[0]
@@ -53,7 +60,7 @@ def reference_direction_nll(causal_lm, tokenizer, spec, source_item, target_item
 
 @pytest.mark.parametrize("targets", ["text", "all"])
 def test_batched_loss_matches_per_example_reference(tiny_models, family, targets):
-    model = stage_I_model(tiny_models, family, alpha=0.2, reconstruction_targets=targets)
+    model = stage_I_model(tiny_models, family, alpha=0.2)
     causal_lm, tokenizer = tiny_models[family]
     batch = TrainCollator.for_encoder(model, reconstruction=targets)(examples())
     with torch.no_grad():
@@ -72,10 +79,14 @@ def test_targets_text_exclude_template_and_instruction(tiny_models):
     batch = TrainCollator.for_encoder(model, reconstruction="text")(examples())
     tok = model.tokenizer
     row = batch["query_targets"]["input_ids"][0][batch["query_targets"]["attention_mask"][0].bool()]
-    assert tok.decode(row) == PAIRS[0][1]  # the query text only: no header, no instruction, no anchor
+    # the query text only (no header, no instruction, no anchor); the space after the separator is the text's
+    assert tok.decode(row) == " " + PAIRS[0][1]
     batch = TrainCollator.for_encoder(model, reconstruction="all")(examples())
     row = batch["query_targets"]["input_ids"][0][batch["query_targets"]["attention_mask"][0].bool()]
-    assert tok.decode(row) == "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n" + PAIRS[0][0] + "\n" + PAIRS[0][1]
+    assert (
+        tok.decode(row)
+        == "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n" + PAIRS[0][0] + ": " + PAIRS[0][1]
+    )
 
 
 def test_pair_loss_independent_of_batch_padding(tiny_models, family):
@@ -84,8 +95,8 @@ def test_pair_loss_independent_of_batch_padding(tiny_models, family):
     collate = TrainCollator.for_encoder(model, reconstruction="text")
     ones = {"q2d": torch.tensor(1.0), "d2q": torch.tensor(1.0)}
     with torch.no_grad():
-        together = model(**collate(examples()), target_counts=ones).loss
-        alone = sum(model(**collate(examples([p])), target_counts=ones).loss for p in PAIRS)
+        together = model(**{**collate(examples()), "target_counts": ones}).loss
+        alone = sum(model(**{**collate(examples([p])), "target_counts": ones}).loss for p in PAIRS)
     torch.testing.assert_close(together, alone, rtol=0, atol=1e-4)
 
 
@@ -136,10 +147,22 @@ def stage_I_setup(tmp_path_factory):
 
 
 def driver_args(model, data, out, **overrides):
-    args = {"model_name_or_path": str(model), "output_dir": str(out), "dataset_file_path": str(data),
-            "e5_sources": '["nq","fever"]', "learning_rate": "1e-3", "warmup_steps": "0", "max_steps": "1",
-            "per_device_train_batch_size": "4", "use_cpu": "true", "save_strategy": "no", "seed": "7",
-            "logging_steps": "1", "report_to": "none", "dataloader_num_workers": "0"}
+    args = {
+        "model_name_or_path": str(model),
+        "output_dir": str(out),
+        "dataset_file_path": str(data),
+        "e5_sources": '["nq","fever"]',
+        "learning_rate": "1e-3",
+        "warmup_steps": "0",
+        "max_steps": "1",
+        "per_device_train_batch_size": "4",
+        "use_cpu": "true",
+        "save_strategy": "no",
+        "seed": "7",
+        "logging_steps": "1",
+        "report_to": "none",
+        "dataloader_num_workers": "0",
+    }
     args.update({k: str(v) for k, v in overrides.items()})
     return [x for k, v in args.items() for x in (f"--{k}", v)]
 
@@ -154,10 +177,26 @@ def free_port():
 
 def run_driver(argv, nproc=1):
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    launcher = ([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-                 "--master_addr=127.0.0.1", f"--master_port={free_port()}"] if nproc > 1 else [sys.executable])
-    return subprocess.run(launcher + [str(ROOT / "experiments/run_stage_I.py")] + argv, env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=240)
+    launcher = (
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc_per_node={nproc}",
+            "--master_addr=127.0.0.1",
+            f"--master_port={free_port()}",
+        ]
+        if nproc > 1
+        else [sys.executable]
+    )
+    return subprocess.run(
+        launcher + [str(ROOT / "experiments/run_stage_I.py")] + argv,
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
 
 
 def weights(folder):
@@ -167,10 +206,18 @@ def weights(folder):
 def test_two_processes_equal_one_process_and_accumulation(stage_I_setup):
     """After one step, 2 ranks x 2, 1 rank x 4, and 1 rank x 2 x 2 accumulation give the same parameters."""
     model, data, root = stage_I_setup
+    # SGD: the update is proportional to the gradient, so a wrongly scaled gradient shows, and float noise in
+    # near-zero gradients is not blown up to a full step as AdamW's first step (g / (|g| + eps)) does.
+    sgd = {"optim": "sgd"}
     runs = {
-        "ddp": (driver_args(model, data, root / "ddp", per_device_train_batch_size=2, ddp_backend="gloo"), 2),
-        "single": (driver_args(model, data, root / "single"), 1),
-        "accum": (driver_args(model, data, root / "accum", per_device_train_batch_size=2, gradient_accumulation_steps=2), 1),
+        "ddp": (driver_args(model, data, root / "ddp", per_device_train_batch_size=2, ddp_backend="gloo", **sgd), 2),
+        "single": (driver_args(model, data, root / "single", **sgd), 1),
+        "accum": (
+            driver_args(
+                model, data, root / "accum", per_device_train_batch_size=2, gradient_accumulation_steps=2, **sgd
+            ),
+            1,
+        ),
     }
     for name, (argv, nproc) in runs.items():
         result = run_driver(argv, nproc)
@@ -188,16 +235,20 @@ def test_two_processes_equal_one_process_and_accumulation(stage_I_setup):
     assert resolved["world_size"] == 2 and resolved["alpha"] == 0.2
 
 
-def test_resume_continues_the_same_run(stage_I_setup):
-    from llm2vec.training import run_stage_I
+def run_stage_I(argv):
+    from llm2vec.training import run
 
+    return run("I", argv)
+
+
+def test_resume_continues_the_same_run(stage_I_setup):
     model, data, root = stage_I_setup
     run_stage_I(driver_args(model, data, root / "straight", max_steps=3))
     run_stage_I(driver_args(model, data, root / "broken", max_steps=3, save_strategy="steps", save_steps=2))
     # Simulate an interruption after step 2: resume from that checkpoint into a fresh run folder.
     ckpt = root / "broken" / "checkpoint-2"
-    run_stage_I(driver_args(model, data, root / "broken", max_steps=3, resume_from_checkpoint=str(ckpt)))
-    a, b = weights(root / "straight"), weights(root / "broken")
+    run_stage_I(driver_args(model, data, root / "resumed", max_steps=3, resume_from_checkpoint=str(ckpt)))
+    a, b = weights(root / "straight"), weights(root / "resumed")
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6)
     assert (ckpt / "llm2vec_config.json").is_file() and (ckpt / "run_config.json").is_file()
@@ -214,11 +265,15 @@ def test_driver_reports_missing_and_malformed_data(stage_I_setup, tmp_path):
         f.write("{not json\n")
     result = run_driver(driver_args(model, bad, tmp_path / "out"))
     assert result.returncode == 2 and "fever.jsonl:25" in result.stderr and "Traceback" not in result.stderr
+    # a source name the E5 loader does not know is a config mistake, named by its field
+    result = run_driver(driver_args(model, stage_I_setup[1], tmp_path / "out2", e5_sources='["nq","nope"]'))
+    assert result.returncode == 2 and "e5_sources" in result.stderr and "'nope'" in result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error" in line]
+    assert "Traceback" not in result.stderr and len(errors) == 1 and errors[0].startswith("error: e5_sources")
 
 
 def test_driver_config_errors_are_clear(stage_I_setup, tmp_path):
     from llm2vec.arguments import ConfigError
-    from llm2vec.training import run_stage_I
 
     model, data, _ = stage_I_setup
     with pytest.raises(ConfigError, match="unknown field.*'alhpa'"):
@@ -229,6 +284,23 @@ def test_driver_config_errors_are_clear(stage_I_setup, tmp_path):
         run_stage_I(driver_args(model, data, tmp_path / "o", attn_implementation="flash_attention_2"))
     with pytest.raises(ConfigError, match="stage 'II'"):
         run_stage_I(driver_args(model, data, tmp_path / "o", stage="II"))
+    # a field of the other stage is named, with the stage it belongs to
+    with pytest.raises(
+        ConfigError, match=r"unknown field\(s\) for Stage I: \['loss_scale'\] \(loss_scale: Stage II only\)"
+    ):
+        run_stage_I(driver_args(model, data, tmp_path / "o", loss_scale=50))
+    # FSDP's own activation checkpointing (the shipped fsdp2 file) and the training argument together
+    fsdp_file = Path(__file__).resolve().parents[1] / "train_configs" / "fsdp" / "fsdp2_full_shard.json"
+    with pytest.raises(ConfigError, match="--activation_checkpointing false"):
+        run_stage_I(
+            driver_args(
+                model, data, tmp_path / "o", fsdp="true", fsdp_config=fsdp_file, activation_checkpointing="true"
+            )
+        )
+    config = tmp_path / "stage_I.json"
+    config.write_text(json.dumps({"model_name_or_path": str(model), "output_dir": str(tmp_path / "o"), "lora_r": 8}))
+    with pytest.raises(ConfigError, match=f"{config}: unknown field.*lora_r"):
+        run_stage_I([str(config)])
 
 
 # ---------------------------------------------------------------------------------------------- configs
@@ -244,33 +316,50 @@ ABLATIONS = {"OnlyQ2D": 1.0, "OnlyD2Q": 0.0, "alpha0.5": 0.5, "alpha0.8": 0.8}
 
 
 def check_paper_stage_I(path):
-    from llm2vec.arguments import parse_args
+    from llm2vec.arguments import load_config, parse_config
 
-    model, data, exp, args, raw, _ = parse_args([str(path), "--use_cpu", "true"])  # CI has no GPU
-    assert exp.stage == "I" and args.max_steps == 2000 and args.learning_rate == 4e-5
-    assert args.warmup_steps == 300 and args.lr_scheduler_type == "linear"
+    config = parse_config("I", [str(path), "--use_cpu", "true"])  # CI has no GPU
+    model, data, exp, args, raw = config.model, config.data, config.stage, config.training, load_config([str(path)])[0]
+    # the authors' horizon: a 3-epoch linear schedule, stopped (and saved) at the paper's 2000 steps
+    assert exp.stage == "I" and exp.stop_after_n_steps == 2000 and args.num_train_epochs == 3
+    assert "max_steps" not in raw and args.max_steps <= 0
+    assert args.learning_rate == 4e-5 and args.warmup_steps == 300 and args.lr_scheduler_type == "linear"
     assert args.per_device_train_batch_size * 8 * args.gradient_accumulation_steps == 512 == exp.total_batch_size
     assert model.max_seq_length == 512 and model.pooling_mode == "eos_token"
     assert model.attn_implementation == "flash_attention_2"
     assert args.bf16 and args.activation_checkpointing and args.seed == 42
+    assert model.master_weights == "bf16" and config.dtype == torch.bfloat16 and "torch_dtype" not in raw  # pure bf16
     assert exp.reconstruction_targets == "text" and data.dataset_name == "E5"
-    return model, exp, raw
+    # the memory-bounded step (exact: tests/test_performance.py) is on in every paper config
+    assert exp.token_budget >= 4096 and exp.logit_chunk_rows == 4096
+    assert data.query_instructions is True and data.instruction_separator == "; "  # the authors' loader, both stages
+    return model, exp, raw, config
 
 
 def test_stage_I_configs_match_the_paper():
     files = sorted((ROOT / "train_configs/stage_I").glob("*.json"))
     assert {f.stem for f in files} == set(PAPER_MODELS)
     for f in files:
-        model, exp, raw = check_paper_stage_I(f)
+        model, exp, raw, config = check_paper_stage_I(f)
         assert model.model_name_or_path == PAPER_MODELS[f.stem] and exp.alpha == 0.2
         assert raw["output_dir"] == f"output/stage_I/{f.stem}"
-        if "7b" in f.stem or "8b" in f.stem:
-            assert "full_shard" in raw["fsdp"], "7B/8B full fine-tuning needs FSDP"
+        if "7b" in f.stem or "8b" in f.stem:  # 7B/8B full fine-tuning needs FSDP, in transformers 5's form
+            assert raw["fsdp"] is True and raw["fsdp_config"]["version"] == 2
+            assert raw["fsdp_config"]["transformer_layer_cls_to_wrap"] == [
+                "MistralDecoderLayer" if "Mistral" in f.stem else "LlamaDecoderLayer"
+            ]
+            # pure bf16 under FSDP too: no mixed precision, so accelerate keeps the bf16 weights (no fp32 upcast)
+            assert config.training.mixed_precision == "no" and config.resolved()["precision"] == {
+                "weights": "bfloat16",
+                "autocast": "off",
+            }
+        else:
+            assert "fsdp" not in raw and config.resolved()["precision"] == {"weights": "bfloat16", "autocast": "bf16"}
 
 
 def test_stage_I_ablation_configs():
     for name, alpha in ABLATIONS.items():
-        model, exp, _ = check_paper_stage_I(ROOT / f"train_configs/ablation/MetaLlama3.2_1b_stage1_{name}.json")
+        model, exp, _, _ = check_paper_stage_I(ROOT / f"train_configs/ablation/MetaLlama3.2_1b_stage1_{name}.json")
         assert model.model_name_or_path == "meta-llama/Llama-3.2-1B-Instruct" and exp.alpha == alpha
 
 
@@ -295,8 +384,11 @@ def test_driver_reads_user_jsonl_with_default_instruction(tmp_path):
                 if i == 0:
                     line["instruction"] = "own"
                 f.write(json.dumps(line) + "\n")
-    data = DataArguments(dataset_name="jsonl", dataset_file_path=f"{tmp_path}/a.jsonl,{tmp_path}/b.jsonl",
-                         default_instruction="Retrieve the answer")
+    data = DataArguments(
+        dataset_name="jsonl",
+        dataset_file_path=f"{tmp_path}/a.jsonl,{tmp_path}/b.jsonl",
+        default_instruction="Retrieve the answer",
+    )
     dataset = load_training_data(data, global_batch_size=2, seed=0, require_negative=False)
     by_query = {(ex.source, ex.query): ex.query_instruction for ex in dataset}
     assert len(by_query) == 8 and {s for s, _ in by_query} == {"a", "b"}

@@ -1,4 +1,5 @@
-"""Tests of the MTEB table code (llm2vec/evaluation/tables.py) and the data in test_configs/mteb.
+"""Tests of the MTEB table code (llm2vec/evaluation/tables.py), its command line
+(experiments/mteb_tables.py) and the data files the command line reads by default.
 
 The main check feeds the paper's per-task scores (Tables 14/15), written as mteb 2.x result files by
 mteb's own writer, through the table code and compares the category averages with the paper's Table 1
@@ -7,21 +8,21 @@ mteb's own writer, through the table code and compares the category averages wit
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
+import mteb
+import mteb_tables
 import pytest
+from mteb.cache import ResultCache
 
-mteb = pytest.importorskip("mteb")
-from mteb.cache import ResultCache  # noqa: E402
+from llm2vec.evaluation import tables
+from llm2vec.evaluation.benchmark import Benchmark, load_benchmark
 
-from llm2vec.evaluation import tables  # noqa: E402
-
-CONFIG = tables.CONFIG_DIR
-PAPER = tables.load_paper_results()
-FULL = tables.load_benchmark()
-SUBSET = tables.load_benchmark("15")
+CONFIG = mteb_tables.CONFIG_DIR
+PAPER = tables.load_paper_results(mteb_tables.DEFAULT_PAPER_FILE)
+FULL = load_benchmark(mteb_tables.DEFAULT_TASKS_FILE)
+SUBSET = load_benchmark(mteb_tables.DEFAULT_TASKS_FILE, "15")
 # Rounding: per-task scores and averages are both printed to 2 decimals.
 TOL = 0.0101
 
@@ -34,7 +35,7 @@ PER_TASK_ROWS = [
 ]
 
 
-def write_results(root: Path, scores: dict[str, float], benchmark: tables.Benchmark, skip: set[str] = frozenset()):
+def write_results(root: Path, scores: dict[str, float], benchmark: Benchmark, skip: set[str] = frozenset()):
     """Write 0-100 paper-task scores as mteb result files with mteb's own TaskResult.to_disk.
 
     The files go where mteb's ResultCache puts them (``results/<model>/<revision>/<Task>.json``).
@@ -150,7 +151,7 @@ def test_missing_tasks_are_shown_and_mark_the_category_incomplete(tmp_path):
     cqa = run.task_score(next(t for t in FULL.tasks if t.name == "CQADupstackRetrieval"))
     assert (cqa.n_present, cqa.n_total, cqa.missing) == (11, 12, ("CQADupstackTexRetrieval",))
 
-    paper = tables.paper_reference("Llama-3.2-1B-Instruct", "baseline", FULL)
+    paper = tables.paper_reference(PAPER, "Llama-3.2-1B-Instruct", "baseline", FULL)
     markdown = tables.render_markdown([run], FULL, paper)
     lines = markdown.splitlines()
     msmarco_row = next(line for line in lines if line.startswith("| MSMARCO |"))
@@ -186,8 +187,13 @@ def test_wrong_split_is_reported_not_silently_used(tmp_path):
 TASKS_JSON = json.loads((CONFIG / "tasks.json").read_text())
 INSTRUCTIONS = json.loads((CONFIG / "task_to_instructions.json").read_text())
 PAPER_COUNTS = {  # Table 1 / Table 2 header
-    "Retrieval": 15, "Reranking": 4, "Clustering": 11, "PairClassification": 3,
-    "Classification": 12, "STS": 10, "Summarization": 1,
+    "Retrieval": 15,
+    "Reranking": 4,
+    "Clustering": 11,
+    "PairClassification": 3,
+    "Classification": 12,
+    "STS": 10,
+    "Summarization": 1,
 }
 
 
@@ -229,8 +235,14 @@ def test_subset_of_15_tasks():
     assert len(subset) == len(set(subset)) == 15
     assert set(subset) <= set(TASKS_JSON["tasks"])
     counts = {c.name: len(c.tasks) for c in SUBSET.categories}
-    assert counts == {"Retrieval": 3, "Reranking": 2, "Clustering": 3, "PairClassification": 1,
-                      "Classification": 3, "STS": 3}  # Table 8
+    assert counts == {
+        "Retrieval": 3,
+        "Reranking": 2,
+        "Clustering": 3,
+        "PairClassification": 1,
+        "Classification": 3,
+        "STS": 3,
+    }  # Table 8
 
 
 def test_per_task_tables_name_the_56_tasks():
@@ -245,19 +257,12 @@ def test_per_task_tables_name_the_56_tasks():
 # --------------------------------------------------------------------------------------------------
 
 
-def load_cli():
-    path = Path(__file__).resolve().parents[1] / "experiments" / "mteb_tables.py"
-    spec = importlib.util.spec_from_file_location("mteb_tables", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_cli_prints_tables_and_writes_output(paper_runs, tmp_path, capsys):
     out = tmp_path / "tables.md"
     folder = paper_runs["Llama-3.2-1B-Instruct", "anchor"]
-    rc = load_cli().main([str(folder), "--paper-model", "llama-3.2-1b-instruct", "--paper-row", "anchor",
-                          "--output", str(out)])
+    rc = mteb_tables.main(
+        [str(folder), "--paper-model", "llama-3.2-1b-instruct", "--paper-row", "anchor", "--output", str(out)]
+    )
     printed = capsys.readouterr().out
     assert rc == 0
     assert printed == out.read_text() + "\n"  # print() adds one newline
@@ -267,8 +272,9 @@ def test_cli_prints_tables_and_writes_output(paper_runs, tmp_path, capsys):
 
 def test_cli_subset(paper_runs, capsys):
     folder = paper_runs["Llama-3.2-3B-Instruct", "baseline"]
-    rc = load_cli().main([str(folder), "--paper-model", "Llama-3.2-3B-Instruct", "--paper-row", "baseline",
-                          "--subset", "15"])
+    rc = mteb_tables.main(
+        [str(folder), "--paper-model", "Llama-3.2-3B-Instruct", "--paper-row", "baseline", "--subset", "15"]
+    )
     printed = capsys.readouterr().out
     assert rc == 0
     assert "| # of datasets | 3 | 2 | 3 | 1 | 3 | 3 | 15 |" in printed
@@ -288,9 +294,12 @@ def test_cli_subset(paper_runs, capsys):
 )
 def test_cli_bad_input_exits_2_with_one_line(paper_runs, tmp_path, capsys, args, fragment):
     (tmp_path / "empty").mkdir()
-    paths = {"missing": tmp_path / "nope", "empty": tmp_path / "empty",
-             "run": paper_runs["Llama-3.2-1B-Instruct", "anchor"]}
-    rc = load_cli().main([a.format(**paths) for a in args])
+    paths = {
+        "missing": tmp_path / "nope",
+        "empty": tmp_path / "empty",
+        "run": paper_runs["Llama-3.2-1B-Instruct", "anchor"],
+    }
+    rc = mteb_tables.main([a.format(**paths) for a in args])
     err = capsys.readouterr().err
     assert rc == 2
     assert err.startswith("error: ") and err.count("\n") == 1
@@ -300,6 +309,66 @@ def test_cli_bad_input_exits_2_with_one_line(paper_runs, tmp_path, capsys, args,
 
 def test_cli_unreadable_result_file(tmp_path, capsys):
     (tmp_path / "SciFact.json").write_text("{not json")
-    rc = load_cli().main([str(tmp_path)])
+    rc = mteb_tables.main([str(tmp_path)])
     err = capsys.readouterr().err
     assert rc == 2 and "SciFact.json" in err and err.count("\n") == 1
+
+
+def test_disputed_paper_cells_are_marked(paper_runs):
+    paper = tables.paper_reference(PAPER, "Qwen2.5-1.5B-Instruct", "baseline", FULL)
+    assert set(paper.disputed) == {"PairClassification"}
+    run = tables.read_run(paper_runs["Qwen2.5-1.5B-Instruct", "baseline"], FULL)
+    markdown = tables.render_markdown([run], FULL, paper)
+    paper_row = next(line for line in markdown.splitlines() if line.startswith("| Paper (Tables 1, 14)"))
+    assert "| 84.41† |" in paper_row
+    assert "† Paper, PairClass.: Table 1 gives 84.41 but the mean of the paper's per-task scores is 82.97" in markdown
+
+
+def test_cli_reads_the_tasks_and_paper_files_it_is_given(paper_runs, tmp_path, capsys):
+    config = json.loads((CONFIG / "tasks.json").read_text())
+    config["subsets"]["2"] = {"tasks": ["ArguAna", "STSBenchmark"]}
+    tasks_file = tmp_path / "tasks.json"
+    tasks_file.write_text(json.dumps(config))
+    paper = json.loads((CONFIG / "paper_results.json").read_text())
+    paper["tables"]["table14"]["models"]["Llama-3.2-1B-Instruct"]["anchor"]["ArguAna"] = 12.34
+    paper_file = tmp_path / "paper.json"
+    paper_file.write_text(json.dumps(paper))
+    folder = paper_runs["Llama-3.2-1B-Instruct", "anchor"]
+    rc = mteb_tables.main(
+        [
+            str(folder),
+            "--tasks-file",
+            str(tasks_file),
+            "--paper-file",
+            str(paper_file),
+            "--subset",
+            "2",
+            "--paper-model",
+            "Llama-3.2-1B-Instruct",
+        ]
+    )
+    printed = capsys.readouterr().out
+    assert rc == 0
+    assert "| # of datasets | 1 | 1 | 2 |" in printed
+    assert "| ArguAna | Retr. | 12.34 | 55.28 | +42.94 |" in printed
+
+
+@pytest.mark.parametrize(
+    ("option", "content", "fragment"),
+    [
+        ("--paper-file", None, "paper results file"),
+        ("--paper-file", "{x", "not valid JSON"),
+        ("--paper-file", '{"models": []}', "must be a JSON object with"),
+        ("--tasks-file", None, "tasks file"),
+        ("--tasks-file", '{"tasks": []}', "malformed"),
+    ],
+)
+def test_cli_bad_data_files_exit_2_with_one_line(paper_runs, tmp_path, capsys, option, content, fragment):
+    path = tmp_path / "data.json"
+    if content is not None:
+        path.write_text(content)
+    folder = paper_runs["Llama-3.2-1B-Instruct", "anchor"]
+    rc = mteb_tables.main([str(folder), option, str(path), "--paper-model", "Llama-3.2-1B-Instruct"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error: ") and err.count("\n") == 1
+    assert fragment in err and str(path) in err

@@ -26,14 +26,15 @@ Parsing rules (both loaders):
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 import torch
+
+from ..io import iter_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -93,9 +94,7 @@ def _fail(path: str, line: int, problem: str, fix: str) -> DataError:
     return DataError(f"{path}:{line}: {problem}. {fix}")
 
 
-def _text_field(
-    obj: dict, name: str, path: str, line: int, fix: str, required: bool
-) -> str | None:
+def _text_field(obj: dict, name: str, path: str, line: int, fix: str, required: bool) -> str | None:
     """Return the stripped string ``obj[name]``; ``None`` when optional and absent or null."""
     value = obj.get(name)
     if value is None:
@@ -141,49 +140,32 @@ def read_jsonl_pairs(
     """
     report = FileReport(path=path)
     records: list[RawRecord] = []
-    with open(path, "rb") as handle:
-        for line_no, raw in enumerate(handle, start=1):
-            if limit is not None and len(records) >= limit:
-                report.truncated = True
-                break
-            try:
-                text = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
-            except UnicodeDecodeError as err:
-                raise _fail(path, line_no, f"not valid UTF-8 ({err.reason})", fix) from None
-            if not text.strip():
-                report.blank_lines += 1
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as err:
-                raise _fail(path, line_no, f"invalid JSON ({err.msg})", fix) from None
-            if not isinstance(obj, dict):
-                raise _fail(
-                    path, line_no, f"expected a JSON object, got {type(obj).__name__}", fix
-                )
-            index = report.records
-            report.records += 1
-            query = _text_field(obj, "query", path, line_no, fix, required=True)
-            positive = _text_field(obj, "positive", path, line_no, fix, required=True)
-            negative = _text_field(obj, "negative", path, line_no, fix, required=require_negative)
-            instruction = (
-                _text_field(obj, "instruction", path, line_no, fix, required=False)
-                if read_instruction
-                else None
+    for line_no, obj in iter_jsonl(path, error=DataError, fix=fix):
+        if limit is not None and len(records) >= limit:
+            report.truncated = True
+            break
+        if obj is None:
+            report.blank_lines += 1
+            continue
+        index = report.records
+        report.records += 1
+        query = _text_field(obj, "query", path, line_no, fix, required=True)
+        positive = _text_field(obj, "positive", path, line_no, fix, required=True)
+        negative = _text_field(obj, "negative", path, line_no, fix, required=require_negative)
+        instruction = _text_field(obj, "instruction", path, line_no, fix, required=False) if read_instruction else None
+        if not query or not positive or (require_negative and not negative):
+            report.skipped_empty += 1
+            continue
+        records.append(
+            RawRecord(
+                index=index,
+                line=line_no,
+                query=query,
+                positive=positive,
+                negative=negative or None,
+                instruction=instruction,
             )
-            if not query or not positive or (require_negative and not negative):
-                report.skipped_empty += 1
-                continue
-            records.append(
-                RawRecord(
-                    index=index,
-                    line=line_no,
-                    query=query,
-                    positive=positive,
-                    negative=negative or None,
-                    instruction=instruction,
-                )
-            )
+        )
     report.kept = len(records)
     if report.skipped_empty:
         needed = "query, positive or negative" if require_negative else "query or positive"
@@ -303,7 +285,7 @@ class TrainDataset(torch.utils.data.Dataset):
         global_batch_size: int,
         seed: int,
         stats: dict[str, SourceStats] | None = None,
-    ) -> "TrainDataset":
+    ) -> TrainDataset:
         """Arrange ``examples_by_source`` into single-source global batches.
 
         Raises:
@@ -319,8 +301,7 @@ class TrainDataset(torch.utils.data.Dataset):
             s.kept = len(examples) - dropped[name]
             if s.kept == 0:
                 logger.warning(
-                    "source %s has %d examples, fewer than one global batch of %d; "
-                    "none of it is used",
+                    "source %s has %d examples, fewer than one global batch of %d; none of it is used",
                     name,
                     len(examples),
                     global_batch_size,
@@ -360,10 +341,7 @@ class TrainDataset(torch.utils.data.Dataset):
         table = [header, *rows, total]
         widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]
         lines = [
-            "  ".join(
-                str(v).ljust(w) if i == 0 else str(v).rjust(w)
-                for i, (v, w) in enumerate(zip(row, widths))
-            )
+            "  ".join(str(v).ljust(w) if i == 0 else str(v).rjust(w) for i, (v, w) in enumerate(zip(row, widths)))
             for row in table
         ]
         lines.insert(1, "-" * len(lines[0]))
@@ -382,5 +360,9 @@ def missing_files(paths: Iterable[str]) -> list[str]:
 
 def examples_from_records(records, source: str, instruction_of) -> list[TrainExample]:
     """``TrainExample``s of one source; ``instruction_of(record)`` gives each query's instruction."""
-    return [TrainExample(query=r.query, positive=r.positive, negative=r.negative,
-                         query_instruction=instruction_of(r), source=source) for r in records]
+    return [
+        TrainExample(
+            query=r.query, positive=r.positive, negative=r.negative, query_instruction=instruction_of(r), source=source
+        )
+        for r in records
+    ]

@@ -153,37 +153,29 @@ def load_e5(
             when present and ``None`` otherwise.
 
     Raises:
-        ValueError: an unknown source name.
-        DataError: missing files (all listed in one error), a malformed line, or
+        DataError: an unknown source name (the config field ``e5_sources``), missing files (all listed in one error), a malformed line, or
             not enough data for one global batch.
     """
     names = list(E5_SOURCES) if sources is None else list(dict.fromkeys(sources))
     unknown = [n for n in names if n not in E5_SOURCES]
     if unknown:
-        raise ValueError(
-            f"unknown E5 source(s) {unknown}; the sources are: {', '.join(E5_SOURCES)}"
-        )
+        raise DataError(f"e5_sources: unknown E5 source(s) {unknown}; the sources are: {', '.join(E5_SOURCES)}")
     if not names:
-        raise ValueError("sources is empty; pass None for all E5 sources")
+        raise DataError("e5_sources is empty; leave it out (or pass None) for all E5 sources")
     if max_per_source is not None and max_per_source < 1:
         raise ValueError(f"max_per_source must be positive or None, got {max_per_source}")
 
     paths = {n: os.path.join(data_dir, E5_SOURCES[n].file) for n in names}
     missing = missing_files(paths.values())
     if missing:
-        listing = "\n".join(
-            f"  - {p}  ({E5_SOURCES[n].paper_name})" for n, p in paths.items() if p in missing
-        )
+        listing = "\n".join(f"  - {p}  ({E5_SOURCES[n].paper_name})" for n, p in paths.items() if p in missing)
         raise DataError(
             f"{len(missing)} of {len(paths)} E5 training files are missing:\n{listing}\n"
             + DOWNLOAD_HINT.format(data_dir=data_dir)
             + ", or pass sources=[...] to train on the files you have."
         )
 
-    fix = (
-        "Fix or delete this line, or download the file again "
-        "(echo-embeddings training data)."
-    )
+    fix = "Fix or delete this line, or download the file again (echo-embeddings training data)."
     examples_by_source: dict[str, list[TrainExample]] = {}
     stats: dict[str, SourceStats] = {}
     for name, path in paths.items():

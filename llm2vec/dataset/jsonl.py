@@ -47,13 +47,13 @@ def load_jsonl(
     path_list = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     path_list = [os.fspath(p) for p in path_list]
     if not path_list:
-        raise ValueError("no training files given")
+        raise DataError("dataset_file_path: no training files given")
     by_stem: dict[str, str] = {}
     for p in path_list:
         stem = Path(p).stem
         if stem in by_stem:
-            raise ValueError(
-                f"{by_stem[stem]} and {p} have the same stem '{stem}', which names the "
+            raise DataError(
+                f"dataset_file_path: {by_stem[stem]} and {p} have the same stem '{stem}', which names the "
                 "source of their examples; rename one, or merge them into one file."
             )
         by_stem[stem] = p
@@ -70,13 +70,12 @@ def load_jsonl(
     examples_by_source: dict[str, list[TrainExample]] = {}
     stats: dict[str, SourceStats] = {}
     for stem, path in by_stem.items():
-        records, report = read_jsonl_pairs(
-            path, require_negative=require_negative, read_instruction=True
-        )
+        records, report = read_jsonl_pairs(path, require_negative=require_negative, read_instruction=True)
         stats[stem] = SourceStats(name=stem)
         stats[stem].add_report(report)
         examples_by_source[stem] = examples_from_records(
-            records, stem, lambda r: r.instruction if r.instruction is not None else default_instruction)
+            records, stem, lambda r: r.instruction if r.instruction is not None else default_instruction
+        )
     return TrainDataset.from_sources(examples_by_source, global_batch_size, seed, stats)
 
 

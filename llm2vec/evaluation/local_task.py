@@ -9,19 +9,16 @@ The folder holds three JSON-lines files:
 :func:`local_retrieval_task` reads them into the ``RetrievalSplitData`` that mteb's own retrieval tasks
 use (one ``default`` subset, one ``test`` split), so ``mteb.evaluate`` scores it like any retrieval task
 (main score nDCG@10) and writes ``<name>.json`` into the results cache. Queries with no qrels line are
-left out (they cannot be scored); a qrels line naming an unknown query or document is an error. The
-dataset "revision" in the task metadata is a hash of the three files, so the results file records
-which version of the data was scored.
+left out (they cannot be scored); a line that is not a JSON object, lacks a field, or (in the qrels)
+names an unknown query or document is an error naming ``file:line``. The dataset "revision" in the task
+metadata is a hash of the three files, so the results file records which version of the data was scored.
 
 The task's instruction (for its queries; documents get none) is kept on the task as ``task.instruction``;
-register it with the encoder (``LLM2VecMTEBEncoder.add_instruction(task.metadata.name, task.instruction)``),
-which the CLI does.
+register it with the encoder (``LLM2VecMTEBEncoder.add_instruction(task.metadata.name, task.instruction)``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -30,25 +27,24 @@ from mteb.abstasks.retrieval import AbsTaskRetrieval
 from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData
 from mteb.abstasks.task_metadata import TaskMetadata
 
+from ..io import file_digest, iter_jsonl
+
 FILES = ("corpus.jsonl", "queries.jsonl", "qrels.jsonl")
 
 
-def _read_jsonl(path: Path, required: tuple[str, ...]) -> list[dict[str, Any]]:
+def _read_jsonl(path: Path, required: tuple[str, ...]) -> list[tuple[int, dict[str, Any]]]:
+    """``(line number, record)`` of each non-blank line; every record must have the ``required`` fields."""
+    fix = f"Each line needs a JSON object with {list(required)}."
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from None
-            missing = [k for k in required if k not in row]
-            if missing:
-                raise ValueError(f"{path}:{lineno}: missing field(s) {missing}; each line needs {list(required)}")
-            rows.append(row)
+    for line_no, row in iter_jsonl(path, fix=fix):
+        if row is None:
+            continue
+        missing = [k for k in required if k not in row]
+        if missing:
+            raise ValueError(f"{path}:{line_no}: missing field(s) {missing}. {fix}")
+        rows.append((line_no, row))
     if not rows:
-        raise ValueError(f"{path}: no records")
+        raise ValueError(f"{path}: no records; {fix[0].lower()}{fix[1:]}")
     return rows
 
 
@@ -61,34 +57,36 @@ def read_beir_folder(data_dir: str | Path) -> tuple[RetrievalSplitData, str]:
             f"local retrieval folder {str(data_dir)!r} lacks {missing}; it needs corpus.jsonl "
             '({"_id","title","text"}), queries.jsonl ({"_id","text"}) and qrels.jsonl ({"query-id","corpus-id","score"})'
         )
-    corpus = _read_jsonl(data_dir / "corpus.jsonl", ("_id", "text"))
-    queries = _read_jsonl(data_dir / "queries.jsonl", ("_id", "text"))
-    qrels = _read_jsonl(data_dir / "qrels.jsonl", ("query-id", "corpus-id", "score"))
+    corpus = [row for _, row in _read_jsonl(data_dir / "corpus.jsonl", ("_id", "text"))]
+    queries = [row for _, row in _read_jsonl(data_dir / "queries.jsonl", ("_id", "text"))]
+    qrels_path = data_dir / "qrels.jsonl"
+    qrels = _read_jsonl(qrels_path, ("query-id", "corpus-id", "score"))
 
     doc_ids = {str(d["_id"]) for d in corpus}
     query_ids = {str(q["_id"]) for q in queries}
     relevant: dict[str, dict[str, int]] = {}
-    for row in qrels:
+    for line_no, row in qrels:
         qid, did = str(row["query-id"]), str(row["corpus-id"])
         if qid not in query_ids:
-            raise ValueError(f"{data_dir / 'qrels.jsonl'}: query-id {qid!r} is not in queries.jsonl")
+            raise ValueError(f"{qrels_path}:{line_no}: query-id {qid!r} is not in queries.jsonl")
         if did not in doc_ids:
-            raise ValueError(f"{data_dir / 'qrels.jsonl'}: corpus-id {did!r} is not in corpus.jsonl")
-        relevant.setdefault(qid, {})[did] = int(row["score"])
+            raise ValueError(f"{qrels_path}:{line_no}: corpus-id {did!r} is not in corpus.jsonl")
+        try:
+            relevant.setdefault(qid, {})[did] = int(row["score"])
+        except (TypeError, ValueError):
+            raise ValueError(f"{qrels_path}:{line_no}: score {row['score']!r} is not an integer") from None
 
     split = RetrievalSplitData(
         corpus=Dataset.from_list(
             [{"id": str(d["_id"]), "title": str(d.get("title") or ""), "text": str(d["text"])} for d in corpus]
         ),
-        queries=Dataset.from_list([{"id": str(q["_id"]), "text": str(q["text"])} for q in queries
-                                   if str(q["_id"]) in relevant]),
+        queries=Dataset.from_list(
+            [{"id": str(q["_id"]), "text": str(q["text"])} for q in queries if str(q["_id"]) in relevant]
+        ),
         relevant_docs=relevant,
         top_ranked=None,
     )
-    digest = hashlib.sha256()
-    for name in FILES:
-        digest.update((data_dir / name).read_bytes())
-    return split, digest.hexdigest()[:12]
+    return split, file_digest([data_dir / name for name in FILES], n=12)
 
 
 class LocalRetrievalTask(AbsTaskRetrieval):

@@ -2,32 +2,36 @@
 
 mteb 2.x saves one JSON file per task, ``<cache>/results/<model>/<revision>/<TaskName>.json``
 (a serialised :class:`mteb.TaskResult`; scores are in 0-1). This module reads such folders, picks the
-split and hf_subset the paper's numbers use (``test_configs/mteb/tasks.json``), scales to 0-100 and
-renders Markdown:
+split and hf_subset the paper's numbers use (from a :class:`~llm2vec.evaluation.benchmark.Benchmark`),
+scales to 0-100 and renders Markdown:
 
 (a) the layout of the paper's Table 1: one average per category (Retrieval 15, Reranking 4, Clustering 11,
     PairClassification 3, Classification 12, STS 10, Summarization 1) and the mean over all 56 tasks
     (the paper's "Avg" is the mean over tasks, not over categories);
 (b) one row per task.
 
-Each run is shown beside a row of the paper (``test_configs/mteb/paper_results.json``) and the
-difference. An average over fewer tasks than the category holds is shown with ``*`` and a footnote
-giving n/total; it is never compared with the paper. The paper's ``CQADupstackRetrieval`` is the mean
-of mteb's 12 sub-forum tasks and counts as missing unless all 12 are there.
+Each run is shown beside a row of the paper (read from a paper-results file with
+:func:`load_paper_results`, looked up with :func:`paper_reference`) and the difference. An average over
+fewer tasks than the category holds is shown with ``*`` and a footnote giving n/total; it is never
+compared with the paper. The paper's ``CQADupstackRetrieval`` is the mean of mteb's 12 sub-forum tasks
+and counts as missing unless all 12 are there.
+
+A paper-results file is a JSON object ``{"models": [...], "tables": {"table1": {"models": {model: {row:
+{category: score}}}}, "table14": {"models": {model: {row: {task: score}}}}, ...}, "known_inconsistencies":
+{"cells": [...]}}`` with scores in percent, as printed.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "test_configs" / "mteb"
-"""Folder holding ``tasks.json`` and ``paper_results.json``."""
+from .benchmark import FULL_BENCHMARK, Benchmark, Task
 
-FULL_BENCHMARK = "mteb56"
 AVERAGE = "Average"
 """Key of the all-task mean, in the paper's tables and in :meth:`Run.averages`."""
 
@@ -38,82 +42,6 @@ PER_TASK_TABLES = ("table14", "table15")
 
 class TableError(ValueError):
     """Bad input; the message names the path or field and says what to do."""
-
-
-# --------------------------------------------------------------------------------------------------
-# Benchmark definition
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Task:
-    """One task as the paper counts it, and where its score is read from in an mteb result."""
-
-    name: str
-    category: str
-    split: str
-    hf_subset: str
-    main_score: str
-    subtasks: tuple[str, ...] = ()
-    """mteb tasks whose mean is this task's score (CQADupstackRetrieval's 12 sub-forums)."""
-
-
-@dataclass(frozen=True)
-class Category:
-    name: str
-    label: str
-    tasks: tuple[Task, ...]
-
-
-@dataclass(frozen=True)
-class Benchmark:
-    """A list of tasks grouped into the paper's categories (empty categories are dropped)."""
-
-    name: str
-    categories: tuple[Category, ...]
-
-    @property
-    def tasks(self) -> tuple[Task, ...]:
-        return tuple(task for category in self.categories for task in category.tasks)
-
-    def result_files(self) -> dict[str, Task]:
-        """mteb task name -> the paper task it belongs to, for every result file worth reading."""
-        files = {}
-        for task in self.tasks:
-            files[task.name] = task
-            files.update({sub: task for sub in task.subtasks})
-        return files
-
-
-def load_benchmark(subset: str | None = None, config_dir: Path = CONFIG_DIR) -> Benchmark:
-    """The paper's 56 tasks, or the named subset of them (``"15"``: Table 8)."""
-    config = json.loads((Path(config_dir) / "tasks.json").read_text(encoding="utf-8"))
-    tasks = {
-        name: Task(
-            name=name,
-            category=spec["category"],
-            split=spec["split"],
-            hf_subset=spec["hf_subset"],
-            main_score=spec["main_score"],
-            subtasks=tuple(spec.get("subtasks", ())),
-        )
-        for name, spec in config["tasks"].items()
-    }
-    name = FULL_BENCHMARK
-    if subset is not None:
-        if subset not in config["subsets"]:
-            raise TableError(
-                f"--subset {subset!r}: unknown subset; choose one of {sorted(config['subsets'])}"
-            )
-        keep = set(config["subsets"][subset]["tasks"])
-        tasks = {n: t for n, t in tasks.items() if n in keep}
-        name = f"subset{subset}"
-    categories = []
-    for cat in config["categories"]:
-        members = tuple(t for t in tasks.values() if t.category == cat["name"])
-        if members:
-            categories.append(Category(cat["name"], cat["label"], members))
-    return Benchmark(name, tuple(categories))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -243,20 +171,30 @@ class PaperReference:
     """Category name -> note, for Table 1 cells that disagree with the paper's per-task tables."""
 
 
-def load_paper_results(config_dir: Path = CONFIG_DIR) -> dict:
-    return json.loads((Path(config_dir) / "paper_results.json").read_text(encoding="utf-8"))
+def load_paper_results(paper_file: str | os.PathLike) -> dict:
+    """The paper's numbers from a paper-results JSON file (see the module docstring)."""
+    path = Path(paper_file)
+    if not path.is_file():
+        raise TableError(f"paper results file {str(path)!r} not found; it holds the paper's numbers to compare with")
+    try:
+        paper = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise TableError(f"paper results file {str(path)!r} is not valid JSON ({e})") from None
+    if not isinstance(paper, dict) or not {"models", "tables", "known_inconsistencies"} <= set(paper):
+        raise TableError(
+            f"paper results file {str(path)!r} must be a JSON object with 'models', 'tables' "
+            "and 'known_inconsistencies'"
+        )
+    return paper
 
 
-def paper_reference(
-    model: str, row: str, benchmark: Benchmark, paper: Mapping | None = None
-) -> PaperReference:
+def paper_reference(paper: Mapping, model: str, row: str, benchmark: Benchmark) -> PaperReference:
     """Look up ``row`` (e.g. ``"anchor"``, ``"baseline"``) of ``model`` in the paper's tables.
 
-    For the full benchmark the category averages come from Table 1 (or Table 3 for the Stage I
-    ablations); for the 15-task subset only the overall average exists (Table 10). Per-task scores
-    come from Tables 14/15 (the paper has none for Mistral-7B).
+    ``paper`` is what :func:`load_paper_results` returns. For the full benchmark the category averages
+    come from Table 1 (or Table 3 for the Stage I ablations); for the 15-task subset only the overall
+    average exists (Table 10). Per-task scores come from Tables 14/15 (the paper has none for Mistral-7B).
     """
-    paper = paper if paper is not None else load_paper_results()
     tables = paper["tables"]
     models = {m.lower(): m for m in paper["models"]}
     if model.lower() not in models:
@@ -285,8 +223,7 @@ def paper_reference(
                 "choose another model or leave out --paper-model"
             )
         raise TableError(
-            f"--paper-row {row!r}: the paper reports no such row for {model} on {benchmark.name}; "
-            f"choose one of {rows}"
+            f"--paper-row {row!r}: the paper reports no such row for {model} on {benchmark.name}; choose one of {rows}"
         )
     disputed = {}
     if category_table == "table1":
@@ -294,7 +231,7 @@ def paper_reference(
             if cell["model"] == model and cell["row"] == row:
                 disputed[cell["column"]] = (
                     f"Table 1 gives {cell['table1']:.2f} but the mean of the paper's per-task scores is "
-                    f"{cell['per_task_mean']:.2f} (see test_configs/mteb/README.md)"
+                    f"{cell['per_task_mean']:.2f} (known_inconsistencies in the paper results file)"
                 )
     tables_used = ("Tables " if len(sources) > 1 else "Table ") + ", ".join(t.removeprefix("table") for t in sources)
     return PaperReference(f"Paper ({tables_used}): {model}, {row}", averages, tasks, disputed)

@@ -51,7 +51,9 @@ class InfoNCELoss(nn.Module):
             candidates.append(gather_with_grad(F.normalize(negative.float(), p=2, dim=-1)))
         return self.scale * q @ torch.cat(candidates, dim=0).T
 
-    def forward(self, query: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, query: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor | None = None
+    ) -> torch.Tensor:
         if query.shape != positive.shape or (negative is not None and negative.shape != query.shape):
             shapes = [tuple(t.shape) for t in (query, positive, negative) if t is not None]
             raise ValueError(f"query, positive (and negative) embeddings must have the same shape, got {shapes}")

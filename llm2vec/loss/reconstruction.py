@@ -1,28 +1,47 @@
-"""Embedding-based reconstruction loss (the paper's Eq. 3 and 4, Algorithm 1 lines 3-6).
+"""The Stage I loss: embedding-based bidirectional reconstruction (paper Sec. 3.2, Eq. 3-5, Algorithm 1).
 
-Given the anchor embedding e_X of one side of a pair (B, H) and the token ids y_1..y_m of the other
-side, the decoder reads the sequence
+For a batch of (query Q, document D) pairs with anchor embeddings e_Q, e_D (Eq. 1):
+
+    L_Q2D = - sum_t log P(d_t | e_Q, d_<t)                                 (Eq. 3, EBQ2D)
+    L_D2Q = - sum_t log P(q_t | e_D, q_<t)                                 (Eq. 4, EBD2Q)
+    L     = alpha * L_Q2D + (1 - alpha) * L_D2Q,   alpha = 0.2             (Eq. 5)
+
+Reconstruction pass. For the anchor embedding e_X (B, H) of one side and the target ids y_1..y_m of the
+other side, the same decoder reads
 
     [ e_X ; Embed(y_1) ; ... ; Embed(y_m) ]          (positions 0, 1, ..., m)
 
-under teacher forcing, and the LM head at position t-1 predicts y_t:
+under teacher forcing, and the LM head at position t-1 predicts y_t. The anchor sits directly before the
+first target at position 0 and the targets follow at consecutive positions 1..m; the targets are
+right-padded, so padding never separates the anchor from y_1 (the authors' code put the anchor before
+the left padding). Logits are computed only at positions that have a target, optionally a block of rows
+at a time (``logit_chunk_rows``, :mod:`llm2vec.loss.linear_cross_entropy`: the same sum, less memory).
 
-    NLL(Y | e_X) = - sum_{t=1..m} log P(y_t | e_X, y_<t)
+Averaging. Each direction is a mean over target *tokens*:
 
-The anchor sits directly before the first target at position 0 and the targets follow at consecutive
-positions 1..m; the targets are right-padded, so padding never separates the anchor from y_1 (the
-authors' code put the anchor before the left padding). Logits are computed only at the positions that
-have a target: the LM head never sees the position of y_m or any padding.
+    L_Q2D = (sum of the token NLLs of the document targets) / N_Q2D
 
-This function returns the *sum* of token NLLs and the number of target tokens, so the caller decides
-how to average (see ``LLM2Vec_q2d_d2q``: a token mean over the whole optimizer step).
+where N_Q2D is ``target_counts["q2d"]``: the number of document target tokens. The collator puts each
+batch's own counts in the batch; the trainer replaces them by their sum over every micro-batch of the
+optimizer step and over all processes (:mod:`llm2vec.trainer`), so accumulation and data parallelism
+give exactly the gradient of one big batch. Likewise ``"d2q"`` counts the query targets.
+
+A direction whose weight is 0 (alpha = 0 or 1) is not computed at all. The anchor embeddings are not
+detached: both losses send gradients back through e_Q and e_D into the encoding pass.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from .linear_cross_entropy import linear_cross_entropy_sum
+
+RECONSTRUCTION_TARGETS = ("text", "all")
+"""What each direction predicts: ``text`` = the counterpart's text tokens (the paper's Eq. 3-4);
+``all`` = every token of the counterpart's prompt but its anchor (the authors' code)."""
+
+DIRECTIONS = ("q2d", "d2q")
 
 
 def reconstruction_nll(
@@ -31,26 +50,88 @@ def reconstruction_nll(
     anchor: torch.Tensor,
     target_ids: torch.Tensor,
     target_mask: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sum of -log P(y_t | anchor, y_<t) over the targets of a batch, and the number of targets.
+    logit_chunk_rows: int = 0,
+) -> torch.Tensor:
+    """Sum over a batch of -log P(y_t | anchor, y_<t): the reconstruction pass above.
 
     Args:
-        decoder: the decoder body (``inputs_embeds`` -> ``last_hidden_state``), the same one that made ``anchor``.
+        decoder: the decoder body (``inputs_embeds`` -> ``last_hidden_state``), the one that made ``anchor``.
         lm_head: the causal LM's output layer.
-        anchor: (B, H) anchor embeddings; gradients flow back through them into the encoding pass.
+        anchor: (B, H) anchor embeddings.
         target_ids: (B, M) right-padded target token ids.
-        target_mask: (B, M) 1 on real targets, 0 on padding; every row holds at least one target.
+        target_mask: (B, M) 1 on real targets, 0 on padding.
+        logit_chunk_rows: 0 builds the logits of all target rows at once; R > 0 builds them R rows at a time
+            (:func:`llm2vec.loss.linear_cross_entropy.linear_cross_entropy_sum`, the same sum).
     """
-    embed = decoder.get_input_embeddings()
-    target_embeds = embed(target_ids)
+    target_embeds = decoder.get_input_embeddings()(target_ids)
     inputs_embeds = torch.cat([anchor[:, None, :].to(target_embeds.dtype), target_embeds], dim=1)
-    ones = torch.ones_like(target_mask[:, :1])
-    attention_mask = torch.cat([ones, target_mask], dim=1)
+    attention_mask = torch.cat([torch.ones_like(target_mask[:, :1]), target_mask], dim=1)
     batch, width = attention_mask.shape
     position_ids = torch.arange(width, device=attention_mask.device).expand(batch, width)
-    hidden = decoder(inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
+    hidden = decoder(
+        inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    ).last_hidden_state
     # hidden[:, t] predicts target_ids[:, t]: the anchor (t = 0) predicts y_1, Embed(y_t) predicts y_{t+1}.
     predicting = target_mask.bool()
-    logits = lm_head(hidden[:, :-1][predicting])
-    total = F.cross_entropy(logits.float(), target_ids[predicting], reduction="sum")
-    return total, predicting.sum()
+    return linear_cross_entropy_sum(hidden[:, :-1][predicting], lm_head, target_ids[predicting], logit_chunk_rows)
+
+
+def target_counts(query_targets: dict, positive_targets: dict) -> dict[str, torch.Tensor]:
+    """Target tokens per direction of one batch: q2d predicts the documents, d2q the queries."""
+    return {"q2d": positive_targets["attention_mask"].sum(), "d2q": query_targets["attention_mask"].sum()}
+
+
+class ReconstructionLoss(nn.Module):
+    """Eq. 5 over a batch of pairs, each direction a token mean (see the module docstring).
+
+    Args:
+        alpha: weight of EBQ2D; ``1 - alpha`` weighs EBD2Q. The paper uses 0.2.
+        logit_chunk_rows: LM-head logits built this many target rows at a time (0: all at once); the same
+            loss and gradients, with at most one block of logits in memory (:func:`reconstruction_nll`).
+
+    ``forward(decoder, lm_head, query_embedding, document_embedding, query_targets, positive_targets,
+    counts)`` returns ``(loss, parts)`` with ``parts = {"q2d": L_Q2D, "d2q": L_D2Q}`` (the directions
+    computed). ``counts`` defaults to the batch's own :func:`target_counts`.
+    """
+
+    def __init__(self, alpha: float = 0.2, logit_chunk_rows: int = 0):
+        super().__init__()
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+        if logit_chunk_rows < 0:
+            raise ValueError(f"logit_chunk_rows must be >= 0, got {logit_chunk_rows}")
+        self.alpha = float(alpha)
+        self.logit_chunk_rows = int(logit_chunk_rows)
+
+    def directions(self) -> tuple[str, ...]:
+        """The directions computed: those whose weight in Eq. 5 is not 0."""
+        return tuple(name for name, weight in (("q2d", self.alpha), ("d2q", 1.0 - self.alpha)) if weight != 0.0)
+
+    def forward(
+        self,
+        decoder: nn.Module,
+        lm_head: nn.Module,
+        query_embedding: torch.Tensor,
+        document_embedding: torch.Tensor,
+        query_targets: dict,
+        positive_targets: dict,
+        counts: dict[str, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        counts = counts if counts is not None else target_counts(query_targets, positive_targets)
+        directions = {
+            "q2d": (self.alpha, query_embedding, positive_targets),
+            "d2q": (1.0 - self.alpha, document_embedding, query_targets),
+        }
+        parts, loss = {}, None
+        for name, (weight, anchor, targets) in directions.items():
+            if weight == 0.0:
+                continue
+            nll = reconstruction_nll(
+                decoder, lm_head, anchor, targets["input_ids"], targets["attention_mask"], self.logit_chunk_rows
+            )
+            parts[name] = nll / counts[name]
+            loss = weight * parts[name] if loss is None else loss + weight * parts[name]
+        return loss, parts
+
+    def extra_repr(self) -> str:
+        return f"alpha={self.alpha}, logit_chunk_rows={self.logit_chunk_rows}"

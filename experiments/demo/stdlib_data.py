@@ -10,12 +10,12 @@ function or class, or a public method of such a class.
   same class when there is one, otherwise any other object of the module), picked with a seeded
   random generator.
 
-Modules are a fixed, explicit list (:data:`STDLIB_MODULES`) of modules that import without side
-effects or platform-specific content on CPython 3.11+; one that fails to import is skipped and named
-in the manifest. The output depends only on the docstrings, so it is the same on machines with the
-same Python minor version (C accelerators such as ``_decimal`` or ``_datetime`` are assumed
-present, as on every standard CPython build). Memory addresses in default values
-(``<object object at 0x...>``) are removed from signatures.
+Modules are a fixed, explicit list (:data:`STDLIB_MODULES`, read from ``stdlib_modules.json`` next to
+this file) of modules that import without side effects or platform-specific content on CPython 3.11+;
+one that fails to import is skipped and named in the manifest. The output depends only on the
+docstrings, so it is the same on machines with the same Python minor version (C accelerators such as
+``_decimal`` or ``_datetime`` are assumed present, as on every standard CPython build). Memory addresses
+in default values (``<object object at 0x...>``) are removed from signatures.
 
 The train/eval split is by module: the modules are shuffled with the seed and taken into the eval
 split, in that order, until it holds ``eval_target`` examples; all other modules are train. The
@@ -34,7 +34,7 @@ output folder:
 
 from __future__ import annotations
 
-import hashlib
+import argparse
 import importlib
 import inspect
 import json
@@ -47,195 +47,28 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from .atomic import atomic_write
+from llm2vec.io import atomic_write, file_digest, write_jsonl
 
 FORMAT_VERSION = 1
 
-# Modules that import cleanly on every platform and whose public API and docstrings do not depend on
-# the operating system. Left out on purpose: os, sys, posix/nt paths, shutil, subprocess, socket,
-# select(ors), signal, time, asyncio (package and streams), multiprocessing, urllib.request,
-# socketserver (platform branches); tkinter, curses, readline, ssl, sqlite3, lzma, bz2, ctypes
-# (optional in some builds); and the modules deprecated by PEP 594 (they warn on import and are gone
-# in 3.13). A package that only re-exports (unittest, email) is read through its submodules.
-STDLIB_MODULES: tuple[str, ...] = (
-    "abc",
-    "argparse",
-    "array",
-    "ast",
-    "asyncio.base_events",
-    "asyncio.events",
-    "asyncio.exceptions",
-    "asyncio.locks",
-    "asyncio.protocols",
-    "asyncio.queues",
-    "asyncio.runners",
-    "asyncio.tasks",
-    "asyncio.timeouts",
-    "asyncio.transports",
-    "base64",
-    "bdb",
-    "binascii",
-    "bisect",
-    "builtins",
-    "calendar",
-    "cmath",
-    "cmd",
-    "code",
-    "codecs",
-    "codeop",
-    "collections",
-    "collections.abc",
-    "colorsys",
-    "compileall",
-    "concurrent.futures",
-    "concurrent.futures.process",
-    "concurrent.futures.thread",
-    "configparser",
-    "contextlib",
-    "contextvars",
-    "copy",
-    "copyreg",
-    "csv",
-    "dataclasses",
-    "datetime",
-    "decimal",
-    "difflib",
-    "dis",
-    "doctest",
-    "email.charset",
-    "email.contentmanager",
-    "email.encoders",
-    "email.errors",
-    "email.feedparser",
-    "email.generator",
-    "email.header",
-    "email.headerregistry",
-    "email.iterators",
-    "email.message",
-    "email.parser",
-    "email.policy",
-    "email.utils",
-    "enum",
-    "filecmp",
-    "fileinput",
-    "fnmatch",
-    "fractions",
-    "ftplib",
-    "functools",
-    "gc",
-    "getopt",
-    "gettext",
-    "glob",
-    "graphlib",
-    "gzip",
-    "hashlib",
-    "heapq",
-    "hmac",
-    "html",
-    "html.parser",
-    "http.client",
-    "http.cookiejar",
-    "http.cookies",
-    "http.server",
-    "imaplib",
-    "importlib.abc",
-    "importlib.metadata",
-    "importlib.util",
-    "inspect",
-    "io",
-    "ipaddress",
-    "itertools",
-    "json",
-    "json.decoder",
-    "json.encoder",
-    "keyword",
-    "linecache",
-    "logging",
-    "logging.handlers",
-    "mailbox",
-    "marshal",
-    "math",
-    "mimetypes",
-    "netrc",
-    "numbers",
-    "operator",
-    "optparse",
-    "pathlib",
-    "pdb",
-    "pickle",
-    "pickletools",
-    "pkgutil",
-    "plistlib",
-    "poplib",
-    "pprint",
-    "profile",
-    "pstats",
-    "py_compile",
-    "pyclbr",
-    "pydoc",
-    "queue",
-    "quopri",
-    "random",
-    "re",
-    "reprlib",
-    "runpy",
-    "sched",
-    "secrets",
-    "shelve",
-    "shlex",
-    "smtplib",
-    "stat",
-    "statistics",
-    "string",
-    "stringprep",
-    "struct",
-    "symtable",
-    "tarfile",
-    "tempfile",
-    "textwrap",
-    "threading",
-    "timeit",
-    "tokenize",
-    "tomllib",
-    "trace",
-    "traceback",
-    "tracemalloc",
-    "types",
-    "typing",
-    "unicodedata",
-    "unittest.case",
-    "unittest.loader",
-    "unittest.mock",
-    "unittest.result",
-    "unittest.runner",
-    "unittest.suite",
-    "urllib.error",
-    "urllib.parse",
-    "urllib.robotparser",
-    "uuid",
-    "warnings",
-    "wave",
-    "weakref",
-    "wsgiref.handlers",
-    "wsgiref.headers",
-    "wsgiref.simple_server",
-    "wsgiref.util",
-    "wsgiref.validate",
-    "xml.dom.domreg",
-    "xml.dom.expatbuilder",
-    "xml.dom.minidom",
-    "xml.dom.pulldom",
-    "xml.etree.ElementTree",
-    "xml.sax",
-    "xml.sax.handler",
-    "xml.sax.saxutils",
-    "xml.sax.xmlreader",
-    "xmlrpc.client",
-    "zipapp",
-    "zipfile",
-    "zlib",
-    "zoneinfo",
-)
+MODULES_FILE = Path(__file__).with_name("stdlib_modules.json")
+
+
+def read_module_list(path: str | Path = MODULES_FILE) -> tuple[str, ...]:
+    """The modules to read, in the order of ``path`` (a JSON object whose ``"modules"`` is a list of names).
+
+    The list is a parameter of the dataset: it is recorded in the manifest, and another list gives another
+    dataset. ``stdlib_modules.json`` says why each kind of module was left out.
+    """
+    modules = json.loads(Path(path).read_text(encoding="utf-8")).get("modules")
+    if not isinstance(modules, list) or not modules or not all(isinstance(m, str) and m for m in modules):
+        raise ValueError(f'{path}: expected {{"modules": [module names]}}, a non-empty list of strings')
+    if len(set(modules)) != len(modules):
+        raise ValueError(f"{path}: a module is listed twice")
+    return tuple(modules)
+
+
+STDLIB_MODULES: tuple[str, ...] = read_module_list()
 
 DEFAULT_OUT_DIR = "cache/demo-data"
 TRAIN_FILE = "train/stdlib.jsonl"
@@ -467,19 +300,6 @@ def _pick_negatives(objects: list[DocObject], seed: int) -> dict[str, DocObject]
     return negatives
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _write_jsonl(path: Path, rows) -> int:
-    n = 0
-    with atomic_write(path) as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-            n += 1
-    return n
-
-
 def _complete(out: Path, params: dict) -> dict | None:
     """The manifest of a complete build in ``out`` made with ``params``, else None."""
     try:
@@ -490,7 +310,7 @@ def _complete(out: Path, params: dict) -> dict | None:
         return None
     for rel, digest in manifest.get("sha256", {}).items():
         p = out / rel
-        if not p.is_file() or _sha256(p) != digest:
+        if not p.is_file() or file_digest([p]) != digest:
             return None
     return manifest
 
@@ -549,7 +369,10 @@ def build_stdlib_dataset(
             return manifest
 
     start = time.perf_counter()
-    say(f"[stdlib-data] reading the docstrings of {len(modules)} standard-library modules (Python {platform.python_version()})")
+    say(
+        f"[stdlib-data] reading the docstrings of {len(modules)} standard-library modules "
+        f"(Python {platform.python_version()})"
+    )
     objects: list[DocObject] = []
     used, skipped = [], {}
     for module in sorted(set(modules)):
@@ -591,17 +414,17 @@ def build_stdlib_dataset(
 
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST_FILE).unlink(missing_ok=True)  # the old build is incomplete from here on
-    _write_jsonl(
+    write_jsonl(
         out / TRAIN_FILE,
         ({"query": d.query, "positive": d.text, "negative": negatives[d.name].text} for d in train_objs),
     )
-    _write_jsonl(
+    write_jsonl(
         out / PROVENANCE_FILE,
         ({"module": d.module, "query_object": d.name, "negative_object": negatives[d.name].name} for d in train_objs),
     )
-    _write_jsonl(out / CORPUS_FILE, ({"_id": d.name, "title": "", "text": d.text} for d in eval_objs))
-    _write_jsonl(out / QUERIES_FILE, ({"_id": "q:" + d.name, "text": d.query} for d in query_objs))
-    _write_jsonl(out / QRELS_FILE, ({"query-id": "q:" + d.name, "corpus-id": d.name, "score": 1} for d in query_objs))
+    write_jsonl(out / CORPUS_FILE, ({"_id": d.name, "title": "", "text": d.text} for d in eval_objs))
+    write_jsonl(out / QUERIES_FILE, ({"_id": "q:" + d.name, "text": d.query} for d in query_objs))
+    write_jsonl(out / QRELS_FILE, ({"query-id": "q:" + d.name, "corpus-id": d.name, "score": 1} for d in query_objs))
 
     files = [TRAIN_FILE, PROVENANCE_FILE, CORPUS_FILE, QUERIES_FILE, QRELS_FILE]
     train_modules = sorted({d.module for d in train_objs})
@@ -626,7 +449,7 @@ def build_stdlib_dataset(
         "modules_without_examples": sorted(set(used) - set(per_module)),
         "skipped_modules": skipped,
         "files": files,
-        "sha256": {rel: _sha256(out / rel) for rel in files},
+        "sha256": {rel: file_digest([out / rel]) for rel in files},
     }
     with atomic_write(out / MANIFEST_FILE) as f:
         f.write(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
@@ -642,5 +465,19 @@ def build_stdlib_dataset(
     return manifest
 
 
+def main(argv: list[str] | None = None) -> int:
+    """``python experiments/demo/stdlib_data.py [--out_dir DIR] [--fresh]``: build (or reuse) the dataset."""
+    parser = argparse.ArgumentParser(description="Build the standard-library docstring dataset of the demo.")
+    parser.add_argument(
+        "--out_dir",
+        default=str(Path(__file__).resolve().parents[2] / DEFAULT_OUT_DIR),
+        help=f"output folder (default: {DEFAULT_OUT_DIR} in the repository)",
+    )
+    parser.add_argument("--fresh", action="store_true", help="rebuild even if a complete build exists")
+    args = parser.parse_args(argv)
+    build_stdlib_dataset(args.out_dir, fresh=args.fresh)
+    return 0
+
+
 if __name__ == "__main__":  # pragma: no cover
-    build_stdlib_dataset(fresh="--fresh" in sys.argv[1:])
+    sys.exit(main())

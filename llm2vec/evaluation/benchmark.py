@@ -1,0 +1,172 @@
+"""The paper's MTEB benchmark as data: which tasks, in which category, scored on which split and subset.
+
+A *tasks file* is a JSON object::
+
+    {"categories": [{"name": "Retrieval", "label": "Retr."}, ...],
+     "tasks": {"ArguAna": {"category": "Retrieval", "split": "test", "hf_subset": "default",
+                           "main_score": "ndcg_at_10"},
+               "CQADupstackRetrieval": {..., "subtasks": ["CQADupstackAndroidRetrieval", ...]}, ...},
+     "subsets": {"15": {"tasks": ["ArguAna", ...]}}}
+
+:func:`load_benchmark` reads it once into a :class:`Benchmark` (all tasks; :meth:`Benchmark.subset` gives a
+named subset). The evaluation uses it to resolve mteb tasks restricted to the paper's split and subset
+(:func:`mteb_tasks`); the tables use it to group scores into the paper's categories. A task with
+``subtasks`` (CQADupstackRetrieval) is evaluated as those mteb tasks, and its score is their mean.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FULL_BENCHMARK = "mteb56"
+"""Name of the benchmark of all tasks of a tasks file; a subset ``"15"`` is named ``"subset15"``."""
+
+
+class BenchmarkError(ValueError):
+    """A tasks file that is missing or malformed, an unknown subset, or a name that is not an mteb task."""
+
+
+class UnknownTaskError(BenchmarkError):
+    """A name that is not an mteb task (``name`` is the name)."""
+
+    def __init__(self, name: str, message: str):
+        super().__init__(message)
+        self.name = name
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task as the paper counts it, and where its score is read from in an mteb result."""
+
+    name: str
+    category: str
+    split: str
+    hf_subset: str
+    main_score: str
+    subtasks: tuple[str, ...] = ()
+    """mteb tasks whose mean is this task's score (CQADupstackRetrieval's 12 sub-forums)."""
+
+
+@dataclass(frozen=True)
+class Category:
+    name: str
+    label: str
+    tasks: tuple[Task, ...]
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """A list of tasks grouped into the paper's categories (empty categories are dropped).
+
+    ``subsets`` maps a subset key of the tasks file (``"15"``) to its task names; :meth:`subset` builds it.
+    """
+
+    name: str
+    categories: tuple[Category, ...]
+    subsets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def tasks(self) -> tuple[Task, ...]:
+        return tuple(task for category in self.categories for task in category.tasks)
+
+    def result_files(self) -> dict[str, Task]:
+        """mteb task name -> the paper task it belongs to, for every result file worth reading."""
+        files = {}
+        for task in self.tasks:
+            files[task.name] = task
+            files.update({sub: task for sub in task.subtasks})
+        return files
+
+    def subset(self, key: str) -> Benchmark:
+        """The benchmark restricted to subset ``key`` of the tasks file, named ``subset<key>``."""
+        if key not in self.subsets:
+            raise BenchmarkError(f"unknown subset {key!r}; choose one of {sorted(self.subsets)}")
+        keep = set(self.subsets[key])
+        categories = []
+        for category in self.categories:
+            members = tuple(t for t in category.tasks if t.name in keep)
+            if members:
+                categories.append(Category(category.name, category.label, members))
+        return Benchmark(f"subset{key}", tuple(categories))
+
+    def expand(self, names: Iterable[str]) -> list[str]:
+        """mteb task names for ``names``: a task with subtasks becomes them; duplicates are dropped."""
+        by_name = {t.name: t for t in self.tasks}
+        out: list[str] = []
+        for name in names:
+            task = by_name.get(name)
+            for mteb_name in task.subtasks if task is not None and task.subtasks else (name,):
+                if mteb_name not in out:
+                    out.append(mteb_name)
+        return out
+
+
+def load_benchmark(tasks_file: str | os.PathLike, subset: str | None = None) -> Benchmark:
+    """The tasks of ``tasks_file`` (see the module docstring), or its subset ``subset`` (``"15"``)."""
+    path = Path(tasks_file)
+    if not path.is_file():
+        raise BenchmarkError(
+            f"tasks file {str(path)!r} not found; it lists the tasks, their categories, "
+            "and the split and subset each is scored on"
+        )
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+        tasks = [
+            Task(
+                name=name,
+                category=spec["category"],
+                split=spec["split"],
+                hf_subset=spec["hf_subset"],
+                main_score=spec["main_score"],
+                subtasks=tuple(spec.get("subtasks", ())),
+            )
+            for name, spec in config["tasks"].items()
+        ]
+        categories = tuple(
+            Category(cat["name"], cat["label"], tuple(t for t in tasks if t.category == cat["name"]))
+            for cat in config["categories"]
+        )
+        subsets = {str(key): tuple(entry["tasks"]) for key, entry in config.get("subsets", {}).items()}
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+        raise BenchmarkError(
+            f"tasks file {str(path)!r} is malformed ({type(e).__name__}: {e}); expected "
+            '{"categories": [{"name", "label"}, ...], "tasks": {name: {"category", "split", "hf_subset", '
+            '"main_score"}}, "subsets": {"15": {"tasks": [...]}}}'
+        ) from None
+    uncategorised = sorted(t.name for t in tasks if t.category not in {c.name for c in categories})
+    if uncategorised:
+        raise BenchmarkError(f"tasks file {str(path)!r}: tasks {uncategorised} name a category not in 'categories'")
+    unknown = sorted({n for names in subsets.values() for n in names} - {t.name for t in tasks})
+    if unknown:
+        raise BenchmarkError(f"tasks file {str(path)!r}: subsets name tasks {unknown} that are not in 'tasks'")
+    benchmark = Benchmark(FULL_BENCHMARK, tuple(c for c in categories if c.tasks), subsets)
+    return benchmark if subset is None else benchmark.subset(subset)
+
+
+def mteb_tasks(names: Iterable[str], benchmark: Benchmark | None = None) -> list:
+    """mteb task objects for mteb task ``names``, restricted to the split and hf_subset ``benchmark`` gives.
+
+    A sub-task (a CQADupstack sub-forum) takes its parent's split and subset. A task the benchmark does
+    not list keeps mteb's own splits and subsets. An unknown name raises :class:`UnknownTaskError`.
+    """
+    import mteb  # imported late: slow to import
+
+    files = benchmark.result_files() if benchmark is not None else {}
+    tasks = []
+    for name in names:
+        try:
+            task = mteb.get_task(name)
+        except KeyError as e:
+            hint = str(e).strip("\"'").removeprefix("KeyError: ")
+            raise UnknownTaskError(name, f"{name!r} is not an mteb {mteb.__version__} task ({hint})") from None
+        entry = files.get(name)
+        if entry is not None:
+            if entry.hf_subset in task.hf_subsets:
+                task = task.filter_languages(None, hf_subsets=[entry.hf_subset])
+            task = task.filter_eval_splits([entry.split])
+        tasks.append(task)
+    return tasks

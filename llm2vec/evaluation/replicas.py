@@ -1,0 +1,113 @@
+"""Encoding on several devices: one model replica per device, fed by threads from a shared queue.
+
+:func:`resolve_devices` turns a device request (``"auto"``, one device, a list) into devices;
+:func:`replicate` puts one copy of an :class:`~llm2vec.LLM2Vec` on each of them; :func:`encode_on_replicas`
+embeds a list of ``[instruction, text]`` items on all replicas at once.
+
+The items are sorted by length (longest first) and cut into contiguous chunks; one worker thread per
+replica takes chunks from a queue until it is empty, so long and short chunks balance out across devices,
+and the embeddings are written back to the items' positions. Threads share the process, so nothing is
+pickled, and PyTorch releases the GIL inside its kernels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import queue
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..llm2vec import LLM2Vec, default_device
+
+
+def resolve_devices(devices: str | torch.device | Sequence[str | torch.device] | None) -> list[torch.device]:
+    """``"auto"``/None: every visible CUDA device, else ``[cpu]``; a string or device: that one; a list: those."""
+    if devices is None or devices == "auto":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return [torch.device(f"cuda:{i}") for i in range(n)] if n else [default_device()]
+    if isinstance(devices, (str, torch.device)):
+        return [torch.device(devices)]
+    device_list = [torch.device(d) for d in devices]
+    if not device_list:
+        raise ValueError("devices: empty list")
+    return device_list
+
+
+def replicate(model: LLM2Vec, devices: Sequence[torch.device]) -> list[LLM2Vec]:
+    """One copy of ``model`` on each device (the original object becomes the last replica), in eval mode."""
+    replicas = [copy.deepcopy(model).to(d) for d in devices[:-1]]
+    replicas.append(model.to(devices[-1]))
+    for r in replicas:
+        r.eval()
+    return replicas
+
+
+def encode_on_replicas(
+    replicas: Sequence[LLM2Vec],
+    items: Sequence[Sequence[str]],
+    *,
+    batch_size: int,
+    chunk_size: int | None = None,
+    show_progress_bar: bool = True,
+) -> np.ndarray:
+    """Embed ``[instruction, text]`` items on all ``replicas`` at once: float32, one row per item, input order.
+
+    ``chunk_size`` is the number of items per work unit (default ``4 * batch_size``). Every replica must
+    give the same embeddings as the others (copies of one model), or rows would depend on scheduling.
+    An exception in a worker stops the others after their current chunk and is raised here.
+    """
+    if not replicas:
+        raise ValueError("at least one replica is needed")
+    if not items:
+        raise ValueError("nothing to encode: no items")
+    # longest first, by characters: cheap, and LLM2Vec.encode re-sorts each chunk by tokens
+    order = sorted(range(len(items)), key=lambda i: -len(items[i][0]) - len(items[i][1]))
+    chunk = int(chunk_size or 4 * batch_size)
+    work: queue.Queue[list[int]] = queue.Queue()
+    for start in range(0, len(order), chunk):
+        work.put(order[start : start + chunk])
+    done: list[tuple[list[int], np.ndarray]] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    bar = tqdm(total=len(items), desc=f"Encoding on {len(replicas)} devices", disable=not show_progress_bar)
+
+    def worker(replica: LLM2Vec) -> None:
+        device = replica.device
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            while not errors:
+                try:
+                    indices = work.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    emb = replica.encode(
+                        [items[i] for i in indices],
+                        batch_size=batch_size,
+                        show_progress_bar=False,
+                        convert_to_numpy=True,
+                    )
+                except BaseException as e:  # noqa: BLE001 -- re-raised in the calling thread
+                    with lock:
+                        errors.append(e)
+                    return
+                with lock:
+                    done.append((indices, np.asarray(emb, dtype=np.float32)))
+                    bar.update(len(indices))
+
+    threads = [threading.Thread(target=worker, args=(r,), daemon=True) for r in replicas]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    bar.close()
+    if errors:
+        raise errors[0]
+    out = np.empty((len(items), done[0][1].shape[1]), dtype=np.float32)
+    for indices, emb in done:
+        out[indices] = emb
+    return out

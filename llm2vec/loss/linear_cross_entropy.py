@@ -1,0 +1,77 @@
+"""LM head + cross-entropy summed over target rows, without materialising all the logits at once.
+
+For hidden states h_1..h_N (N, H) at the target positions, the LM head (weight W (V, H), bias b) and the
+targets y_1..y_N:
+
+    NLL = sum_i [ logsumexp_v (W h_i + b)_v - (W h_i + b)_{y_i} ]        (the sum of Eq. 3's / 4's terms)
+
+The plain computation builds the (N, V) logits (and, for the float32 cross-entropy, an (N, V) float32
+copy) and keeps them for backward: with a 128k vocabulary and a few thousand target rows that is several
+GB. ``linear_cross_entropy_sum(..., chunk_rows=R)`` computes the same sum over blocks of R rows; each
+block's logits are recomputed in backward (``torch.utils.checkpoint``), so at most one block of (R, V)
+logits (and its float32 copy and softmax) exists at a time, in forward and in backward. Every block is
+the plain computation on its rows, so the result differs from the plain one only by the order of the
+float sum over blocks (the tests check loss and gradients at 1e-6 relative in float32).
+
+Optional fused path: on CUDA, when ``liger_kernel`` is importable (``pip install -e '.[liger]'``), the
+chunked path uses Liger's fused linear cross-entropy instead, which never builds more than a block of
+logits either and computes the gradients in forward. It has no CPU implementation, so the CPU test-suite
+cannot run it; its agreement with the plain path must be checked on a GPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+def _block_nll(lm_head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The plain computation on one block of rows: logits, upcast to float32, summed cross-entropy."""
+    return F.cross_entropy(lm_head(hidden).float(), targets, reduction="sum")
+
+
+def liger_available(device: torch.device) -> bool:
+    """Whether the fused Liger path can run on ``device`` (CUDA and the package installed)."""
+    return device.type == "cuda" and importlib.util.find_spec("liger_kernel") is not None
+
+
+def _liger_nll(lm_head: nn.Linear, hidden, targets):  # pragma: no cover - needs CUDA and liger-kernel
+    # Untested here: the CPU test-suite has neither a GPU nor Triton; check it against the plain path on a GPU.
+    from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+    loss = LigerFusedLinearCrossEntropyLoss(reduction="sum")
+    return loss(lm_head.weight, hidden, targets, lm_head.bias).float()
+
+
+def linear_cross_entropy_sum(
+    hidden: torch.Tensor, lm_head: nn.Module, targets: torch.Tensor, chunk_rows: int = 0, fused: bool = True
+) -> torch.Tensor:
+    """sum_i -log softmax(lm_head(hidden_i))[targets_i] in float32 (see the module docstring).
+
+    Args:
+        hidden: (N, H) hidden states at the target positions.
+        lm_head: the LM's output layer, called on each block (so its hooks and wrappers run as usual).
+        targets: (N,) target ids.
+        chunk_rows: rows per block of logits; 0 computes all N rows at once (the plain path).
+        fused: with ``chunk_rows > 0``, use Liger's fused kernel when :func:`liger_available`.
+    """
+    if chunk_rows < 0:
+        raise ValueError(f"chunk_rows must be >= 0, got {chunk_rows}")
+    if chunk_rows == 0 or hidden.shape[0] == 0:
+        return _block_nll(lm_head, hidden, targets)
+    # the fused kernel reads the weight directly: only for a plain linear head (no hooks, adapters or wrappers)
+    if fused and type(lm_head) is nn.Linear and liger_available(hidden.device):
+        return _liger_nll(lm_head, hidden, targets)
+    total = hidden.new_zeros((), dtype=torch.float32)
+    for start in range(0, hidden.shape[0], chunk_rows):
+        rows = slice(start, start + chunk_rows)
+        if torch.is_grad_enabled():
+            block = checkpoint(_block_nll, lm_head, hidden[rows], targets[rows], use_reentrant=False)
+        else:
+            block = _block_nll(lm_head, hidden[rows], targets[rows])
+        total = total + block
+    return total

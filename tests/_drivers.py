@@ -1,0 +1,81 @@
+"""Run the stage drivers one after another in this process, optionally stopping hard at a chosen point.
+
+The kill-and-resume tests (tests/test_reliability.py) launch this alone or under torch.distributed.run:
+
+    python tests/_drivers.py SPEC.json
+
+SPEC is ``{"flag_dir": FOLDER, "runs": [{"stage": "I", "argv": [...], "pause": {"at": AT, "step": N}}, ...]}``.
+Each run calls ``main(argv)`` of ``experiments/run_stage_<stage>.py``. With ``pause``, every process stops at
+the chosen point, writes ``FOLDER/rank<r>.pid`` and sleeps; the test then SIGKILLs it, as a crash would:
+
+- ``after_checkpoint``: checkpoint-N is complete and step N + 1 has been trained (not saved);
+- ``during_save``: checkpoint-N is being written: its weights are on disk, its optimizer state is not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def stop_here(flag_dir: str) -> None:
+    rank = int(os.environ.get("RANK", "0"))
+    tmp = Path(flag_dir) / f".rank{rank}.tmp"
+    tmp.write_text(str(os.getpid()))
+    os.replace(tmp, Path(flag_dir) / f"rank{rank}.pid")
+    time.sleep(300)  # the test kills this process long before; never resume on its own
+    os._exit(3)
+
+
+def install_pause(at: str, step: int, flag_dir: str) -> None:
+    from transformers import TrainerCallback
+
+    from llm2vec.trainer import LLM2VecTrainer
+
+    if at == "after_checkpoint":
+
+        class Stop(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                if state.global_step == step + 1:
+                    stop_here(flag_dir)
+
+        init = LLM2VecTrainer.__init__
+
+        def init_with_stop(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            self.add_callback(Stop())
+
+        LLM2VecTrainer.__init__ = init_with_stop
+    elif at == "during_save":
+        save = LLM2VecTrainer._save_optimizer_and_scheduler
+
+        def save_then_stop(self, output_dir):
+            if self.state.global_step == step:
+                stop_here(flag_dir)
+            save(self, output_dir)
+
+        LLM2VecTrainer._save_optimizer_and_scheduler = save_then_stop
+    else:
+        raise ValueError(f"pause at {at!r}: after_checkpoint or during_save")
+
+
+def main(spec_file: str) -> int:
+    spec = json.loads(Path(spec_file).read_text())
+    for run in spec["runs"]:
+        if run.get("pause"):
+            install_pause(run["pause"]["at"], run["pause"]["step"], spec["flag_dir"])
+        driver = runpy.run_path(str(ROOT / "experiments" / f"run_stage_{run['stage']}.py"))
+        code = driver["main"](run["argv"])
+        if code:
+            return code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
