@@ -1,0 +1,587 @@
+"""Export a trained model as a sentence-transformers folder that embeds exactly as :meth:`LLM2Vec.encode`.
+
+``SentenceTransformer(folder)`` loads the result with no custom code and no ``trust_remote_code``:
+
+- the root holds the decoder body (``AutoModel``, safetensors, any LoRA adapter merged), the tokenizer and
+  ``sentence_bert_config.json`` (a ``Transformer`` module restricted to the text modality);
+- ``1_Pooling``: ``lasttoken`` for the paper's ``eos_token`` pooling (the anchor is the last real token),
+  or ``mean`` with ``include_prompt: false`` for ``mean`` pooling;
+- ``2_Normalize`` when the embeddings are normalised (the default);
+- ``config_sentence_transformers.json``: the prompts, ``default_prompt_name: "document"``, cosine similarity;
+- ``llm2vec_config.json`` (so :meth:`LLM2Vec.from_pretrained` loads the folder too) and ``README.md``.
+
+How an LLM2Vec input is expressed in sentence-transformers. :func:`llm2vec.templates.encode` builds
+``prefix(instruction) + text[:budget] + suffix``, tokenizing prefix and text separately and appending the
+suffix (the anchor token) after truncation. Here:
+
+1. the suffix goes into the tokenizer's post-processor (``TemplateProcessing("$A <suffix>")``); a
+   tokenizer reserves room for the tokens its post-processor adds when it truncates, so a text longer
+   than ``max_seq_length`` still ends in the anchor;
+2. the prefix of each instruction is a sentence-transformers *prompt*: the prefix text followed by
+   :data:`TEXT_MARKER`. The exported tokenizer's pre-tokenizer first splits the input at the marker and
+   drops it, so prefix and text are tokenized as two separate pieces, exactly as ``templates.encode``
+   does, even where tokenizing ``prefix + text`` as one string would merge tokens across the boundary
+   (Mistral's ``"[INST] "`` followed by a word);
+3. truncation is from the right at ``model_max_length = max_length``: the prompt is on the left, so only
+   the text is cut; padding is on the right (position ids then equal LLM2Vec's).
+
+The prompts are derived from the template through ``templates.encode`` itself (the token ids before
+``text_start`` and after ``text_end``), not from per-family strings, so a change of a template is
+exported as it is. Prompts: ``document`` (no instruction, the default, as ``LLM2Vec.encode(text)``),
+``query`` (``query_instruction``, empty by default), and for each instruction entry ``name`` both
+``name`` (with the instruction) and ``name-document`` (without): mteb's sentence-transformers path picks
+``<task>-document`` for a retrieval corpus and ``<task>`` for queries and symmetric tasks, which is the
+routing of :mod:`llm2vec.evaluation.mteb_wrapper`.
+
+What cannot be exported (:class:`ExportError`, nothing is written): pooling modes sentence-transformers
+lacks (``last_token``: the token before the anchor; ``weighted_mean``: weights counted from the first text
+token), a ``max_length`` above the model's ``max_position_embeddings`` (sentence-transformers caps its
+length there), a template whose suffix depends on the instruction, and a tokenizer for which the split
+at the marker does not reproduce separate tokenization (e.g. a SentencePiece ``Metaspace`` that prepends
+``"▁"`` to the first piece only). Before the folder is renamed into place it is loaded with
+``SentenceTransformer`` and checked on probe texts (short, starting with spaces, newlines, digits,
+special tokens, and longer than ``max_length``): the same token ids as ``templates.encode`` for every
+prompt, and embeddings with cosine >= :data:`MIN_COSINE` to ``LLM2Vec.encode``.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import templates
+from .io import atomic_dir, remove_stale_temporaries
+from .llm2vec import CONFIG_NAME, LLM2Vec, decoder_body, default_device, resolve_dtype
+
+logger = logging.getLogger(__name__)
+
+TEXT_MARKER = "<|llm2vec_text|>"
+"""Follows the template's prefix in every exported prompt; the exported tokenizer splits the input there and
+removes it."""
+STRIP_MARKER = "<|llm2vec_strip|>"
+"""Ends every exported prompt (after the spaces ``templates.encode`` puts before a text); the exported tokenizer's
+normalizer removes it with the whitespace that follows, and the whitespace at the end of the input: the text is
+stripped, as ``templates.encode`` strips it."""
+
+ST_POOLING = {"eos_token": "lasttoken", "mean": "mean"}
+"""LLM2Vec pooling mode -> sentence-transformers ``Pooling`` mode, for the modes it can express exactly."""
+
+NOT_EXPORTABLE_POOLING = {
+    "last_token": "it reads the token before the anchor; sentence-transformers' lasttoken reads the anchor itself",
+    "weighted_mean": "its weights count from the first text token; sentence-transformers' weightedmean counts "
+    "from the first token of the sequence (prompt included)",
+}
+
+DOCUMENT_PROMPT = "document"
+QUERY_PROMPT = "query"
+MIN_COSINE = 0.99999
+MIN_COSINE_16BIT = 0.9999
+"""Required cosine to ``LLM2Vec.encode`` per probe text: float32 weights, and bfloat16/float16 weights (where the
+two computations round differently; the token ids are still required to be identical)."""
+SUFFIX_TOKEN_NAME = "llm2vec_anchor"
+
+PROBE_TEXTS = (
+    "The quick brown fox jumps over the lazy dog.",
+    " a text that starts with a space",
+    "\na text that starts with a newline",
+    "  two spaces, then words",
+    "0123 numbers first",
+    "Ünïcödé and accents",
+    "",
+    "x",
+    "(parentheses) [brackets]: punctuation first!",
+)
+
+ST_TRANSFORMER_CONFIG = {
+    "transformer_task": "feature-extraction",
+    "modality_config": {"text": {"method": "forward", "method_output_name": "last_hidden_state"}},
+    "module_output_name": "token_embeddings",
+}
+"""``sentence_bert_config.json``: text only, so that sentence-transformers never renders a chat template."""
+
+
+class ExportError(ValueError):
+    """The model cannot be exported exactly; the message says why and what to do. Nothing was written."""
+
+
+@dataclass(frozen=True)
+class ExportedPrompt:
+    """One sentence-transformers prompt and the token ids LLM2Vec puts before and after the text."""
+
+    name: str
+    instruction: str
+    text: str  # the prompt string: decoded prefix, TEXT_MARKER, the lead spaces, STRIP_MARKER
+    prefix_ids: tuple[int, ...]
+    suffix_ids: tuple[int, ...]
+
+
+# ---------------------------------------------------------------------------------------------- prompts
+
+
+def template_prompt(encoder: LLM2Vec, name: str, instruction: str) -> ExportedPrompt:
+    """The prompt of ``instruction``: the template's opening with the instruction (the string whose ids
+    ``templates.encode`` puts before the text), :data:`TEXT_MARKER`, the spaces that end that string (they
+    start the text piece, where a sentencepiece dummy prefix would otherwise be missing), :data:`STRIP_MARKER`.
+    Whether the exported tokenizer gives exactly the ids of ``templates.encode`` is checked by
+    :func:`verify_export` before anything is written."""
+    tokenizer = encoder.tokenizer
+    (encoded,) = templates.encode(tokenizer, encoder.template, [(instruction, "x")], max_length=1 << 30)
+    ids = list(encoded.input_ids)
+    prefix, suffix = ids[: encoded.text_start], ids[encoded.text_end :]
+    if len(prefix) + len(suffix) >= encoder.max_length:
+        raise ExportError(
+            f"prompt {name!r}: template and instruction take {len(prefix) + len(suffix)} tokens, leaving no room "
+            f"for text within max_length {encoder.max_length}; raise max_length or shorten the instruction"
+        )
+    opening = encoder.template.build(instruction)[0]
+    body = opening.rstrip(" ")
+    text = body + TEXT_MARKER + opening[len(body) :] + STRIP_MARKER
+    return ExportedPrompt(name, instruction, text, tuple(prefix), tuple(suffix))
+
+
+def build_prompts(
+    encoder: LLM2Vec, instructions: Mapping[str, str] | None = None, query_instruction: str = ""
+) -> dict[str, ExportedPrompt]:
+    """``document``, ``query`` and, per instruction entry, ``<name>`` and ``<name>-document``."""
+    instructions = dict(instructions or {})
+    reserved = [n for n in instructions if n in (DOCUMENT_PROMPT, QUERY_PROMPT) or n.endswith("-document")]
+    if reserved:
+        raise ExportError(
+            f"instruction names {reserved} clash with the prompts the export writes itself "
+            f"({DOCUMENT_PROMPT!r}, {QUERY_PROMPT!r}, '<name>-document'); rename them (use query_instruction "
+            "for the query prompt)"
+        )
+    prompts = {
+        DOCUMENT_PROMPT: template_prompt(encoder, DOCUMENT_PROMPT, ""),
+        QUERY_PROMPT: template_prompt(encoder, QUERY_PROMPT, query_instruction),
+    }
+    for name, instruction in instructions.items():
+        if not isinstance(instruction, str):
+            raise ExportError(f"instruction of {name!r}: expected a string, got {type(instruction).__name__}")
+        prompts[name] = template_prompt(encoder, name, instruction)
+        prompts[f"{name}-document"] = template_prompt(encoder, f"{name}-document", "")
+    suffixes = {p.suffix_ids for p in prompts.values()}
+    if len(suffixes) > 1:
+        raise ExportError(
+            "the template puts different tokens after the text for different instructions; the tokenizer's "
+            "post-processor can append only one fixed suffix, so this template cannot be exported"
+        )
+    return prompts
+
+
+# ---------------------------------------------------------------------------------------------- tokenizer
+
+
+def export_tokenizer(tokenizer, suffix_ids: Sequence[int], max_length: int):
+    """A copy of ``tokenizer`` that strips the text (:data:`STRIP_MARKER`), splits at :data:`TEXT_MARKER`, appends
+    ``suffix_ids``, truncates and pads right."""
+    import copy
+
+    from tokenizers import Regex, normalizers, pre_tokenizers, processors
+
+    tok = copy.deepcopy(tokenizer)
+    backend = tok.backend_tokenizer
+    strip = _regex_literal(STRIP_MARKER)
+    # First the input's trailing whitespace (but not the lead spaces of an empty text, which sit just before the
+    # strip marker), then the marker with the text's leading whitespace.
+    # An empty text (only whitespace after the marker) is no tokens at all, lead spaces included (as in
+    # templates.encode; it also makes the prompt alone tokenize to the prefix, which sentence-transformers' mean
+    # pooling takes as the prompt's length). Then the input's trailing whitespace, then the marker with the
+    # text's leading whitespace.
+    stripping = [
+        normalizers.Replace(Regex(rf"\s*{strip}\s*\z"), ""),
+        normalizers.Replace(Regex(r"\s+\z"), ""),
+        normalizers.Replace(Regex(rf"{strip}\s*"), ""),
+    ]
+    backend.normalizer = normalizers.Sequence(stripping + ([backend.normalizer] if backend.normalizer else []))
+    split = pre_tokenizers.Split(TEXT_MARKER, behavior="removed")
+    backend.pre_tokenizer = (
+        split if backend.pre_tokenizer is None else pre_tokenizers.Sequence([split, backend.pre_tokenizer])
+    )
+    suffix = {"id": SUFFIX_TOKEN_NAME, "ids": list(suffix_ids), "tokens": tok.convert_ids_to_tokens(list(suffix_ids))}
+    backend.post_processor = processors.TemplateProcessing(
+        single=["$A", SUFFIX_TOKEN_NAME], pair=["$A", "$B:1", SUFFIX_TOKEN_NAME], special_tokens=[suffix]
+    )
+    tok.model_max_length = max_length
+    tok.padding_side = "right"
+    tok.truncation_side = "right"
+    tok.chat_template = None  # the export embeds through its prompts; a chat template would be applied to messages
+    return tok
+
+
+def _regex_literal(text: str) -> str:
+    """``text`` as a literal in the tokenizers library's (Oniguruma) regex syntax."""
+    return "".join("\\" + c if c in ".^$*+?()[]{}|\\" else c for c in text)
+
+
+GENERIC_TOKENIZER_TYPES = ("stablelm", "gpt_bigcode", "olmo2")
+"""Model types that transformers maps to its generic ``TokenizersBackend`` (which reads ``tokenizer.json`` as it
+is); one is named as ``tokenizer_type`` when the model's own tokenizer class would rebuild the pipeline."""
+
+
+def _pipeline(tokenizer) -> dict[str, Any]:
+    state = json.loads(tokenizer.backend_tokenizer.to_str())
+    return {k: state.get(k) for k in ("normalizer", "pre_tokenizer", "post_processor")}
+
+
+def tokenizer_loading_kwargs(folder: Path, saved) -> dict[str, Any]:
+    """``processor_kwargs`` under which ``AutoTokenizer`` reads the saved tokenizer with its exported pipeline.
+
+    transformers 5 rebuilds the normalizer and pre-tokenizer of some model types from code (Qwen2's
+    ``Qwen2Tokenizer``, whatever ``tokenizer.json`` says), which drops the split at :data:`TEXT_MARKER`. For
+    those, ``tokenizer_type`` names a model type whose tokenizer class is the generic ``TokenizersBackend``,
+    which loads ``tokenizer.json`` unchanged (the model type's own pipeline is in that file: it was saved from
+    the tokenizer LLM2Vec uses).
+    """
+    from transformers import AutoTokenizer
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
+
+    if _pipeline(AutoTokenizer.from_pretrained(folder)) == _pipeline(saved):
+        return {}
+    for model_type in GENERIC_TOKENIZER_TYPES:
+        if TOKENIZER_MAPPING_NAMES.get(model_type) == "TokenizersBackend":
+            kwargs = {"tokenizer_type": model_type}
+            if _pipeline(AutoTokenizer.from_pretrained(folder, **kwargs)) == _pipeline(saved):
+                return kwargs
+    raise ExportError(
+        f"transformers' AutoTokenizer rebuilds this {type(saved).__name__}'s pipeline on loading, dropping the "
+        "split between prompt and text that exact export needs; this tokenizer cannot be exported"
+    )
+
+
+def _fix_tokenizer_config(folder: Path) -> None:
+    """Make every transformers version read ``tokenizer.json`` as it is (no class that rebuilds the pipeline)."""
+    path = folder / "tokenizer_config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    for key in ("add_bos_token", "add_eos_token", "chat_template", "is_local", "local_files_only"):
+        config.pop(key, None)
+    config.update(padding_side="right", truncation_side="right")
+    path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    template_file = folder / "chat_template.jinja"
+    if template_file.exists():
+        template_file.unlink()
+
+
+# ---------------------------------------------------------------------------------------------- checks
+
+
+def check_exportable(encoder: LLM2Vec) -> None:
+    """Refuse what sentence-transformers cannot express exactly (pooling, length)."""
+    if encoder.pooling_mode not in ST_POOLING:
+        raise ExportError(
+            f"pooling_mode {encoder.pooling_mode!r} cannot be exported: "
+            f"{NOT_EXPORTABLE_POOLING.get(encoder.pooling_mode, 'no sentence-transformers equivalent')}. "
+            f"Exportable modes: {', '.join(ST_POOLING)}"
+        )
+    limit = getattr(decoder_body(encoder.model).config, "max_position_embeddings", None)
+    if limit is not None and encoder.max_length > limit:
+        raise ExportError(
+            f"max_length {encoder.max_length} exceeds the model's max_position_embeddings {limit}, where "
+            f"sentence-transformers caps max_seq_length; export with max_length <= {limit}"
+        )
+
+
+def probe_texts(tokenizer, max_length: int) -> list[str]:
+    """:data:`PROBE_TEXTS` plus one text of more than ``max_length`` tokens (tests the truncation)."""
+    long_text = PROBE_TEXTS[0]
+    while len(tokenizer(long_text, add_special_tokens=False)["input_ids"]) <= max_length:
+        long_text += " " + PROBE_TEXTS[0]
+    return [*PROBE_TEXTS, long_text]
+
+
+def _real_ids(features: Mapping[str, torch.Tensor]) -> list[list[int]]:
+    return [ids[mask.bool()].tolist() for ids, mask in zip(features["input_ids"], features["attention_mask"])]
+
+
+def verify_export(
+    folder: str | os.PathLike,
+    encoder_ids: Mapping[str, list[list[int]]],
+    reference: Mapping[str, torch.Tensor],
+    texts: Sequence[str],
+    normalize: bool,
+    device: str | torch.device = "cpu",
+) -> dict[str, Any]:
+    """Load ``folder`` with ``SentenceTransformer`` and compare token ids (every prompt) and embeddings.
+
+    ``encoder_ids``: prompt name -> the ids ``templates.encode`` gives for ``texts``; ``reference``: prompt
+    name -> ``LLM2Vec.encode`` embeddings of ``texts`` for the prompts whose embeddings are checked.
+    Returns the smallest cosine; raises :class:`ExportError` on any difference.
+    """
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(folder), device=str(device), local_files_only=True)
+    for name, expected in encoder_ids.items():
+        features = model.preprocess(list(texts), prompt=model.prompts[name])
+        got = _real_ids(features)
+        for text, a, b in zip(texts, got, expected):
+            if a != b:
+                raise ExportError(
+                    f"prompt {name!r}: sentence-transformers tokenizes {text[:40]!r} to {len(a)} ids that differ "
+                    f"from LLM2Vec's {len(b)} (first difference at position "
+                    f"{next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))}); "
+                    "this tokenizer cannot be exported exactly"
+                )
+    worst = 1.0
+    for name, ref in reference.items():
+        raw = model.encode(list(texts), prompt_name=name, convert_to_tensor=True, show_progress_bar=False, batch_size=1)
+        emb = raw.float().cpu()
+        cos = torch.nn.functional.cosine_similarity(emb, ref.float(), dim=-1)
+        worst = min(worst, cos.min().item())
+        needed = MIN_COSINE if raw.dtype == torch.float32 else MIN_COSINE_16BIT
+        if cos.min().item() < needed:
+            i = int(cos.argmin())
+            raise ExportError(
+                f"prompt {name!r}: the exported model embeds {texts[i][:40]!r} with cosine {cos[i].item():.6f} "
+                f"to LLM2Vec.encode (needed >= {needed}); the export was not written"
+            )
+        tolerance = 1e-4 if raw.dtype == torch.float32 else 1e-2  # a 16-bit vector is normalised to 16 bits
+        if normalize and not torch.allclose(emb.norm(dim=-1), torch.ones(len(texts)), atol=tolerance):
+            raise ExportError("the exported embeddings are not normalised although normalize=True")
+    del model
+    return {
+        "min_cosine": worst,
+        "prompts_checked": len(encoder_ids),
+        "embeddings_checked": list(reference),
+        "texts": len(texts),
+    }
+
+
+# ---------------------------------------------------------------------------------------------- export
+
+
+def read_instructions(path: str | os.PathLike, names: Sequence[str] | None = None) -> dict[str, str]:
+    """``name -> instruction`` from a JSON object (the repository's MTEB ``task_to_instructions.json``), keeping
+    ``names`` (all entries when None or ``["all"]``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ExportError(
+            f"instructions file {str(path)!r} not found; pass a JSON object mapping task names to "
+            "instructions (the repository ships one as mteb/task_to_instructions.json among its test configs)"
+        )
+    try:
+        mapping = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ExportError(f"instructions file {str(path)!r} is not valid JSON ({e})") from None
+    if not isinstance(mapping, dict) or not all(isinstance(v, str) for v in mapping.values()):
+        raise ExportError(f"instructions file {str(path)!r} must be a JSON object mapping names to instruction strings")
+    if names is None or list(names) == ["all"]:
+        return mapping
+    missing = [n for n in names if n not in mapping]
+    if missing:
+        raise ExportError(f"{path}: no instruction for {missing}; add them there or leave them out of the task list")
+    return {n: mapping[n] for n in names}
+
+
+def _default_dtype(path: str) -> torch.dtype:
+    """The dtype in the checkpoint's config.json, float32 when it names none."""
+    from transformers import AutoConfig
+
+    dtype = getattr(AutoConfig.from_pretrained(path), "dtype", None)
+    if isinstance(dtype, str):
+        dtype = resolve_dtype(dtype)
+    return dtype if isinstance(dtype, torch.dtype) else torch.float32
+
+
+def export_sentence_transformers(
+    base_model_name_or_path: str,
+    output_dir: str | os.PathLike,
+    peft_model_name_or_path: str | None = None,
+    *,
+    instructions: Mapping[str, str] | None = None,
+    task_to_instructions_fp: str | os.PathLike | None = None,
+    tasks: Sequence[str] | None = None,
+    query_instruction: str = "",
+    pooling_mode: str | None = None,
+    max_length: int | None = None,
+    template: str | None = None,
+    normalize: bool = True,
+    dtype: str | torch.dtype | None = None,
+    mteb_results: Sequence[str | os.PathLike] = (),
+    mteb_tasks_file: str | os.PathLike | None = None,
+    verify_embeddings: bool = True,
+    device: str | torch.device | None = None,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Write a sentence-transformers folder to ``output_dir`` (see the module docstring); returns a summary.
+
+    Args:
+        base_model_name_or_path, peft_model_name_or_path: as :meth:`LLM2Vec.load`; the adapter is merged.
+        instructions: prompt name -> instruction (e.g. mteb task name -> its instruction).
+        task_to_instructions_fp, tasks: read ``instructions`` from a ``task -> instruction`` JSON file,
+            keeping the named ``tasks`` (all entries when ``tasks`` is None or ``["all"]``).
+        query_instruction: the instruction of the ``query`` prompt (``encode_query``); empty by default.
+        pooling_mode, max_length, template: override the saved ``llm2vec_config.json``.
+        normalize: add a ``Normalize`` module (unit-length embeddings; cosine = dot product).
+        dtype: dtype of the saved weights; default the base checkpoint's (float32 if it names none).
+        mteb_results: folders of mteb result files, shown in the model card (Table 1 layout).
+        mteb_tasks_file: the tasks file that groups ``mteb_results`` into categories (needed with them).
+        verify_embeddings: also compare embeddings (loads the model a second time); token ids are always
+            compared.
+        device: where the check embeds (both models); default the GPU when there is one.
+        overwrite: replace an existing ``output_dir``.
+    """
+    output_dir = Path(output_dir)
+    if output_dir.exists() and not overwrite:
+        raise ExportError(f"output_dir {output_dir} exists; choose another folder or pass overwrite")
+    given = dict(instructions or {})
+    if task_to_instructions_fp is not None:
+        given.update(read_instructions(task_to_instructions_fp, tasks))
+    elif tasks:
+        raise ExportError("tasks were named but no task_to_instructions_fp was given to read their instructions from")
+
+    save_dtype = resolve_dtype(dtype) if dtype is not None else _default_dtype(base_model_name_or_path)
+    encoder = LLM2Vec.load(
+        base_model_name_or_path,
+        peft_model_name_or_path,
+        merge_peft=True,
+        pooling_mode=pooling_mode,
+        max_length=max_length,
+        template=template,
+        dtype=torch.float32,
+    )
+    check_exportable(encoder)
+    prompts = build_prompts(encoder, given, query_instruction)
+    suffix_ids = next(iter(prompts.values())).suffix_ids
+    body = decoder_body(encoder.model).eval()  # saved from the CPU below
+    for parameter in body.parameters():  # parameters only: buffers such as RoPE's inv_freq stay float32, as
+        parameter.data = parameter.data.to(save_dtype)  # from_pretrained(dtype=...) leaves them
+    encoder.eval()
+
+    device = torch.device(device) if device is not None else default_device()
+    texts = probe_texts(encoder.tokenizer, encoder.max_length)
+    encoder_ids = {
+        name: [list(e.input_ids) for e in encoder.encode_ids([(p.instruction, t) for t in texts])]
+        for name, p in prompts.items()
+    }
+    reference = {}
+    if verify_embeddings:  # the plain prompt and one with an instruction (token ids are checked for all)
+        encoder.to(device)
+        for name in [DOCUMENT_PROMPT, *[n for n in given][:1]]:
+            items = [[prompts[name].instruction, t] for t in texts]
+            reference[name] = encoder.encode(
+                items,
+                batch_size=1,
+                show_progress_bar=False,
+                convert_to_tensor=True,
+                normalize_embeddings=normalize,
+                device=device,
+            ).cpu()
+
+    from .model_card import ModelCardInputs, render_model_card
+
+    card = render_model_card(
+        ModelCardInputs.for_export(
+            base_model_name_or_path,
+            peft_model_name_or_path,
+            encoder=encoder,
+            prompts=list(prompts),
+            normalize=normalize,
+            dtype=save_dtype,
+            mteb_results=mteb_results,
+            mteb_tasks_file=mteb_tasks_file,
+            output_dir=output_dir,
+        )
+    )
+    remove_stale_temporaries(output_dir)
+    with atomic_dir(output_dir, replace=overwrite) as tmp:
+        body.to("cpu").save_pretrained(tmp, safe_serialization=True)
+        exported_tokenizer = export_tokenizer(encoder.tokenizer, suffix_ids, encoder.max_length)
+        exported_tokenizer.save_pretrained(tmp)
+        _fix_tokenizer_config(tmp)
+        processor_kwargs = tokenizer_loading_kwargs(tmp, exported_tokenizer)
+        llm2vec_settings = encoder.llm2vec_config()
+        hidden = body.config.hidden_size
+        del encoder, body
+        gc.collect()
+        _write_st_files(tmp, prompts, hidden, llm2vec_settings, normalize, processor_kwargs)
+        (tmp / "README.md").write_text(card, encoding="utf-8")
+        for path in tmp.rglob("*"):  # some writers leave files private (0600); the folder is meant to be shared
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        report = verify_export(tmp, encoder_ids, reference, texts, normalize, device)
+    report.update(
+        output_dir=str(output_dir),
+        processor_kwargs=processor_kwargs,
+        prompts=list(prompts),
+        dtype=str(save_dtype).replace("torch.", ""),
+        pooling=ST_POOLING[llm2vec_settings["pooling_mode"]],
+        max_seq_length=llm2vec_settings["max_length"],
+    )
+    return report
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _write_st_files(
+    folder: Path,
+    prompts: Mapping[str, ExportedPrompt],
+    hidden: int,
+    settings: Mapping[str, Any],
+    normalize: bool,
+    processor_kwargs: Mapping[str, Any],
+) -> None:
+    """sentence-transformers' own configuration files (the layout ``SentenceTransformer.save`` writes)."""
+    import sentence_transformers
+    import transformers
+
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.transformer.Transformer"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.sentence_transformer.modules.pooling.Pooling",
+        },
+    ]
+    if normalize:
+        modules.append(
+            {
+                "idx": 2,
+                "name": "2",
+                "path": "2_Normalize",
+                "type": "sentence_transformers.base.modules.normalize.Normalize",
+            }
+        )
+        _write_json(
+            folder / "2_Normalize" / "config.json",
+            {"module_input_name": "sentence_embedding", "module_output_name": "sentence_embedding"},
+        )
+    _write_json(folder / "modules.json", modules)
+    _write_json(
+        folder / "sentence_bert_config.json",
+        {**ST_TRANSFORMER_CONFIG, **({"processor_kwargs": dict(processor_kwargs)} if processor_kwargs else {})},
+    )
+    _write_json(
+        folder / "1_Pooling" / "config.json",
+        {
+            "embedding_dimension": hidden,
+            "pooling_mode": ST_POOLING[settings["pooling_mode"]],
+            "include_prompt": settings["pooling_mode"] == "eos_token",  # mean pooling leaves the prompt out
+        },
+    )
+    _write_json(
+        folder / "config_sentence_transformers.json",
+        {
+            "__version__": {
+                "sentence_transformers": sentence_transformers.__version__,
+                "transformers": transformers.__version__,
+                "pytorch": torch.__version__,
+            },
+            "model_type": "SentenceTransformer",
+            "prompts": {name: p.text for name, p in prompts.items()},
+            "default_prompt_name": DOCUMENT_PROMPT,
+            "similarity_fn_name": "cosine",
+        },
+    )
+    _write_json(folder / CONFIG_NAME, dict(settings))

@@ -1,0 +1,522 @@
+"""Model cards: the ``README.md`` written into every saved model (checkpoints, final saves) and every export.
+
+A card says what the model is and how it was made, from what the run left on disk:
+
+- the base model and the stages run, found by following ``model_name_or_path`` and
+  ``peft_model_name_or_path`` of each ``run_config.json`` back to the first one (a Stage II run on a
+  Stage I output folder lists Stage I, then Stage II);
+- the resolved run config of each stage (``run_config.json``), its training data and main settings;
+- a summary of each stage's loss curve (``trainer_state.json``'s log history, or the trainer's history in
+  memory for the run being saved): a few evenly spaced logged points, the minimum and the last value,
+  with any loss parts (``loss_q2d``, ``loss_d2q``) beside the loss;
+- MTEB scores when result folders are given, in the layout of the paper's Table 1
+  (:mod:`llm2vec.evaluation.tables`);
+- how to load the model with this package and, for an export, with sentence-transformers.
+
+The YAML header follows the hub's model-card metadata (``base_model`` only when it is a hub id,
+``library_name``, ``pipeline_tag``, ``tags``). Missing or unreadable history files leave their section
+out with a note; they never stop a save.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+CARD_NAME = "README.md"
+RUN_CONFIG_NAME = "run_config.json"
+TRAINER_STATE_NAME = "trainer_state.json"
+MAX_CHAIN = 8  # stages followed back through run_config.json files
+CURVE_POINTS = 6
+
+STAGE_TITLES = {
+    "I": "Stage I: bidirectional reconstruction (EBQ2D + EBD2Q), full-parameter",
+    "II": "Stage II: contrastive fine-tuning (InfoNCE, LoRA)",
+}
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass
+class StageRecord:
+    """One training run: its resolved config and logged history."""
+
+    run_config: dict[str, Any]
+    log_history: list[dict[str, Any]] = field(default_factory=list)
+    folder: str | None = None  # where it was read from; None for the run being saved
+    global_step: int | None = None
+
+
+@dataclass
+class ModelCardInputs:
+    """Everything a card shows; build it with :meth:`for_export` or :meth:`for_training`."""
+
+    kind: str  # "export", "model" (full weights) or "adapter" (a LoRA adapter)
+    path: str  # the folder the card is written into, as the user named it
+    base_model: str | None  # the first model of the chain
+    history: list[StageRecord]
+    embedding: dict[str, Any]  # pooling_mode, max_length, template, ...
+    base_for_adapter: str | None = None  # an adapter's base model folder or id
+    prompts: list[str] = field(default_factory=list)
+    mteb_results: list[str] = field(default_factory=list)
+    mteb_tasks_file: str | None = None  # the tasks file that groups the results into the paper's categories
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def for_training(
+        cls,
+        output_dir: str | os.PathLike,
+        run_config: Mapping[str, Any],
+        log_history: Sequence[Mapping[str, Any]],
+        encoder,
+        global_step: int | None = None,
+    ) -> ModelCardInputs:
+        """The card of a checkpoint or final save of the run being trained (the trainer's ``_save``)."""
+        current = StageRecord(dict(run_config), [dict(e) for e in log_history], None, global_step)
+        notes: list[str] = []
+        history = _upstream(current, notes) + [current]
+        adapter = hasattr(encoder.model, "peft_config")
+        embedding = dict(encoder.llm2vec_config())
+        return cls(
+            kind="adapter" if adapter else "model",
+            path=str(output_dir),
+            base_model=_root_model(history),
+            history=history,
+            embedding=embedding,
+            base_for_adapter=run_config.get("model_name_or_path") if adapter else None,
+            notes=notes,
+        )
+
+    @classmethod
+    def for_export(
+        cls,
+        base_model_name_or_path: str,
+        peft_model_name_or_path: str | None,
+        *,
+        encoder,
+        prompts: Sequence[str],
+        normalize: bool,
+        dtype,
+        mteb_results: Sequence[str | os.PathLike] = (),
+        mteb_tasks_file: str | os.PathLike | None = None,
+        output_dir: str | os.PathLike | None = None,
+    ) -> ModelCardInputs:
+        """The card of a sentence-transformers export of ``base`` (+ ``peft``)."""
+        notes: list[str] = []
+        history = history_of([p for p in (base_model_name_or_path, peft_model_name_or_path) if p], notes)
+        embedding = dict(
+            encoder.llm2vec_config(),
+            normalize=normalize,
+            dtype=str(dtype).replace("torch.", ""),
+            dimensions=encoder.model.config.hidden_size,
+        )
+        root = _root_model(history) or (None if os.path.exists(base_model_name_or_path) else base_model_name_or_path)
+        return cls(
+            kind="export",
+            path=str(output_dir) if output_dir else "path/to/export",
+            base_model=root,
+            history=history,
+            embedding=embedding,
+            prompts=list(prompts),
+            mteb_results=[str(p) for p in mteb_results],
+            mteb_tasks_file=str(mteb_tasks_file) if mteb_tasks_file else None,
+            notes=notes,
+        )
+
+
+# ---------------------------------------------------------------------------------------------- history
+
+
+def read_stage(folder: str | os.PathLike, notes: list[str] | None = None) -> StageRecord | None:
+    """The run saved in ``folder`` (``run_config.json`` and ``trainer_state.json``), or None if there is none."""
+    folder = Path(folder)
+    config_path = folder / RUN_CONFIG_NAME
+    if not config_path.is_file():
+        return None
+    try:
+        run_config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        if notes is not None:
+            notes.append(f"{config_path} could not be read ({e}); that stage is left out.")
+        return None
+    log_history, step = [], None
+    state_path = _trainer_state(folder)
+    if state_path is not None:
+        try:
+            state = json.loads(state_path.read_text(encoding="utf-8"))
+            log_history, step = list(state.get("log_history", [])), state.get("global_step")
+        except (OSError, json.JSONDecodeError, AttributeError) as e:
+            if notes is not None:
+                notes.append(f"{state_path} could not be read ({e}); no loss curve for that stage.")
+    return StageRecord(run_config, log_history, str(folder), step)
+
+
+def _trainer_state(folder: Path) -> Path | None:
+    """``trainer_state.json`` of a final save (beside the model) or a checkpoint folder."""
+    path = folder / TRAINER_STATE_NAME
+    return path if path.is_file() else None
+
+
+def _upstream(record: StageRecord, notes: list[str], depth: int = 0) -> list[StageRecord]:
+    """The stages before ``record`` (oldest first), through the local folders its config names."""
+    if depth >= MAX_CHAIN:
+        return []
+    out: list[StageRecord] = []
+    for key in ("model_name_or_path", "peft_model_name_or_path"):
+        source = record.run_config.get(key)
+        if not source or not os.path.isdir(source):
+            continue
+        previous = read_stage(source, notes)
+        if previous is not None:
+            out += _upstream(previous, notes, depth + 1) + [previous]
+    return out
+
+
+def history_of(paths: Sequence[str | os.PathLike], notes: list[str] | None = None) -> list[StageRecord]:
+    """The stages that produced the models in ``paths`` (a base and an adapter), oldest first, no repeats."""
+    notes = notes if notes is not None else []
+    out: list[StageRecord] = []
+    seen: set[str] = set()
+    for path in paths:
+        if not os.path.isdir(path):
+            continue
+        record = read_stage(path, notes)
+        if record is None:
+            continue
+        for r in _upstream(record, notes) + [record]:
+            key = os.path.abspath(r.folder) if r.folder else id(r)
+            if key not in seen:
+                seen.add(key)
+                out.append(r)
+    return out
+
+
+def _root_model(history: Sequence[StageRecord]) -> str | None:
+    return history[0].run_config.get("model_name_or_path") if history else None
+
+
+def is_hub_id(name: str | None) -> bool:
+    return bool(name) and not os.path.exists(name) and bool(_HUB_ID.match(name))
+
+
+# ---------------------------------------------------------------------------------------------- loss curve
+
+
+def loss_curve(log_history: Sequence[Mapping[str, Any]], points: int = CURVE_POINTS) -> dict[str, Any] | None:
+    """The logged training losses: ``rows`` (evenly spaced points, first and last included), ``min``, ``last``.
+
+    Each row is ``{"step", "loss", <loss parts>..., "learning_rate"}``; parts are the logged keys that start
+    with ``loss_``. None when nothing was logged.
+    """
+    logged = [e for e in log_history if "loss" in e and "step" in e]
+    if not logged:
+        return None
+    if len(logged) <= points:
+        picked = list(range(len(logged)))
+    else:
+        picked = sorted({round(i * (len(logged) - 1) / (points - 1)) for i in range(points)})
+    parts = sorted({k for e in logged for k in e if k.startswith("loss_")})
+    columns = ["step", "loss", *parts, "learning_rate"]
+    rows = [{k: logged[i].get(k) for k in columns} for i in picked]
+    best = min(logged, key=lambda e: e["loss"])
+    summary = next((e for e in log_history if "train_loss" in e), None)
+    return {
+        "columns": columns,
+        "rows": rows,
+        "n": len(logged),
+        "min": (best["step"], best["loss"]),
+        "last": (logged[-1]["step"], logged[-1]["loss"]),
+        "train_loss": summary.get("train_loss") if summary else None,
+    }
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1e-3 and value != 0 else f"{value:.4f}"
+    return str(value)
+
+
+def render_loss_curve(log_history: Sequence[Mapping[str, Any]]) -> list[str]:
+    curve = loss_curve(log_history)
+    if curve is None:
+        return ["No training loss was logged."]
+    lines = [
+        f"{curve['n']} logged points; lowest loss {_fmt(curve['min'][1])} at step {curve['min'][0]}, "
+        f"last {_fmt(curve['last'][1])} at step {curve['last'][0]}"
+        + (f"; mean training loss {_fmt(curve['train_loss'])}." if curve["train_loss"] is not None else "."),
+        "",
+        "| " + " | ".join(curve["columns"]) + " |",
+        "|" + "---:|" * len(curve["columns"]),
+    ]
+    lines += ["| " + " | ".join(_fmt(row[c]) for c in curve["columns"]) + " |" for row in curve["rows"]]
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------- MTEB
+
+
+def mteb_table(results_dirs: Sequence[str | os.PathLike], tasks_file: str | os.PathLike) -> str:
+    """Category averages in the layout of the paper's Table 1 for mteb result folders, the tasks grouped as
+    ``tasks_file`` says (the repository's MTEB ``tasks.json``). Raises
+    :class:`llm2vec.evaluation.tables.TableError` for a folder without result files of those tasks."""
+    from .evaluation import tables
+    from .evaluation.benchmark import load_benchmark
+
+    benchmark = load_benchmark(tasks_file)
+    runs = [tables.read_run(folder, benchmark, label=Path(folder).name) for folder in results_dirs]
+    return tables.render_category_table(runs, benchmark, paper=None)
+
+
+# ---------------------------------------------------------------------------------------------- rendering
+
+
+def _stage_settings(config: Mapping[str, Any]) -> list[str]:
+    get = config.get
+    per_device, world, accumulation = (
+        get("per_device_train_batch_size"),
+        get("world_size"),
+        get("gradient_accumulation_steps"),
+    )
+    batch = (
+        per_device * world * accumulation
+        if all(isinstance(x, int) for x in (per_device, world, accumulation))
+        else None
+    )
+    length = f"{get('max_steps')} steps" if (get("max_steps") or -1) > 0 else f"{get('num_train_epochs')} epochs"
+    lines = [
+        f"- base: `{get('model_name_or_path')}`"
+        + (f" + adapter `{get('peft_model_name_or_path')}` (merged)" if get("peft_model_name_or_path") else ""),
+        f"- length: {length}; global batch {batch if batch else '–'} ({per_device} per device x {world} "
+        f"process(es) x {accumulation} accumulation); learning rate {get('learning_rate')}, "
+        f"{get('lr_scheduler_type')} schedule, warm-up {get('warmup_steps')} steps; seed {get('seed')}",
+        f"- precision: {'bf16' if get('bf16') else 'fp16' if get('fp16') else 'fp32'} "
+        f"(weights {get('torch_dtype')}); pooling {get('pooling_mode')}, max length {get('max_seq_length')}",
+    ]
+    if get("stage") == "I":
+        lines.append(
+            f"- loss: alpha = {get('alpha')} (L = alpha L_Q2D + (1 - alpha) L_D2Q), "
+            f"reconstruction targets {get('reconstruction_targets')}"
+        )
+    elif get("stage") == "II":
+        lines.append(
+            f"- loss: InfoNCE, scale {get('loss_scale')} (tau = {_tau(get('loss_scale'))}); LoRA r "
+            f"{get('lora_r')}, alpha {get('lora_alpha')}, dropout {get('lora_dropout')} on "
+            f"{', '.join(get('lora_target_modules') or [])}; hard negatives: {get('require_negative')}"
+        )
+        if get("embedding_token_budget"):
+            lines.append(
+                f"- gradient cache: the per-device batch embedded in chunks of at most "
+                f"{get('embedding_token_budget')} padded tokens (the same gradient as one graph)"
+            )
+    sources = get("e5_sources")
+    lines.append(
+        f"- training data: {get('dataset_name')} from `{get('dataset_file_path')}`"
+        + (f", sources {', '.join(sources)}" if sources else ", all sources")
+        + (f", at most {get('max_examples_per_source')} examples per source" if get("max_examples_per_source") else "")
+    )
+    if get("fsdp"):
+        lines.append(f"- distribution: FSDP, fsdp_config `{json.dumps(get('fsdp_config'), sort_keys=True)}`")
+    if get("deepspeed"):
+        lines.append(f"- distribution: DeepSpeed, config `{json.dumps(get('deepspeed'), sort_keys=True)}`")
+    return lines
+
+
+def _tau(scale: Any) -> str:
+    return f"{1 / scale:.3g}" if isinstance(scale, (int, float)) and scale else "–"
+
+
+def _front_matter(inputs: ModelCardInputs) -> list[str]:
+    library, pipeline, tags = {
+        "export": (
+            "sentence-transformers",
+            "sentence-similarity",
+            ["sentence-transformers", "sentence-similarity", "feature-extraction"],
+        ),
+        "model": ("transformers", "feature-extraction", ["feature-extraction"]),
+        "adapter": ("peft", "feature-extraction", ["feature-extraction", "lora"]),
+    }[inputs.kind]
+    lines = ["---"]
+    if is_hub_id(inputs.base_model):
+        lines.append(f"base_model: {inputs.base_model}")
+    lines += [f"library_name: {library}", f"pipeline_tag: {pipeline}", "tags:"]
+    lines += [f"- {t}" for t in [*tags, "anchor-embedding", "llm2vec", "text-embedding"]]
+    return lines + ["---"]
+
+
+def _usage(inputs: ModelCardInputs) -> list[str]:
+    path = inputs.path
+    first = next((p for p in inputs.prompts if p not in ("document", "query") and not p.endswith("-document")), None)
+    lines = ["## How to use it", ""]
+    if inputs.kind == "export":
+        from .export import TEXT_MARKER
+
+        query_prompt = first or "query"
+        lines += [
+            "With sentence-transformers (no custom code; the prompts hold the chat template and the instruction, "
+            "the tokenizer appends the anchor token after truncation):",
+            "",
+            "```python",
+            "from sentence_transformers import SentenceTransformer",
+            "",
+            f'model = SentenceTransformer("{path}")',
+            f'queries = model.encode(["how do I read a file line by line?"], prompt_name="{query_prompt}")',
+            'documents = model.encode(["Open the file and iterate over it."])  # default prompt: "document"',
+            "scores = model.similarity(queries, documents)",
+            "```",
+            "",
+            f"Prompts: {', '.join(f'`{p}`' for p in inputs.prompts)}. `document` (the default) has no instruction; "
+            f"`query` is what `encode_query` uses. Each prompt ends with `{TEXT_MARKER}`, where the tokenizer "
+            "splits prompt from text (and drops the marker) so that both are tokenized as in training; end a prompt "
+            "of your own with it too."
+            + (
+                " `<task>` carries that task's instruction and `<task>-document` none, so mteb's sentence-transformers "
+                "path gives retrieval corpora no instruction, as this package's evaluation does."
+                if first
+                else ""
+            ),
+            "",
+            "With this package (the folder holds `llm2vec_config.json`):",
+            "",
+            "```python",
+            "from llm2vec import LLM2Vec",
+            "",
+            f'model = LLM2Vec.from_pretrained("{path}")',
+            'embeddings = model.encode([["Given a question, retrieve passages that answer it", "a query"], '
+            '"a document"])',
+            "```",
+        ]
+    elif inputs.kind == "adapter":
+        lines += [
+            "This folder holds a LoRA adapter; load it on its base model with this package:",
+            "",
+            "```python",
+            "from llm2vec import LLM2Vec",
+            "",
+            f'model = LLM2Vec.from_pretrained("{inputs.base_for_adapter}", peft_model_name_or_path="{path}")',
+            'embeddings = model.encode([["an instruction", "a query"], "a document"])',
+            "```",
+            "",
+            "For sentence-transformers, export it (the adapter is merged):",
+            "",
+            "```python",
+            "from llm2vec.export import export_sentence_transformers",
+            "",
+            f'export_sentence_transformers("{inputs.base_for_adapter}", "{path}-st", peft_model_name_or_path="{path}")',
+            "```",
+        ]
+    else:
+        lines += [
+            "```python",
+            "from llm2vec import LLM2Vec",
+            "",
+            f'model = LLM2Vec.from_pretrained("{path}")',
+            'embeddings = model.encode([["an instruction", "a query"], "a document"])',
+            "```",
+            "",
+            "For sentence-transformers, export it:",
+            "",
+            "```python",
+            "from llm2vec.export import export_sentence_transformers",
+            "",
+            f'export_sentence_transformers("{path}", "{path}-st")',
+            "```",
+        ]
+    return lines
+
+
+def render_model_card(inputs: ModelCardInputs) -> str:
+    """The card as Markdown (see the module docstring)."""
+    emb = inputs.embedding
+    title = Path(inputs.path).name or "model"
+    what = {
+        "export": "a sentence-transformers export of a text embedding model",
+        "model": "a text embedding model",
+        "adapter": "a LoRA adapter of a text embedding model",
+    }[inputs.kind]
+    lines = _front_matter(inputs) + [
+        "",
+        f"# {title}",
+        "",
+        f'This is {what}, trained with anchor-embedding, a reproduction of "Training '
+        'LLMs to be Better Text Embedders through Bidirectional Reconstruction" (EMNLP '
+        "2025): a text's embedding is the final hidden state at an anchor token appended "
+        "to it.",
+        "",
+    ]
+    lines += ["## Model", "", f"- base model: `{inputs.base_model or 'unknown'}`"]
+    stages = [STAGE_TITLES.get(r.run_config.get("stage"), f"stage {r.run_config.get('stage')}") for r in inputs.history]
+    lines.append(f"- stages run: {' -> '.join(stages) if stages else 'none recorded (no run_config.json found)'}")
+    lines.append(
+        f"- embedding: the final hidden state at the anchor token (pooling `{emb.get('pooling_mode')}`), "
+        f"max length {emb.get('max_length')} tokens (template, instruction and anchor included), template "
+        f"`{emb.get('template')}`"
+        + (f", {emb['dimensions']} dimensions" if "dimensions" in emb else "")
+        + (f", normalised: {emb['normalize']}" if "normalize" in emb else "")
+        + (f", weights {emb['dtype']}" if "dtype" in emb else "")
+    )
+    lines.append("")
+    for i, record in enumerate(inputs.history, 1):
+        config = record.run_config
+        stage = config.get("stage")
+        where = f" (`{record.folder}`)" if record.folder else " (this run)"
+        lines += [f"## Training, step {i}: {STAGE_TITLES.get(stage, f'stage {stage}')}{where}", ""]
+        lines += _stage_settings(config)
+        if record.global_step is not None:
+            lines.append(f"- optimizer steps done: {record.global_step}")
+        lines += ["", "Loss curve:", ""] + render_loss_curve(record.log_history) + [""]
+        lines += [
+            "<details><summary>Resolved run configuration (run_config.json)</summary>",
+            "",
+            "```json",
+            json.dumps(config, indent=2, sort_keys=True),
+            "```",
+            "",
+            "</details>",
+            "",
+        ]
+    if inputs.mteb_results:
+        if not inputs.mteb_tasks_file:
+            raise ValueError(
+                "mteb_results given without mteb_tasks_file: the card needs the tasks file that groups "
+                "the results into categories (the repository's MTEB tasks.json)"
+            )
+        lines += [
+            "## MTEB",
+            "",
+            "Main scores x 100 from the result folders "
+            + ", ".join(f"`{p}`" for p in inputs.mteb_results)
+            + " (the paper's Table 1 layout; `*`: fewer tasks than the category holds).",
+            "",
+            mteb_table(inputs.mteb_results, inputs.mteb_tasks_file),
+            "",
+        ]
+    lines += _usage(inputs)
+    if inputs.notes:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in inputs.notes]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def write_training_card(
+    output_dir: str | os.PathLike,
+    run_config: Mapping[str, Any],
+    log_history: Sequence[Mapping[str, Any]],
+    encoder,
+    global_step: int | None = None,
+) -> None:
+    """Write ``README.md`` into a checkpoint or final save; a failure is logged, never raised."""
+    try:
+        card = render_model_card(
+            ModelCardInputs.for_training(output_dir, run_config, log_history, encoder, global_step)
+        )
+        Path(output_dir, CARD_NAME).write_text(card, encoding="utf-8")
+    except Exception as e:  # noqa: BLE001 -- a card must never cost a checkpoint
+        logger.warning("could not write the model card in %s: %s", output_dir, e)
