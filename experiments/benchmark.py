@@ -1,123 +1,479 @@
-"""Benchmarks: each optimisation against a plain reference run in the same process; prints ratios.
+"""Benchmark: each formulation of a step in its own process, against a reference, with equal losses checked.
 
-    python experiments/benchmark.py                        # a small random Llama-family model, CPU
-    python experiments/benchmark.py --model cache/models/SmolLM2-135M-Instruct --texts 256
+    python experiments/benchmark.py                                  # SmolLM2-135M-Instruct (cache/models)
+    python experiments/benchmark.py --tiny                           # a tiny random Llama-3 model (CI)
+    python experiments/benchmark.py --json                           # one JSON object per measurement
+    python experiments/benchmark.py --only stage_I --stage_I_batches 8
 
-1. encode(): length-sorted batches (what ``LLM2Vec.encode`` does) vs. the same batches in input order.
-2. Stage I loss: logits only at target positions (``reconstruction_nll``) vs. a reference that computes
-   the full (B, M+1, V) logits and masks the loss afterwards; wall time of forward+backward and the
-   size of the logits tensor.
-Both pairs give the same numbers (checked here), so only the cost differs.
+Benches and variants (the first variant of each bench is the reference its ratios are against):
+
+- ``stage_I``: one forward+backward of the Stage I loss on (query, document) pairs.
+  ``authors``: the authors' formulation: left-padded batches, four separate decoder calls (encode the
+  queries, encode the documents, reconstruct the documents, reconstruct the queries), the anchor before
+  the padding of the targets, and full-vocabulary logits at every position, masked afterwards (position
+  ids and masks are set so that the loss is the same number as ours). ``plain``: this project's step
+  with its memory-bounding options off. ``optimised``: the step as the paper configs run it
+  (``OPTIMISED_STAGE_I``). The optimised step runs again at the larger batches.
+- ``stage_II``: one forward+backward of InfoNCE over (query, positive, negative) triples with LoRA.
+  ``plain``: the whole batch in one graph; ``cached``: the gradient cache (``OPTIMISED_STAGE_II``).
+- ``encode``: ``LLM2Vec.encode`` vs ``bare``: the same tokenization, then plain forwards of the decoder body on
+  the same length-sorted, left-padded batches, reading the last column.
+
+Each variant runs in a fresh process (``--worker``), so ``peak_rss_mib`` (the process's peak resident
+memory) is that variant's; ``setup_rss_mib`` is its resident memory after loading model and data, before
+the first step. ``seconds`` is the median over ``--repeats`` steps after one warm-up step. Before any
+ratio is printed the losses of the variants of a bench and batch must agree (1e-4 relative; 1e-2 in bf16), else the
+script exits with an error. Texts are real: the docstrings of Python's standard library (first sentence
+as the query, the rest as the document, another object of the module as the hard negative).
 """
 
 from __future__ import annotations
 
 import argparse
-import random
+import contextlib
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
-import torch
-import torch.nn.functional as F
+HERE = Path(__file__).resolve().parent
+DEFAULT_MODEL = HERE.parent / "cache" / "models" / "SmolLM2-135M-Instruct"
 
-from llm2vec import LLM2Vec
-from llm2vec.collator import TrainCollator
-from llm2vec.dataset import TrainExample
-from llm2vec.llm2vec import decoder_body
-from llm2vec.llm2vec_q2d_d2q import LLM2Vec_q2d_d2q
-from llm2vec.pooling import pad_batch
+# what "optimised" means: the settings the paper configs and the demo use (see docs/training.md)
+OPTIMISED_STAGE_I: dict = {"token_budget": 4096, "logit_chunk_rows": 512}
+OPTIMISED_STAGE_II: dict = {"embedding_token_budget": 2048}
 
-
-def timed(fn, repeats: int) -> tuple[float, object]:
-    fn()  # warm-up
-    start = time.perf_counter()
-    for _ in range(repeats):
-        out = fn()
-    return (time.perf_counter() - start) / repeats, out
+REFERENCE = {"stage_I": "authors", "stage_II": "plain", "encode": "bare"}
 
 
-def random_texts(n: int, seed: int = 0) -> list[str]:
-    words = ("the of a retrieval query document anchor embedding model token language python function "
-             "returns value list string error file open read write network server data").split()
-    rng = random.Random(seed)
-    return [" ".join(rng.choices(words, k=rng.choice([4, 8, 16, 64, 200]))) for _ in range(n)]
+# ------------------------------------------------------------------------------------------------ data
 
 
-def bench_encode(encoder: LLM2Vec, texts: list[str], batch_size: int, repeats: int) -> None:
-    def unsorted():
-        encoded = encoder.encode_ids([("", t) for t in texts])
-        out = []
-        with torch.no_grad():
-            for s in range(0, len(encoded), batch_size):
-                out.append(encoder.embed(pad_batch(encoded[s : s + batch_size], encoder.pad_token_id)))
-        return torch.cat(out)
+def stdlib_triples(n: int, seed: int = 0) -> list[tuple[str, str, str]]:
+    """``n`` (query, document, negative) triples from standard-library docstrings, in a fixed order."""
+    import random
 
-    t_ref, ref = timed(unsorted, repeats)
-    t_new, new = timed(lambda: encoder.encode(texts, batch_size=batch_size, convert_to_tensor=True,
-                                              show_progress_bar=False), repeats)
-    assert torch.allclose(ref, new, atol=1e-4), "sorted and unsorted encode disagree"
-    print(f"encode  {len(texts)} texts, batch {batch_size}: input order {t_ref:.3f}s, length-sorted {t_new:.3f}s, "
-          f"speed-up x{t_ref / t_new:.2f}")
+    from demo.stdlib_data import collect_module, read_module_list
 
-
-def full_logits_nll(decoder, lm_head, anchor, ids, mask):
-    """Reference: logits at every position, loss masked afterwards."""
-    inputs = torch.cat([anchor[:, None], decoder.get_input_embeddings()(ids)], 1)
-    attention = torch.cat([torch.ones_like(mask[:, :1]), mask], 1)
-    positions = torch.arange(attention.shape[1]).expand_as(attention)
-    hidden = decoder(inputs_embeds=inputs, attention_mask=attention, position_ids=positions).last_hidden_state
-    logits = lm_head(hidden)[:, :-1].float()
-    nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1), reduction="none")
-    return (nll * mask.reshape(-1)).sum(), logits.numel()
+    triples = []
+    for module in read_module_list():
+        objects = collect_module(module)
+        for i, obj in enumerate(objects):
+            if len(objects) > 1:
+                triples.append((obj.query, obj.text, objects[(i + 1) % len(objects)].text))
+        if len(triples) >= 4 * n:
+            break
+    random.Random(seed).shuffle(triples)
+    if len(triples) < n:
+        raise SystemExit(f"benchmark: only {len(triples)} standard-library examples, {n} needed")
+    return triples[:n]
 
 
-def bench_stage_I(model: LLM2Vec_q2d_d2q, texts: list[str], batch_size: int, repeats: int) -> None:
-    from llm2vec.loss import reconstruction_nll
-
-    pairs = [TrainExample(texts[i][:80], texts[i + 1], None, "", "b") for i in range(0, 2 * batch_size, 2)]
-    batch = TrainCollator.for_encoder(model, reconstruction="text")(pairs)
-    decoder, head = decoder_body(model.model), model.model.get_output_embeddings()
-    targets = batch["positive_targets"]
-
-    def step(fn):
-        model.zero_grad()
-        anchor = model.embed(batch["query"])
-        total, _ = fn(decoder, head, anchor, targets["input_ids"], targets["attention_mask"])
-        total.backward()
-        return total.detach()
-
-    t_ref, ref = timed(lambda: step(full_logits_nll), repeats)
-    t_new, new = timed(lambda: step(reconstruction_nll), repeats)
-    assert torch.allclose(ref, new, rtol=1e-4), "selective and full logits disagree"
-    n_targets = int(targets["attention_mask"].sum())
-    full = targets["input_ids"].numel() + targets["input_ids"].shape[0]
-    print(f"stage I q2d fwd+bwd, batch {batch_size}: full logits {t_ref:.3f}s, target-only {t_new:.3f}s, "
-          f"speed-up x{t_ref / t_new:.2f}; logits rows {full} -> {n_targets} (x{full / n_targets:.2f} fewer)")
+# --------------------------------------------------------------------------------------------- worker
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", help="a causal LM folder; default: a random Llama-family model built offline")
-    parser.add_argument("--texts", type=int, default=128)
-    parser.add_argument("--batch_size", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
-    torch.manual_seed(0)
-    if args.model:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+def rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
-        causal_lm = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(args.model)
-    else:
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def load_causal_lm(args):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = getattr(torch, args.dtype)
+    if args.tiny:
         from llm2vec.testing import build_tiny_model
 
-        causal_lm, tokenizer = build_tiny_model("smollm2", hidden_size=128, num_layers=4)
-    texts = random_texts(args.texts)
-    model = LLM2Vec_q2d_d2q(causal_lm, tokenizer, max_length=256)
-    model.eval()
-    bench_encode(model, texts, args.batch_size, args.repeats)
-    model.train()
-    bench_stage_I(model, texts, args.batch_size, args.repeats)
+        model, tokenizer = build_tiny_model("llama3", hidden_size=64, num_layers=2)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    return model.to(device=args.device, dtype=dtype), tokenizer
+
+
+def to_device(batch, device):
+    return {
+        k: {n: t.to(device) for n, t in v.items()} if isinstance(v, dict) else v.to(device) for k, v in batch.items()
+    }
+
+
+def authors_stage_I_loss(encoder, batch, alpha: float):
+    """The authors' formulation of Eq. 3-5 (see the module docstring), same number as ``LLM2Vec_q2d_d2q``."""
+    import torch
+    import torch.nn.functional as F
+
+    from llm2vec.llm2vec import decoder_body
+
+    body, head = decoder_body(encoder.model), encoder.model.get_output_embeddings()
+
+    def left_pad(features):
+        ids, mask = features["input_ids"], features["attention_mask"]
+        order = torch.argsort(mask, dim=1, stable=True)  # padding first, real tokens in order after it
+        return ids.gather(1, order), mask.gather(1, order)
+
+    def embed(features):
+        ids, mask = left_pad(features)
+        positions = (mask.cumsum(1) - 1).clamp(min=0)
+        hidden = body(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).last_hidden_state
+        return hidden[:, -1]  # left padding: the anchor is the last column
+
+    def reconstruct(anchor, targets):
+        ids, mask = left_pad(targets)
+        embeds = torch.cat([anchor[:, None], body.get_input_embeddings()(ids)], dim=1)
+        full_mask = torch.cat([torch.ones_like(mask[:, :1]), mask], dim=1)  # anchor in column 0, then padding
+        positions = (full_mask.cumsum(1) - 1).clamp(min=0)
+        hidden = body(
+            inputs_embeds=embeds, attention_mask=full_mask, position_ids=positions, use_cache=False
+        ).last_hidden_state
+        logits = head(hidden[:, :-1]).float()  # every position, the whole vocabulary
+        # column t predicts ids[:, t]; with left padding the anchor predicts the first real target
+        first = mask.argmax(dim=1)
+        predicted_by = torch.arange(ids.shape[1], device=ids.device)[None, :].expand_as(ids)
+        target_mask = mask.bool()
+        source = torch.where(predicted_by == first[:, None], torch.zeros_like(predicted_by), predicted_by)
+        picked = logits.gather(1, source[..., None].expand(-1, -1, logits.shape[-1]))
+        nll = F.cross_entropy(picked.reshape(-1, logits.shape[-1]), ids.reshape(-1), reduction="none")
+        return (nll * target_mask.reshape(-1)).sum(), target_mask.sum()
+
+    e_q, e_d = embed(batch["query"]), embed(batch["positive"])
+    q2d, n_d = reconstruct(e_q, batch["positive_targets"])
+    d2q, n_q = reconstruct(e_d, batch["query_targets"])
+    return alpha * q2d / n_d + (1 - alpha) * d2q / n_q
+
+
+def stage_I_step(args, variant: str, batch_size: int):
+    from llm2vec.collator import TrainCollator
+    from llm2vec.dataset import TrainExample
+    from llm2vec.llm2vec_q2d_d2q import LLM2Vec_q2d_d2q
+
+    model, tokenizer = load_causal_lm(args)
+    options = {
+        **OPTIMISED_STAGE_I,
+        **{
+            k: v
+            for k, v in (("token_budget", args.token_budget), ("logit_chunk_rows", args.logit_chunk_rows))
+            if v is not None
+        },
+    }
+    options = options if variant == "optimised" else {}
+    encoder = LLM2Vec_q2d_d2q(model, tokenizer, alpha=0.2, max_length=args.max_length, **options).train()
+    examples = [TrainExample(q, d, n, "", "stdlib") for q, d, n in stdlib_triples(batch_size)]
+    batch = to_device(TrainCollator.for_encoder(encoder, reconstruction="text")(examples), args.device)
+    tokens = int(batch["query"]["attention_mask"].sum() + batch["positive"]["attention_mask"].sum())
+
+    def step():
+        encoder.zero_grad(set_to_none=True)
+        if variant == "authors":
+            loss = authors_stage_I_loss(encoder, batch, 0.2)
+            loss.backward()
+            return loss.item()
+        if variant == "optimised" and hasattr(encoder, "step_in_parts"):
+            out = encoder.step_in_parts(encoder, batch, lambda t, grad=None: t.backward(grad), contextlib.nullcontext)
+            if out is not None:
+                return out.loss.item()
+        out = encoder(**batch)
+        out.loss.backward()
+        return out.loss.item()
+
+    return step, {"tokens": tokens}
+
+
+def stage_II_step(args, variant: str, batch_size: int):
+    from peft import LoraConfig, TaskType, get_peft_model
+    from transformers import AutoModel
+
+    from llm2vec.collator import TrainCollator
+    from llm2vec.dataset import TrainExample
+    from llm2vec.llm2vec_contrastive import LLM2VecContrastive
+
+    causal, tokenizer = load_causal_lm(args)
+    body = causal.model if hasattr(causal, "model") else AutoModel.from_pretrained(args.model)
+    lora = LoraConfig(
+        r=16,
+        lora_alpha=32,
+        lora_dropout=0.0,
+        bias="none",
+        task_type=TaskType.FEATURE_EXTRACTION,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    )
+    options = OPTIMISED_STAGE_II if variant == "cached" else {}
+    encoder = LLM2VecContrastive(
+        get_peft_model(body, lora), tokenizer, max_length=args.stage_II_max_length, **options
+    ).train()
+    examples = [TrainExample(q, d, n, "", "stdlib") for q, d, n in stdlib_triples(batch_size)]
+    batch = to_device(TrainCollator.for_encoder(encoder, with_negative=True)(examples), args.device)
+    tokens = int(sum(batch[k]["attention_mask"].sum() for k in ("query", "positive", "negative")))
+
+    def step():
+        encoder.zero_grad(set_to_none=True)
+        if variant == "cached":
+            out = encoder.step_in_parts(encoder, batch, lambda t, grad=None: t.backward(grad), contextlib.nullcontext)
+            if out is None:
+                raise SystemExit(
+                    "benchmark: the cached Stage II variant fell back to the plain step; check OPTIMISED_STAGE_II"
+                )
+            return out.loss.item()
+        out = encoder(**batch)
+        out.loss.backward()
+        return out.loss.item()
+
+    return step, {"tokens": tokens}
+
+
+def encode_step(args, variant: str, batch_size: int):
+    import torch
+
+    from llm2vec import LLM2Vec
+    from llm2vec.pooling import pad_batch
+
+    causal, tokenizer = load_causal_lm(args)
+    encoder = LLM2Vec(causal.model, tokenizer, max_length=args.max_length).eval()
+    texts = [d for _, d, _ in stdlib_triples(args.encode_texts)]
+    tokens = sum(len(e.input_ids) for e in encoder.encode_ids([("", t) for t in texts]))
+
+    def bare():  # tokenization included, as in encode: what differs is only encode's own work
+        encoded = encoder.encode_ids([("", t) for t in texts])
+        order = sorted(range(len(texts)), key=lambda i: -len(encoded[i].input_ids))
+        out = []
+        with torch.no_grad():
+            for s in range(0, len(order), batch_size):
+                features = to_device(
+                    pad_batch([encoded[i] for i in order[s : s + batch_size]], encoder.pad_token_id, "left"),
+                    args.device,
+                )
+                hidden = causal.model(
+                    input_ids=features["input_ids"],
+                    attention_mask=features["attention_mask"],
+                    position_ids=(features["attention_mask"].cumsum(1) - 1).clamp(min=0),
+                    use_cache=False,
+                ).last_hidden_state
+                out.append(hidden[:, -1])
+        embeddings = torch.empty(len(texts), out[0].shape[-1], device=out[0].device, dtype=out[0].dtype)
+        embeddings[order] = torch.cat(out)
+        return embeddings
+
+    def step():
+        if variant == "bare":
+            embeddings = bare()
+        else:
+            embeddings = encoder.encode(
+                texts, batch_size=batch_size, convert_to_tensor=True, show_progress_bar=False, device=args.device
+            )
+        return embeddings.double().norm(dim=-1).mean().item()  # the same number when the embeddings are equal
+
+    return step, {"tokens": tokens}
+
+
+STEPS = {"stage_I": stage_I_step, "stage_II": stage_II_step, "encode": encode_step}
+
+
+def worker(args) -> None:
+    import torch
+
+    torch.manual_seed(0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    step, extra = STEPS[args.bench](args, args.variant, args.batch)
+    cuda = args.device.startswith("cuda")
+    setup = rss_mib()
+    loss = step()  # warm-up (and the loss the variants must agree on)
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        again = step()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+        if abs(again - loss) > 1e-5 * max(1.0, abs(loss)):
+            raise SystemExit(
+                f"benchmark: {args.bench}/{args.variant}: the loss changed between repeats ({loss} then {again})"
+            )
+    print(
+        json.dumps(
+            {
+                "bench": args.bench,
+                "variant": args.variant,
+                "batch": args.batch,
+                "seconds": round(statistics.median(times), 4),
+                "peak_rss_mib": round(peak_rss_mib(), 1),
+                "setup_rss_mib": round(setup, 1),
+                "loss": loss,
+                "device": args.device,
+                "dtype": args.dtype,
+                **({"peak_cuda_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1)} if cuda else {}),
+                **extra,
+            }
+        )
+    )
+
+
+# --------------------------------------------------------------------------------------------- driver
+
+
+def plan(args) -> list[tuple[str, str, int]]:
+    runs = []
+    if "stage_I" in args.only:
+        first, *larger = args.stage_I_batches
+        runs += [("stage_I", v, first) for v in ("authors", "plain", "optimised")]
+        runs += [("stage_I", "optimised", b) for b in larger]
+    if "stage_II" in args.only:
+        runs += [("stage_II", v, b) for b in args.stage_II_batches for v in ("plain", "cached")]
+    if "encode" in args.only:
+        runs += [("encode", v, args.encode_batch) for v in ("bare", "encode")]
+    return runs
+
+
+def run_worker(args, bench: str, variant: str, batch: int) -> dict:
+    command = [
+        sys.executable,
+        __file__,
+        "--worker",
+        "--bench",
+        bench,
+        "--variant",
+        variant,
+        "--batch",
+        str(batch),
+        "--repeats",
+        str(args.repeats),
+        "--max_length",
+        str(args.max_length),
+        "--stage_II_max_length",
+        str(args.stage_II_max_length),
+        "--encode_texts",
+        str(args.encode_texts),
+        "--threads",
+        str(args.threads or 0),
+        "--device",
+        args.device,
+        "--dtype",
+        args.dtype,
+    ]
+    for name in ("token_budget", "logit_chunk_rows"):
+        if getattr(args, name) is not None:
+            command += [f"--{name}", str(getattr(args, name))]
+    command += ["--tiny"] if args.tiny else ["--model", str(args.model)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run(command, capture_output=True, text=True, env=env)
+    if result.returncode != 0:
+        raise SystemExit(f"benchmark: {bench}/{variant} at batch {batch} failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def check_and_print(records: list[dict], as_json: bool) -> None:
+    by_key: dict[tuple[str, int], list[dict]] = {}
+    for r in records:
+        by_key.setdefault((r["bench"], r["batch"]), []).append(r)
+    for (bench, batch), group in by_key.items():
+        losses = [r["loss"] for r in group]
+        rtol = 1e-4 if all(r.get("dtype", "float32") == "float32" for r in group) else 1e-2  # bf16 rounding
+        if max(losses) - min(losses) > rtol * max(abs(x) for x in losses):
+            raise SystemExit(
+                f"benchmark: {bench} at batch {batch}: the variants disagree: "
+                + ", ".join(f"{r['variant']} {r['loss']:.6f}" for r in group)
+            )
+    if as_json:
+        for r in records:
+            print(json.dumps(r))
+        return
+    print(
+        f"{'bench':9} {'variant':10} {'batch':>5} {'tokens':>7} {'seconds':>8} {'peak MiB':>9} "
+        f"{'step MiB':>9} {'time ratio':>10} {'mem ratio':>9}  loss"
+    )
+    for r in records:
+        ref = next(
+            (
+                x
+                for x in records
+                if x["bench"] == r["bench"] and x["variant"] == REFERENCE[r["bench"]] and x["batch"] == r["batch"]
+            ),
+            None,
+        )
+        time_ratio = f"{r['seconds'] / ref['seconds']:.2f}" if ref else "-"
+        mem_ratio = f"{r['peak_rss_mib'] / ref['peak_rss_mib']:.2f}" if ref else "-"
+        print(
+            f"{r['bench']:9} {r['variant']:10} {r['batch']:>5} {r['tokens']:>7} {r['seconds']:>8.3f} "
+            f"{r['peak_rss_mib']:>9.0f} {r['peak_rss_mib'] - r['setup_rss_mib']:>9.0f} {time_ratio:>10} "
+            f"{mem_ratio:>9}  {r['loss']:.6f}"
+        )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="a causal LM folder (default: %(default)s)")
+    p.add_argument("--tiny", action="store_true", help="a tiny random Llama-3 model instead of --model (CI)")
+    p.add_argument("--json", action="store_true", help="one JSON object per measurement instead of the table")
+    p.add_argument("--only", nargs="+", default=["stage_I", "stage_II", "encode"], choices=sorted(STEPS))
+    p.add_argument(
+        "--stage_I_batches",
+        type=int,
+        nargs="+",
+        default=[8, 32],
+        help="pairs: the first for every variant, the others for the optimised step only",
+    )
+    p.add_argument("--stage_II_batches", type=int, nargs="+", default=[8, 32, 64], help="triples")
+    p.add_argument("--encode_batch", type=int, default=32)
+    p.add_argument("--encode_texts", type=int, default=128)
+    p.add_argument("--max_length", type=int, default=256, help="tokens per Stage I text and encoded text")
+    p.add_argument("--stage_II_max_length", type=int, default=128, help="tokens per Stage II text")
+    p.add_argument("--repeats", type=int, default=2, help="timed steps after the warm-up step (median)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads per worker (default: torch's)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]; on CUDA peak_cuda_mib is reported too")
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="weights and compute (bf16 is slow on most CPUs)",
+    )
+    p.add_argument(
+        "--token_budget",
+        type=int,
+        default=None,
+        help=f"the optimised Stage I step's token_budget (default {OPTIMISED_STAGE_I['token_budget']})",
+    )
+    p.add_argument(
+        "--logit_chunk_rows",
+        type=int,
+        default=None,
+        help=f"its logit_chunk_rows (default {OPTIMISED_STAGE_I['logit_chunk_rows']})",
+    )
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--bench", choices=sorted(STEPS), help=argparse.SUPPRESS)
+    p.add_argument("--variant", help=argparse.SUPPRESS)
+    p.add_argument("--batch", type=int, help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.worker:
+        worker(args)
+        return 0
+    if not args.tiny and not (args.model / "config.json").is_file():
+        print(
+            f"benchmark: error: no model at {args.model}; convert SmolLM2 first (python experiments/demo/smollm2.py)"
+            " or pass --model PATH or --tiny",
+            file=sys.stderr,
+        )
+        return 2
+    records = [run_worker(args, *run) for run in plan(args)]
+    check_and_print(records, args.json)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    with contextlib.suppress(BrokenPipeError):
+        sys.exit(main())
