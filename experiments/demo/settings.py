@@ -29,6 +29,9 @@ TRAIN_SOURCE = "stdlib"  # the jsonl loader names a source by its file stem
 TASK_NAME = "StdlibDocRetrieval"
 INSTRUCTION = "Given the first sentence of a Python docstring, retrieve the documentation of that object"
 
+DEFAULT_SEED = 42  # the first seed; --seeds N runs DEFAULT_SEED, DEFAULT_SEED + 1, ...
+DEFAULT_SEEDS = 1  # how many seeds the plain command runs (chosen so it stays under 30 minutes on 2 CPU cores)
+
 # the rows of the paper's Table 10, by the name of their evaluation step (eval_<row>)
 TABLE_10_ROWS = {
     "untrained": "Untrained (no training)",
@@ -49,6 +52,7 @@ class DemoSize:
     max_eval_queries: int = 300
     stage_I_steps: int | None = None
     stage_II_steps: int | None = None
+    stage_II_learning_rate: float | None = None  # both Stage II runs (the sweep of the README uses it)
     batch_size: int | None = None  # Stage I pairs / Stage II triples per step (both stages)
     max_seq_length: int | None = None
     eval_batch_size: int = 32
@@ -68,6 +72,8 @@ class DemoSize:
             )
         if self.max_seq_length is not None:
             out["max_seq_length"] = self.max_seq_length
+        if stage == "II" and self.stage_II_learning_rate is not None:
+            out["learning_rate"] = self.stage_II_learning_rate
         return out
 
 

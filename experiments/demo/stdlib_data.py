@@ -17,15 +17,19 @@ docstrings, so it is the same on machines with the same Python minor version (C 
 ``_decimal`` or ``_datetime`` are assumed present, as on every standard CPython build). Memory addresses
 in default values (``<object object at 0x...>``) are removed from signatures.
 
-The train/eval split is by module: the modules are shuffled with the seed and taken into the eval
-split, in that order, until it holds ``eval_target`` examples; all other modules are train. The
-output folder:
+The splits are by module: the modules are shuffled with the seed and taken into the eval (test)
+split, in that order, until it holds ``eval_target`` examples, then, continuing in the same order, into
+the validation split until it holds ``val_target``; all other modules are train. The validation split
+is carved from what would otherwise be training modules: it is where the demo's hyperparameters are
+chosen (``run_demo.py --validate``), so the test split is never looked at for that. The output folder:
 
 - ``train/stdlib.jsonl``: ``{"query", "positive", "negative"}`` per line (the E5 layout);
 - ``eval/corpus.jsonl`` (``{"_id", "title", "text"}``), ``eval/queries.jsonl`` (``{"_id", "text"}``),
   ``eval/qrels.jsonl`` (``{"query-id", "corpus-id", "score"}``): a BEIR-style retrieval task whose
   corpus is the positive of every eval-split object, so each query has one relevant document among
   all the eval modules' documents (its same-module siblings included);
+- ``val/corpus.jsonl``, ``val/queries.jsonl``, ``val/qrels.jsonl``: the validation task, the same
+  layout (every query of the validation modules is kept);
 - ``provenance/train.jsonl``: for line i of the train file, the module and the dotted names of the
   query's and the negative's objects (kept out of ``train/`` so that data loaders never read it);
 - ``manifest.json``: parameters, Python version, module lists, sizes and the SHA-256 of every file;
@@ -49,7 +53,7 @@ from pathlib import Path
 
 from llm2vec.io import atomic_write, file_digest, write_jsonl
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the validation split
 
 MODULES_FILE = Path(__file__).with_name("stdlib_modules.json")
 
@@ -76,6 +80,7 @@ PROVENANCE_FILE = "provenance/train.jsonl"
 CORPUS_FILE = "eval/corpus.jsonl"
 QUERIES_FILE = "eval/queries.jsonl"
 QRELS_FILE = "eval/qrels.jsonl"
+SPLIT_DIRS = {"test": "eval", "validation": "val"}  # the retrieval splits, by the folder that holds each
 MANIFEST_FILE = "manifest.json"
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -320,6 +325,7 @@ def build_stdlib_dataset(
     max_train: int | None = None,
     max_eval_queries: int = 300,
     eval_target: int = 350,
+    val_target: int = 200,
     seed: int = 42,
     min_rest_chars: int = 40,
     max_query_chars: int = 300,
@@ -337,6 +343,7 @@ def build_stdlib_dataset(
         max_eval_queries: at most this many eval queries (a seeded sample); the corpus keeps the
             documents of every eval-split object regardless.
         eval_target: take modules into the eval split until it has at least this many examples.
+        val_target: then take modules into the validation split until it has at least this many.
         seed: seed of the module split, the negatives and the samples.
         min_rest_chars: an object is used only if its docstring minus the first sentence has at
             least this many characters.
@@ -353,6 +360,7 @@ def build_stdlib_dataset(
         "max_train": max_train,
         "max_eval_queries": max_eval_queries,
         "eval_target": eval_target,
+        "val_target": val_target,
         "seed": seed,
         "min_rest_chars": min_rest_chars,
         "max_query_chars": max_query_chars,
@@ -400,9 +408,17 @@ def build_stdlib_dataset(
             break
         eval_modules.append(module)
         n_eval += per_module[module]
-    eval_set = set(eval_modules)
-    train_objs = [d for d in objects if d.module not in eval_set]
+    val_modules: list[str] = []
+    n_val = 0
+    for module in order[len(eval_modules) :]:
+        if n_val >= val_target:
+            break
+        val_modules.append(module)
+        n_val += per_module[module]
+    eval_set, val_set = set(eval_modules), set(val_modules)
+    train_objs = [d for d in objects if d.module not in eval_set | val_set]
     eval_objs = [d for d in objects if d.module in eval_set]
+    val_objs = [d for d in objects if d.module in val_set]
 
     if max_train is not None and len(train_objs) > max_train:
         keep = set(random.Random(f"{seed}:train").sample(range(len(train_objs)), max_train))
@@ -425,8 +441,12 @@ def build_stdlib_dataset(
     write_jsonl(out / CORPUS_FILE, ({"_id": d.name, "title": "", "text": d.text} for d in eval_objs))
     write_jsonl(out / QUERIES_FILE, ({"_id": "q:" + d.name, "text": d.query} for d in query_objs))
     write_jsonl(out / QRELS_FILE, ({"query-id": "q:" + d.name, "corpus-id": d.name, "score": 1} for d in query_objs))
+    val_files = [f.replace("eval/", "val/", 1) for f in (CORPUS_FILE, QUERIES_FILE, QRELS_FILE)]
+    write_jsonl(out / val_files[0], ({"_id": d.name, "title": "", "text": d.text} for d in val_objs))
+    write_jsonl(out / val_files[1], ({"_id": "q:" + d.name, "text": d.query} for d in val_objs))
+    write_jsonl(out / val_files[2], ({"query-id": "q:" + d.name, "corpus-id": d.name, "score": 1} for d in val_objs))
 
-    files = [TRAIN_FILE, PROVENANCE_FILE, CORPUS_FILE, QUERIES_FILE, QRELS_FILE]
+    files = [TRAIN_FILE, PROVENANCE_FILE, CORPUS_FILE, QUERIES_FILE, QRELS_FILE, *val_files]
     train_modules = sorted({d.module for d in train_objs})
     manifest = {
         "name": "stdlib-docstrings",
@@ -435,7 +455,7 @@ def build_stdlib_dataset(
         "parameters": params,
         "sizes": {
             "objects": len(objects),
-            "train_available": sum(1 for d in objects if d.module not in eval_set),
+            "train_available": sum(1 for d in objects if d.module not in eval_set | val_set),
             "train": len(train_objs),
             "eval_objects": len(eval_objs),
             "eval_corpus": len(eval_objs),
@@ -443,9 +463,13 @@ def build_stdlib_dataset(
             "eval_qrels": len(query_objs),
             "train_modules": len(train_modules),
             "eval_modules": len(eval_modules),
+            "val_queries": len(val_objs),
+            "val_corpus": len(val_objs),
+            "val_modules": len(val_modules),
         },
         "train_modules": train_modules,
         "eval_modules": sorted(eval_modules),
+        "val_modules": sorted(val_modules),
         "modules_without_examples": sorted(set(used) - set(per_module)),
         "skipped_modules": skipped,
         "files": files,
@@ -457,7 +481,8 @@ def build_stdlib_dataset(
     say(
         f"[stdlib-data] {s['objects']} documented objects from {len(used)} modules -> "
         f"train {s['train']} pairs ({s['train_available']} available, {s['train_modules']} modules); "
-        f"eval {s['eval_queries']} queries over a corpus of {s['eval_corpus']} ({s['eval_modules']} modules)"
+        f"eval {s['eval_queries']} queries over a corpus of {s['eval_corpus']} ({s['eval_modules']} modules); "
+        f"validation {s['val_queries']} queries ({s['val_modules']} modules)"
     )
     if skipped:
         say(f"[stdlib-data] skipped modules that did not import: {', '.join(sorted(skipped))}")

@@ -165,9 +165,12 @@ def peak_rss_of_children() -> Iterator[dict[str, float | None]]:
         out["mib"] = round(max(peaks), 0) if peaks else None
 
 
-def child_env() -> dict[str, str]:
-    """This environment, offline, with this checkout's ``llm2vec`` first on the import path."""
+def child_env(threads: int | None = None) -> dict[str, str]:
+    """This environment, offline, with this checkout's ``llm2vec`` first on the import path and, when
+    ``threads`` is given, that many CPU threads for torch (a fixed count keeps CPU results reproducible)."""
     env = dict(os.environ)
+    if threads is not None:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     env.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never reach for the hub
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
     env.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -180,13 +183,13 @@ def quote(arg: str) -> str:
     return arg if arg and all(c.isalnum() or c in "-_./=:,@+" for c in arg) else json.dumps(arg)
 
 
-def run_command(cmd: list[str]) -> None:
+def run_command(cmd: list[str], threads: int | None = None) -> None:
     """Run ``cmd`` from the repository root with this terminal (progress bars show); raise if it fails.
 
     The command's peak resident memory is recorded (Linux/macOS) for :func:`peak_rss_of_children`.
     """
     say("  $ " + " ".join(quote(c) for c in cmd))
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=child_env())
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=child_env(threads))
     try:
         if hasattr(os, "wait4"):
             _, status, usage = os.wait4(proc.pid, 0)
