@@ -44,7 +44,7 @@ HERE = Path(__file__).resolve().parent
 DEFAULT_MODEL = HERE.parent / "cache" / "models" / "SmolLM2-135M-Instruct"
 
 # what "optimised" means: the settings the paper configs and the demo use (see docs/training.md)
-OPTIMISED_STAGE_I: dict = {"token_budget": 4096, "logit_chunk_rows": 512}
+OPTIMISED_STAGE_I: dict = {"token_budget": 1024, "logit_chunk_rows": 512}
 OPTIMISED_STAGE_II: dict = {"embedding_token_budget": 2048}
 
 REFERENCE = {"stage_I": "authors", "stage_II": "plain", "encode": "bare"}

@@ -4,7 +4,7 @@
     python experiments/run_demo.py            # outputs in cache/demo-runs/ (time: README)
     python experiments/run_demo.py --smoke    # tiny random model, 2 steps per stage (CI); cache/demo-smoke/
     python experiments/run_demo.py --fresh    # redo every step
-    python experiments/run_demo.py --seeds 3  # seeds 42, 43, 44: mean and spread of every row
+    python experiments/run_demo.py --seeds 1  # one seed (42) instead of three (42, 43, 44)
     python experiments/run_demo.py --validate # the same runs, evaluated on the validation split
 
 Finished steps are reused on the next run. The steps are in ``experiments/demo/pipeline.py``.
