@@ -167,9 +167,7 @@ def aggregate(untrained: dict[str, Any], seeds: dict[int, list[dict[str, Any]]])
     ]
     order = [r["row"] for r in next(iter(seeds.values()))]
     for name in order:
-        per_seed = {
-            str(s): metrics(next(r for r in rows_ if r["row"] == name)["scores"]) for s, rows_ in seeds.items()
-        }
+        per_seed = {str(s): metrics(next(r for r in rows_ if r["row"] == name)["scores"]) for s, rows_ in seeds.items()}
         label = next(r for r in next(iter(seeds.values())) if r["row"] == name)["label"]
         stats = {k: mean_std([sc[k] for sc in per_seed.values()]) for k, _ in METRICS}
         rows.append(
