@@ -83,6 +83,13 @@ def check(result, what):
     assert result.returncode == 0, f"{what} failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
 
 
+def run_checked(command, what):
+    """Run ``command`` from the repository root (offline environment, 5-minute limit); fail with its output."""
+    result = subprocess.run(command, env=env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    check(result, what)
+    return result
+
+
 def weights(folder):
     return load_file(os.path.join(folder, "model.safetensors"))
 
@@ -102,15 +109,10 @@ def setup(tmp_path_factory):
 
 def test_fsdp_full_shard_two_processes_equal_one_process(setup):
     model, data, root = setup
-    single = subprocess.run(
+    run_checked(
         [sys.executable, str(ROOT / "experiments/run_stage_I.py"), *flags(model, data, root / "single")],
-        env=env(),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        "one process",
     )
-    check(single, "one process")
     fsdp_flags = flags(
         model,
         data,
@@ -128,15 +130,10 @@ def test_fsdp_full_shard_two_processes_equal_one_process(setup):
         "--master_addr=127.0.0.1",
         f"--master_port={free_port()}",
     ]
-    fsdp = subprocess.run(
+    run_checked(
         [*launcher, str(ROOT / "tests/_fsdp_worker.py"), str(root / "reports"), *fsdp_flags],
-        env=env(),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        "FSDP on two gloo processes",
     )
-    check(fsdp, "FSDP on two gloo processes")
 
     # the Trainer ran FSDP2, sharded each decoder layer as its own unit, and each rank held half of every
     # parameter (full shard), not a DDP replica
@@ -182,20 +179,15 @@ def test_two_node_rendezvous_equals_one_process(setup):
     model, data, root = setup
     # no LoRA dropout: its random masks would differ between one and two processes
     stage_II = ["--lora_r", "4", "--lora_dropout", "0", "--require_negative", "true", "--max_seq_length", "64"]
-    single = subprocess.run(
+    run_checked(
         [
             sys.executable,
             str(ROOT / "experiments/run_stage_II.py"),
             *flags(model, data, root / "II_single", save_strategy="no"),
             *stage_II,
         ],
-        env=env(),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        "Stage II, one process",
     )
-    check(single, "Stage II, one process")
     endpoint = f"127.0.0.1:{free_port()}"
     nodes = []
     for node in range(2):

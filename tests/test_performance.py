@@ -342,21 +342,16 @@ def test_token_budget_under_ddp_and_fsdp_equals_one_plain_process(tmp_path):
     import subprocess
     import sys
 
-    from test_fsdp import FSDP_CONFIG, ROOT, check, env, flags, free_port, weights
+    from test_fsdp import FSDP_CONFIG, ROOT, check, env, flags, free_port, run_checked, weights
 
     from llm2vec.testing import save_tiny_model, write_tiny_e5
 
     model, data = save_tiny_model("llama3", tmp_path / "model"), write_tiny_e5(tmp_path / "data")
     common = {"max_steps": 2, "save_strategy": "no", "optim": "sgd"}
-    single = subprocess.run(
+    run_checked(
         [sys.executable, str(ROOT / "experiments/run_stage_I.py"), *flags(model, data, tmp_path / "single", **common)],
-        env=env(),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        "one process",
     )
-    check(single, "one process")
     base, one = weights(model), weights(tmp_path / "single")
     assert any(not torch.equal(base[k], one[k]) for k in one), "training changed nothing"
     runs = {
