@@ -6,6 +6,7 @@ Both are exact rewrites of the plain computation; every test compares them with 
 import pytest
 import torch
 import torch.nn.functional as F
+from test_stage_I import PAIRS as STAGE_I_PAIRS
 from torch import nn
 
 from llm2vec.loss.linear_cross_entropy import linear_cross_entropy_sum
@@ -99,17 +100,7 @@ def test_reconstruction_loss_with_logit_blocks_equals_plain(tiny_models):
 # ---------------------------------------------------------------------------------------------- helpers
 
 PAIRS = [
-    (
-        "Given a question, retrieve passages that answer it",
-        "What is the capital of France?",
-        "Paris is the capital of France. Berlin is the capital of Germany.",
-    ),
-    ("", "quick fox", "The quick brown fox jumps over the lazy dog."),
-    (
-        "Retrieve semantically similar text",
-        "numbers, punctuation: commas (parentheses) and [brackets] in a long query",
-        "Rome",
-    ),
+    *STAGE_I_PAIRS,  # the Stage I tests' pairs, and two more of other lengths
     ("", "fox", "Anchor embeddings reconstruct the document from the query and the query from the document."),
     ("Retrieve the answer", "Large language models", "vectors"),
 ]
