@@ -13,7 +13,10 @@ Benches and variants (the first variant of each bench is the reference its ratio
   the padding of the targets, and full-vocabulary logits at every position, masked afterwards (position
   ids and masks are set so that the loss is the same number as ours). ``plain``: this project's step
   with its memory-bounding options off. ``optimised``: the step as the paper configs run it
-  (``OPTIMISED_STAGE_I``). The optimised step runs again at the larger batches.
+  (``OPTIMISED_STAGE_I``). ``packed``: the optimised step with packed decoder calls (``packing``: two
+  calls per chunk, no padding, the budget counting real tokens; on a CPU under sdpa's block-diagonal
+  mask, on a GPU with ``--attn_implementation flash_attention_2`` under FlashAttention's variable-length
+  kernel). The optimised step runs again at the larger batches.
 - ``stage_II``: one forward+backward of InfoNCE over (query, positive, negative) triples with LoRA.
   ``plain``: the whole batch in one graph; ``cached``: the gradient cache (``OPTIMISED_STAGE_II``).
 - ``encode``: ``LLM2Vec.encode`` vs ``bare``: the same tokenization, then plain forwards of the decoder body on
@@ -96,7 +99,9 @@ def load_causal_lm(args):
         model, tokenizer = build_tiny_model("llama3", hidden_size=64, num_layers=2)
     else:
         tokenizer = AutoTokenizer.from_pretrained(args.model)
-        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(
+            args.model, dtype=torch.float32, attn_implementation=args.attn_implementation
+        )
     return model.to(device=args.device, dtype=dtype), tokenizer
 
 
@@ -164,7 +169,7 @@ def stage_I_step(args, variant: str, batch_size: int):
             if v is not None
         },
     }
-    options = options if variant == "optimised" else {}
+    options = {"optimised": options, "packed": {**options, "packing": True}}.get(variant, {})
     encoder = LLM2Vec_q2d_d2q(model, tokenizer, alpha=0.2, max_length=args.max_length, **options).train()
     examples = [TrainExample(q, d, n, "", "stdlib") for q, d, n in stdlib_triples(batch_size)]
     batch = to_device(TrainCollator.for_encoder(encoder, reconstruction="text")(examples), args.device)
@@ -176,7 +181,7 @@ def stage_I_step(args, variant: str, batch_size: int):
             loss = authors_stage_I_loss(encoder, batch, 0.2)
             loss.backward()
             return loss.item()
-        if variant == "optimised" and hasattr(encoder, "step_in_parts"):
+        if variant in ("optimised", "packed"):
             out = encoder.step_in_parts(encoder, batch, lambda t, grad=None: t.backward(grad), contextlib.nullcontext)
             if out is not None:
                 return out.loss.item()
@@ -327,7 +332,7 @@ def plan(args) -> list[tuple[str, str, int]]:
     runs = []
     if "stage_I" in args.only:
         first, *larger = args.stage_I_batches
-        runs += [("stage_I", v, first) for v in ("authors", "plain", "optimised")]
+        runs += [("stage_I", v, first) for v in ("authors", "plain", "optimised", "packed")]
         runs += [("stage_I", "optimised", b) for b in larger]
     if "stage_II" in args.only:
         runs += [("stage_II", v, b) for b in args.stage_II_batches for v in ("plain", "cached")]
@@ -361,6 +366,8 @@ def run_worker(args, bench: str, variant: str, batch: int) -> dict:
         args.device,
         "--dtype",
         args.dtype,
+        "--attn_implementation",
+        args.attn_implementation,
     ]
     for name in ("token_budget", "logit_chunk_rows"):
         if getattr(args, name) is not None:
@@ -449,6 +456,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="float32",
         choices=("float32", "bfloat16"),
         help="weights and compute (bf16 is slow on most CPUs)",
+    )
+    p.add_argument(
+        "--attn_implementation",
+        default="sdpa",
+        choices=("sdpa", "eager", "flash_attention_2"),
+        help="attention of --model (flash_attention_2: CUDA and the flash extra)",
     )
     p.add_argument(
         "--token_budget",

@@ -40,6 +40,7 @@ DATASETS = ("E5", "jsonl")
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
 MASTER_WEIGHTS = ("bf16", "fp32")
 ATTENTION = ("flash_attention_2", "sdpa", "eager")
+PACKING = ("auto", "true", "false")
 
 
 class ConfigError(ValueError):
@@ -84,6 +85,15 @@ class ModelArguments:
             "choices": ATTENTION,
         },
     )
+    packing: str = field(
+        default="auto",
+        metadata={
+            "help": "Packed decoder calls, without padding (llm2vec.packing; the same losses and embeddings): true, "
+            "false, or auto (on with flash_attention_2, whose variable-length kernel makes it pay; off otherwise, "
+            "since sdpa and eager compute attention over the whole packed row).",
+            "choices": PACKING,
+        },
+    )
     torch_dtype: str = field(
         default="auto",
         metadata={
@@ -105,9 +115,19 @@ class ModelArguments:
         },
     )
 
+    @property
+    def use_packing(self) -> bool:
+        """Whether decoder calls are packed: ``packing``, with auto resolved by the attention implementation."""
+        if self.packing == "auto":
+            return self.attn_implementation == "flash_attention_2"
+        return self.packing == "true"
+
     def __post_init__(self):
         _choice("pooling_mode", self.pooling_mode, POOLING_MODES)
         _choice("attn_implementation", self.attn_implementation, ATTENTION)
+        if isinstance(self.packing, bool):  # a JSON true/false
+            self.packing = str(self.packing).lower()
+        _choice("packing", self.packing, PACKING)
         _choice("torch_dtype", self.torch_dtype, ("auto", *DTYPE_NAMES))
         _choice("master_weights", self.master_weights, MASTER_WEIGHTS)
         if self.max_seq_length < 8:

@@ -101,6 +101,7 @@ class LLM2VecContrastive(LLM2Vec):
             attn_implementation=model_args.attn_implementation,
             loss_scale=stage_args.loss_scale,
             embedding_token_budget=stage_args.embedding_token_budget,
+            packing=model_args.use_packing,
         )
         lora = LoraConfig(
             r=stage_args.lora_r,
@@ -139,9 +140,9 @@ class LLM2VecContrastive(LLM2Vec):
         of the gradient cache), only their embeddings (B, H)."""
         if features is not None:
             return self.embed(features)
-        e_q = self.embed(query)
-        e_p = self.embed(positive)
-        e_n = self.embed(negative) if negative is not None else None
+        sides = [query, positive] + ([negative] if negative is not None else [])
+        e_q, e_p, *rest = self.embed_many(sides)  # one packed call with packing, else one call per side
+        e_n = rest[0] if rest else None
         return ContrastiveOutput(self.loss_fn(e_q, e_p, e_n), e_q, e_p, e_n)
 
     def step_in_parts(self, model, inputs: dict, backward, no_sync) -> ContrastiveOutput | None:

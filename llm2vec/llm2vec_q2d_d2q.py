@@ -19,6 +19,10 @@ Memory-bounded steps (both exact; off by default):
 - ``logit_chunk_rows``: the LM head's logits are built that many target rows at a time
   (:mod:`llm2vec.loss.linear_cross_entropy`).
 
+With ``packing`` (on by default with flash_attention_2) a batch, or each chunk of it, takes two packed
+decoder calls without padding (:mod:`llm2vec.packing`): the queries and documents encoded together, then
+both reconstruction directions together; the budget then counts real tokens.
+
 Every output also reports the padding fraction of its decoder calls (``metrics``, logged by the trainer).
 """
 
@@ -107,7 +111,7 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
             raise ValueError("Stage I needs a causal LM with its LM head (load it with AutoModelForCausalLM)")
         if token_budget < 0:
             raise ValueError(f"token_budget must be >= 0, got {token_budget}")
-        self.loss_fn = ReconstructionLoss(alpha, logit_chunk_rows=logit_chunk_rows)
+        self.loss_fn = ReconstructionLoss(alpha, logit_chunk_rows=logit_chunk_rows, packed=self.packing)
         self.token_budget = int(token_budget)
 
     @classmethod
@@ -123,6 +127,7 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
             alpha=stage_args.alpha,
             token_budget=stage_args.token_budget,
             logit_chunk_rows=stage_args.logit_chunk_rows,
+            packing=model_args.use_packing,
         )
 
     def describe(self) -> str:
@@ -131,6 +136,8 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
             text += f", token budget {self.token_budget} padded positions per forward/backward"
         if self.loss_fn.logit_chunk_rows:
             text += f", LM-head logits {self.loss_fn.logit_chunk_rows} target rows at a time"
+        if self.packing:
+            text += ", packed decoder calls (2 per chunk: encoding, both reconstructions)"
         return text
 
     def forward(
@@ -142,8 +149,7 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
         target_counts: dict[str, torch.Tensor] | None = None,
     ) -> StageIOutput:
         """Stage I loss of a collated batch; ``target_counts`` as in :class:`ReconstructionLoss`."""
-        e_q = self.embed(query)
-        e_d = self.embed(positive)
+        e_q, e_d = self.embed_many([query, positive])
         loss, parts = self.loss_fn(
             decoder_body(self.model),
             self.model.get_output_embeddings(),
@@ -166,7 +172,7 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
             parts.get("d2q"),
             e_q,
             e_d,
-            positions=decoder_positions(batch, directions),
+            positions=decoder_positions(batch, directions, self.packing),
             real_positions=decoder_call_lengths(batch, directions).sum(),
         )
 
@@ -182,7 +188,8 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
         if not self.token_budget:
             return None
         directions = self.loss_fn.directions()
-        chunks = token_budget_chunks(decoder_call_lengths(inputs, directions).tolist(), self.token_budget)
+        lengths = decoder_call_lengths(inputs, directions).tolist()
+        chunks = token_budget_chunks(lengths, self.token_budget, packed=self.packing)
         if len(chunks) == 1:
             return None
         counts = inputs.get(COUNTS_KEY) or count_targets(inputs["query_targets"], inputs["positive_targets"])

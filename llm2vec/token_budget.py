@@ -7,7 +7,8 @@ q2d (anchor + document targets) and d2q (anchor + query targets). Pair i's real 
 
     cost(pairs) = |pairs| * sum_c max_{i in pairs} lengths[i][c]
 
-decoder positions, padding included (each call is padded to its longest row). Splitting the batch into
+decoder positions, padding included (each call is padded to its longest row); with packing
+(:mod:`llm2vec.packing`) there is no padding and a chunk costs the sum of its pairs' lengths. Splitting the batch into
 chunks of pairs whose cost stays under a budget bounds the activations of one forward/backward, and
 grouping pairs of similar length cuts the padding. Each pair's loss terms depend on that pair only and
 the loss is a sum of token NLLs divided by step-wide counts, so the chunks' gradients add up to the
@@ -32,24 +33,30 @@ def decoder_call_lengths(batch: dict, directions: Sequence[str]) -> torch.Tensor
     return torch.stack(columns, dim=1)
 
 
-def decoder_positions(batch: dict, directions: Sequence[str]) -> int:
-    """Positions the decoder calls of ``batch`` process, padding included: B times the sum of the widths."""
+def decoder_positions(batch: dict, directions: Sequence[str], packed: bool = False) -> int:
+    """Positions the decoder calls of ``batch`` process, padding included: B times the sum of the widths
+    (packed: the real positions, there being no padding)."""
+    if packed:
+        return int(decoder_call_lengths(batch, directions).sum())
     widths = [batch["query"]["input_ids"].shape[1], batch["positive"]["input_ids"].shape[1]]
     targets = {"q2d": "positive_targets", "d2q": "query_targets"}
     widths += [1 + batch[targets[d]]["input_ids"].shape[1] for d in directions]
     return batch["query"]["input_ids"].shape[0] * sum(widths)
 
 
-def chunk_cost(lengths: Sequence[Sequence[int]], pairs: Sequence[int]) -> int:
-    """Padded decoder positions of running ``pairs`` together (the module docstring's cost)."""
+def chunk_cost(lengths: Sequence[Sequence[int]], pairs: Sequence[int], packed: bool = False) -> int:
+    """Padded decoder positions of running ``pairs`` together (the module docstring's cost); packed, their
+    real positions."""
     if not pairs:
         return 0
+    if packed:
+        return sum(sum(lengths[i]) for i in pairs)
     calls = len(lengths[pairs[0]])
     return len(pairs) * sum(max(lengths[i][c] for i in pairs) for c in range(calls))
 
 
-def token_budget_chunks(lengths: Sequence[Sequence[int]], budget: int) -> list[list[int]]:
-    """Chunks of pair indices, each costing at most ``budget`` padded positions (:func:`chunk_cost`).
+def token_budget_chunks(lengths: Sequence[Sequence[int]], budget: int, packed: bool = False) -> list[list[int]]:
+    """Chunks of pair indices, each costing at most ``budget`` positions (:func:`chunk_cost`, padded or packed).
 
     Pairs are taken longest first (by total length; ties by index) and added greedily to the current chunk
     while it stays within the budget; a pair that alone exceeds the budget is a chunk by itself. Every pair
@@ -61,7 +68,7 @@ def token_budget_chunks(lengths: Sequence[Sequence[int]], budget: int) -> list[l
     chunks: list[list[int]] = []
     current: list[int] = []
     for i in order:
-        if current and chunk_cost(lengths, current + [i]) > budget:
+        if current and chunk_cost(lengths, current + [i], packed) > budget:
             chunks.append(sorted(current))
             current = []
         current.append(i)

@@ -26,6 +26,10 @@ batch's own counts in the batch; the trainer replaces them by their sum over eve
 optimizer step and over all processes (:mod:`llm2vec.trainer`), so accumulation and data parallelism
 give exactly the gradient of one big batch. Likewise ``"d2q"`` counts the query targets.
 
+Packing (``packed=True``, :mod:`llm2vec.packing`): the sequences [e_X ; Embed(y_1..y_m)] of both
+directions go through the decoder in one packed call, each at positions 0..m, with no padding; the same
+sums as the padded passes.
+
 A direction whose weight is 0 (alpha = 0 or 1) is not computed at all. The anchor embeddings are not
 detached: both losses send gradients back through e_Q and e_D into the encoding pass.
 """
@@ -35,6 +39,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..packing import packed_call, packed_positions
 from .linear_cross_entropy import linear_cross_entropy_sum
 
 RECONSTRUCTION_TARGETS = ("text", "all")
@@ -76,6 +81,38 @@ def reconstruction_nll(
     return linear_cross_entropy_sum(hidden[:, :-1][predicting], lm_head, target_ids[predicting], logit_chunk_rows)
 
 
+def packed_reconstruction_nll(
+    decoder: nn.Module,
+    lm_head: nn.Module,
+    passes: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    logit_chunk_rows: int = 0,
+) -> list[torch.Tensor]:
+    """:func:`reconstruction_nll` of several reconstruction passes, each ``(anchor, target_ids, target_mask)``
+    as there, run as one packed decoder call; returns one sum per pass.
+
+    Pair b of a pass is the sequence [anchor_b ; Embed(y_1) ; ... ; Embed(y_m)] at positions 0..m; its
+    states at positions 0..m-1 predict y_1..y_m, its last state predicts nothing.
+    """
+    embed = decoder.get_input_embeddings()
+    pieces, positions, predicting, labels = [], [], [], []
+    for anchor, target_ids, target_mask in passes:
+        target_embeds = embed(target_ids)
+        sequence = torch.cat([anchor[:, None, :].to(target_embeds.dtype), target_embeds], dim=1)  # (B, M + 1, H)
+        sequence_mask = torch.cat([torch.ones_like(target_mask[:, :1]), target_mask], dim=1)
+        real = sequence_mask.bool()
+        pieces.append(sequence[real])
+        positions.append(packed_positions(sequence_mask))
+        # column t < M predicts y_{t+1} where target t is real; the last column predicts nothing
+        predicts = torch.cat([target_mask, torch.zeros_like(target_mask[:, :1])], dim=1)
+        predicting.append(predicts[real].bool())
+        labels.append(target_ids[target_mask.bool()])
+    states = packed_call(decoder, pieces, positions, embeds=True)
+    return [
+        linear_cross_entropy_sum(h[rows], lm_head, y, logit_chunk_rows)
+        for h, rows, y in zip(states, predicting, labels)
+    ]
+
+
 def target_counts(query_targets: dict, positive_targets: dict) -> dict[str, torch.Tensor]:
     """Target tokens per direction of one batch: q2d predicts the documents, d2q the queries."""
     return {"q2d": positive_targets["attention_mask"].sum(), "d2q": query_targets["attention_mask"].sum()}
@@ -88,13 +125,14 @@ class ReconstructionLoss(nn.Module):
         alpha: weight of EBQ2D; ``1 - alpha`` weighs EBD2Q. The paper uses 0.2.
         logit_chunk_rows: LM-head logits built this many target rows at a time (0: all at once); the same
             loss and gradients, with at most one block of logits in memory (:func:`reconstruction_nll`).
+        packed: both directions in one packed decoder call (:func:`packed_reconstruction_nll`).
 
     ``forward(decoder, lm_head, query_embedding, document_embedding, query_targets, positive_targets,
     counts)`` returns ``(loss, parts)`` with ``parts = {"q2d": L_Q2D, "d2q": L_D2Q}`` (the directions
     computed). ``counts`` defaults to the batch's own :func:`target_counts`.
     """
 
-    def __init__(self, alpha: float = 0.2, logit_chunk_rows: int = 0):
+    def __init__(self, alpha: float = 0.2, logit_chunk_rows: int = 0, packed: bool = False):
         super().__init__()
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"alpha must be in [0, 1], got {alpha}")
@@ -102,6 +140,7 @@ class ReconstructionLoss(nn.Module):
             raise ValueError(f"logit_chunk_rows must be >= 0, got {logit_chunk_rows}")
         self.alpha = float(alpha)
         self.logit_chunk_rows = int(logit_chunk_rows)
+        self.packed = bool(packed)
 
     def directions(self) -> tuple[str, ...]:
         """The directions computed: those whose weight in Eq. 5 is not 0."""
@@ -122,16 +161,18 @@ class ReconstructionLoss(nn.Module):
             "q2d": (self.alpha, query_embedding, positive_targets),
             "d2q": (1.0 - self.alpha, document_embedding, query_targets),
         }
+        weights = {name: directions[name][0] for name in self.directions()}
+        passes = [directions[name][1:] for name in weights]
+        args = [(anchor, targets["input_ids"], targets["attention_mask"]) for anchor, targets in passes]
+        if self.packed:
+            sums = packed_reconstruction_nll(decoder, lm_head, args, self.logit_chunk_rows)
+        else:
+            sums = [reconstruction_nll(decoder, lm_head, *a, self.logit_chunk_rows) for a in args]
         parts, loss = {}, None
-        for name, (weight, anchor, targets) in directions.items():
-            if weight == 0.0:
-                continue
-            nll = reconstruction_nll(
-                decoder, lm_head, anchor, targets["input_ids"], targets["attention_mask"], self.logit_chunk_rows
-            )
+        for (name, weight), nll in zip(weights.items(), sums):
             parts[name] = nll / counts[name]
             loss = weight * parts[name] if loss is None else loss + weight * parts[name]
         return loss, parts
 
     def extra_repr(self) -> str:
-        return f"alpha={self.alpha}, logit_chunk_rows={self.logit_chunk_rows}"
+        return f"alpha={self.alpha}, logit_chunk_rows={self.logit_chunk_rows}, packed={self.packed}"

@@ -1,0 +1,168 @@
+"""Packed decoder calls (#11, llm2vec.packing): the same embeddings, losses and gradients as padded calls,
+in fewer calls and with no padding. On CPU the packed row runs under sdpa's block-diagonal mask; with
+flash_attention_2 transformers takes the variable-length kernel from the same position ids (GPU only)."""
+
+import contextlib
+
+import pytest
+import torch
+from test_performance import PAIRS, assert_same_gradients, chunked_step, examples, loss_and_grads
+
+from llm2vec import LLM2Vec
+from llm2vec.arguments import ConfigError, ModelArguments
+from llm2vec.collator import TrainCollator
+from llm2vec.llm2vec import decoder_body
+from llm2vec.llm2vec_contrastive import LLM2VecContrastive
+from llm2vec.llm2vec_q2d_d2q import LLM2Vec_q2d_d2q
+from llm2vec.packing import packed_positions, unpack
+from llm2vec.pooling import POOLING_MODES
+from llm2vec.testing import build_tiny_model
+
+TEXTS = [
+    ["Given a question, retrieve passages that answer it", "What is the capital of France?"],
+    "Paris is the capital of France. Berlin is the capital of Germany, and Rome that of Italy.",
+    "a",
+    ["Retrieve semantically similar text", "numbers, punctuation: commas (parentheses) and [brackets]"],
+    "The quick brown fox",
+]
+
+
+@contextlib.contextmanager
+def counted_calls(model):
+    """Counts the forward calls of the decoder body of ``model`` (an LLM2Vec)."""
+    calls = []
+    handle = decoder_body(model.model).register_forward_hook(lambda *_: calls.append(1))
+    try:
+        yield calls
+    finally:
+        handle.remove()
+
+
+def test_pack_helpers_by_hand():
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [0, 0, 1, 1]])  # right, full and left padding
+    assert packed_positions(mask).tolist() == [0, 1, 2, 0, 1, 2, 3, 0, 1]
+    states = torch.arange(9.0)[:, None].expand(9, 2)
+    back = unpack(states, mask)
+    assert back[:, :, 0].tolist() == [[0, 1, 2, 0], [3, 4, 5, 6], [0, 0, 7, 8]]
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_packed_embeddings_equal_padded_ones(tiny_models, family, side):
+    causal_lm, tokenizer = tiny_models[family]
+    for mode in POOLING_MODES:
+        padded = LLM2Vec(causal_lm, tokenizer, pooling_mode=mode)
+        packed = LLM2Vec(causal_lm, tokenizer, pooling_mode=mode, packing=True)
+        features = padded.tokenize(TEXTS, padding_side=side)
+        before = {k: v.clone() for k, v in features.items()}
+        with torch.no_grad(), counted_calls(packed) as calls:
+            got = packed.embed(features)
+        assert len(calls) == 1
+        with torch.no_grad():
+            ref = padded.embed(features)
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5, msg=f"{family} {mode}")
+        assert all(torch.equal(features[k], before[k]) for k in features)  # the batch is not changed
+
+
+def test_encode_with_packing_equals_encode_without(tiny_models):
+    causal_lm, tokenizer = tiny_models["qwen2"]
+    ref = LLM2Vec(causal_lm, tokenizer).encode(TEXTS, batch_size=2, convert_to_tensor=True, show_progress_bar=False)
+    got = LLM2Vec(causal_lm, tokenizer, packing=True).encode(
+        TEXTS, batch_size=2, convert_to_tensor=True, show_progress_bar=False
+    )
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("alpha", [0.2, 1.0])
+def test_packed_stage_I_step_equals_padded_step_in_two_calls(tiny_models, family, alpha):
+    """Queries and documents encoded in one call, both reconstruction directions in a second one."""
+    causal_lm, tokenizer = tiny_models[family]
+    padded = LLM2Vec_q2d_d2q(causal_lm, tokenizer, alpha=alpha)
+    packed = LLM2Vec_q2d_d2q(causal_lm, tokenizer, alpha=alpha, packing=True)
+    batch = TrainCollator.for_encoder(padded, reconstruction="text")(examples())
+    ref_loss, ref_grads = loss_and_grads(padded, batch)
+    with counted_calls(packed) as calls:
+        loss, grads = loss_and_grads(packed, batch)
+    assert len(calls) == 2
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=0)
+    assert_same_gradients(grads, ref_grads, rtol=1e-5)
+    with torch.no_grad():
+        ref, out = padded(**batch), packed(**batch)
+    torch.testing.assert_close(out.loss_q2d, ref.loss_q2d, rtol=1e-5, atol=0)
+    if alpha < 1:
+        torch.testing.assert_close(out.loss_d2q, ref.loss_d2q, rtol=1e-5, atol=0)
+    assert ref.metrics["padding_fraction"] > 0 and out.metrics["padding_fraction"] == 0
+
+
+@pytest.mark.parametrize("budget", [1, 120])
+def test_packed_token_budget_chunks_count_real_tokens(tiny_models, budget):
+    from llm2vec.token_budget import chunk_cost, decoder_call_lengths, token_budget_chunks
+
+    causal_lm, tokenizer = tiny_models["mistral"]
+    plain = LLM2Vec_q2d_d2q(causal_lm, tokenizer, alpha=0.2)
+    packed = LLM2Vec_q2d_d2q(causal_lm, tokenizer, alpha=0.2, token_budget=budget, packing=True)
+    batch = TrainCollator.for_encoder(plain, reconstruction="text")(examples())
+    lengths = decoder_call_lengths(batch, ("q2d", "d2q")).tolist()
+    chunks = token_budget_chunks(lengths, budget, packed=True)
+    assert len(chunks) > 1
+    for rows in chunks:  # a packed chunk costs its real tokens: within the budget unless a pair alone exceeds it
+        assert chunk_cost(lengths, rows, packed=True) == sum(sum(lengths[i]) for i in rows)
+        assert len(rows) == 1 or chunk_cost(lengths, rows, packed=True) <= budget
+    ref_loss, ref_grads = loss_and_grads(plain, batch)
+    with counted_calls(packed) as calls:
+        out, grads, _ = chunked_step(packed, batch)
+    assert len(calls) == 2 * len(chunks) and out.chunks == len(chunks)
+    torch.testing.assert_close(out.loss, ref_loss, rtol=1e-5, atol=0)
+    assert_same_gradients(grads, ref_grads, rtol=1e-5)
+    assert out.metrics["padding_fraction"] == 0
+
+
+def stage_II_model(packing):
+    """A fresh tiny model (PEFT changes the model it wraps: the session's shared ones stay untouched)."""
+    from peft import LoraConfig, get_peft_model
+
+    causal_lm, tokenizer = build_tiny_model("llama3")
+    model = LLM2VecContrastive(decoder_body(causal_lm), tokenizer, loss_scale=20.0, packing=packing)
+    torch.manual_seed(0)
+    lora = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj", "down_proj"])
+    model.model = get_peft_model(model.model, lora)
+    for name, p in model.model.named_parameters():  # LoRA's B starts at zero: give it a value so A gets a gradient
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.05)
+    return model
+
+
+def test_packed_stage_II_step_equals_padded_step_in_one_call():
+    padded, packed = stage_II_model(False), stage_II_model(True)
+    packed.model.load_state_dict(padded.model.state_dict())
+    triples = [(i, q, d, n) for (i, q, d), (_, _, n) in zip(PAIRS, PAIRS[1:] + PAIRS[:1])]
+    from llm2vec.dataset import TrainExample
+
+    batch = TrainCollator.for_encoder(padded)(
+        [TrainExample(query=q, positive=d, negative=n, query_instruction=i, source="t") for i, q, d, n in triples]
+    )
+
+    def step(model):
+        model.zero_grad()
+        out = model(**batch)
+        out.loss.backward()
+        return out.loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    ref_loss, ref_grads = step(padded)
+    with counted_calls(packed) as calls:
+        loss, grads = step(packed)
+    assert len(calls) == 1  # queries, positives and negatives in one packed call
+    assert any("lora_A" in n for n in ref_grads)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=0)
+    assert_same_gradients(grads, ref_grads, rtol=1e-5)
+
+
+def test_packing_setting():
+    def args(**kw):
+        return ModelArguments(model_name_or_path="m", **kw)
+
+    assert not args().use_packing  # auto with sdpa (the default attention): length-sorted padding
+    assert args(attn_implementation="flash_attention_2").use_packing
+    assert args(packing=True).use_packing and args(packing="true").use_packing  # JSON true or the string
+    assert not args(packing=False, attn_implementation="flash_attention_2").use_packing
+    with pytest.raises(ConfigError, match="packing"):
+        args(packing="sometimes")
