@@ -16,7 +16,9 @@ Benches and variants (the first variant of each bench is the reference its ratio
   (``OPTIMISED_STAGE_I``). ``packed``: the optimised step with packed decoder calls (``packing``: two
   calls per chunk, no padding, the budget counting real tokens; on a CPU under sdpa's block-diagonal
   mask, on a GPU with ``--attn_implementation flash_attention_2`` under FlashAttention's variable-length
-  kernel). The optimised step runs again at the larger batches.
+  kernel). ``checkpointed``: the optimised step with activation checkpointing, as the paper configs run
+  it on GPUs (each decoder layer's activations recomputed in backward). The optimised step runs again at
+  the larger batches.
 - ``stage_II``: one forward+backward of InfoNCE over (query, positive, negative) triples with LoRA.
   ``plain``: the whole batch in one graph; ``cached``: the gradient cache (``OPTIMISED_STAGE_II``).
 - ``encode``: ``LLM2Vec.encode`` vs ``bare``: the same tokenization, then plain forwards of the decoder body on
@@ -169,8 +171,10 @@ def stage_I_step(args, variant: str, batch_size: int):
             if v is not None
         },
     }
-    options = {"optimised": options, "packed": {**options, "packing": True}}.get(variant, {})
+    options = {"optimised": options, "checkpointed": options, "packed": {**options, "packing": True}}.get(variant, {})
     encoder = LLM2Vec_q2d_d2q(model, tokenizer, alpha=0.2, max_length=args.max_length, **options).train()
+    if variant == "checkpointed":
+        encoder.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     examples = [TrainExample(q, d, n, "", "stdlib") for q, d, n in stdlib_triples(batch_size)]
     batch = to_device(TrainCollator.for_encoder(encoder, reconstruction="text")(examples), args.device)
     tokens = int(batch["query"]["attention_mask"].sum() + batch["positive"]["attention_mask"].sum())
@@ -181,7 +185,7 @@ def stage_I_step(args, variant: str, batch_size: int):
             loss = authors_stage_I_loss(encoder, batch, 0.2)
             loss.backward()
             return loss.item()
-        if variant in ("optimised", "packed"):
+        if variant in ("optimised", "checkpointed", "packed"):
             out = encoder.step_in_parts(encoder, batch, lambda t, grad=None: t.backward(grad), contextlib.nullcontext)
             if out is not None:
                 return out.loss.item()
@@ -332,7 +336,7 @@ def plan(args) -> list[tuple[str, str, int]]:
     runs = []
     if "stage_I" in args.only:
         first, *larger = args.stage_I_batches
-        runs += [("stage_I", v, first) for v in ("authors", "plain", "optimised", "packed")]
+        runs += [("stage_I", v, first) for v in ("authors", "plain", "optimised", "checkpointed", "packed")]
         runs += [("stage_I", "optimised", b) for b in larger]
     if "stage_II" in args.only:
         runs += [("stage_II", v, b) for b in args.stage_II_batches for v in ("plain", "cached")]

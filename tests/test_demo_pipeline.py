@@ -2,6 +2,7 @@
 builds, the report, and the whole pipeline at its smoke size (tiny random model, real scripts, real mteb
 evaluation)."""
 
+import dataclasses
 import json
 import math
 import os
@@ -69,9 +70,25 @@ def test_default_size_runs_the_configs_as_they_are():
     ]
 
 
+def test_demo_warm_up_is_the_papers_share_of_each_run():
+    """300 of 2000 Stage I steps and 300 of 1000 Stage II steps in the paper's configs: the demo configs and
+    any step override keep those shares."""
+    from demo.settings import ANCHOR_CONFIG, BASELINE_CONFIG, WARMUP_SHARE
+
+    assert WARMUP_SHARE == {"I": 300 / 2000, "II": 300 / 1000}
+    for stage, path in (("I", STAGE_I_CONFIG), ("II", ANCHOR_CONFIG), ("II", BASELINE_CONFIG)):
+        config = _config(path)
+        assert config["warmup_steps"] == round(WARMUP_SHARE[stage] * config["max_steps"]), path.name
+    for steps in (10, 40, 100):
+        size = dataclasses.replace(SIZES["default"], stage_I_steps=steps, stage_II_steps=steps)
+        assert size.training_overrides("I")["warmup_steps"] == round(0.15 * steps)
+        assert size.training_overrides("II")["warmup_steps"] == round(0.3 * steps)
+
+
 def test_smoke_size_and_gpus_change_only_what_they_need():
     smoke = SIZES["smoke"].training_overrides("II")
-    assert smoke["max_steps"] == 2 and smoke["warmup_steps"] == 0
+    assert smoke["max_steps"] == 2 and smoke["warmup_steps"] == 1  # 30% of the run, rounded
+    assert SIZES["smoke"].training_overrides("I")["warmup_steps"] == 0  # 15%
     cmd = training_command(STAGE_I_SCRIPT, STAGE_I_CONFIG, {"output_dir": "o"}, Hardware(gpus=1, bf16=True))
     assert cmd[0] == sys.executable and cmd[-2:] == ["--bf16", "true"]
     cmd = training_command(STAGE_I_SCRIPT, STAGE_I_CONFIG, {"output_dir": "o"}, Hardware(gpus=2, bf16=False))
@@ -370,6 +387,9 @@ def test_smoke_run_trains_each_seed_with_its_seed_and_plots_every_loss(smoke_run
     chance = summary["stage_II_chance_loss"]
     assert chance == pytest.approx(math.log(2 * SIZES["smoke"].batch_size))
     assert summary["stage_II_final_loss"]["43"][report.ANCHOR_RUN] == histories["43"][report.ANCHOR_RUN][-1][1]
+    tail = [loss for _, loss in histories["43"][report.ANCHOR_RUN][-report.END_STEPS :]]
+    ends = summary[f"stage_II_mean_loss_of_the_last_{report.END_STEPS}_steps"]
+    assert ends["43"][report.ANCHOR_RUN] == pytest.approx(sum(tail) / len(tail))
     plot = out / "report" / "stage_II_loss.png"
     assert _png_size(plot) == (840, 504)
     # the image is the plot of every seed's two histories (the plot is byte-for-byte reproducible, see above)

@@ -118,16 +118,17 @@ def describe_run(
     batch, length = size.batch_size, size.max_seq_length
     model = "tiny random SmolLM2-family model (smoke size)" if size.tiny_model else "SmolLM2-135M-Instruct"
     s1, s2 = size.stage_I_steps or one["max_steps"], size.stage_II_steps or two["max_steps"]
+    w1, w2 = (size.training_overrides(st).get("warmup_steps", c["warmup_steps"]) for st, c in (("I", one), ("II", two)))
     lines = [
         "Run:",
         f"- model: {model} ({rel(model_dir)})",
         f"- train data: {manifest['sizes']['train']} standard-library docstring triples "
         f"({manifest['sizes']['train_modules']} modules, none of the test or validation modules)",
-        f"- Stage I: {s1} steps x {batch or one['per_device_train_batch_size']} pairs, lr {one['learning_rate']}, "
-        f"alpha {one['alpha']}, max length {length or one['max_seq_length']}",
+        f"- Stage I: {s1} steps x {batch or one['per_device_train_batch_size']} pairs, lr {one['learning_rate']} "
+        f"(warm-up {w1}), alpha {one['alpha']}, max length {length or one['max_seq_length']}",
         f"- Stage II (Anchor and Baseline alike): {s2} steps x {batch or two['per_device_train_batch_size']} "
-        f"triples, LoRA r {two['lora_r']}, lr {size.stage_II_learning_rate or two['learning_rate']}, "
-        f"loss scale {two['loss_scale']}",
+        f"triples, LoRA r {two['lora_r']}, lr {size.stage_II_learning_rate or two['learning_rate']} "
+        f"(warm-up {w2}), loss scale {two['loss_scale']}",
         f"- seeds: {', '.join(map(str, seeds))} (each: its own Stage I and both Stage II runs; the untrained row once)",
         f"- evaluation: {split} split, max length {max_length}, instruction {INSTRUCTION!r} on queries only",
         f"- CPU threads per command: {threads}",
@@ -210,6 +211,10 @@ def markdown_tables(rows: list[dict[str, Any]], difference: dict[str, Any]) -> s
     return "\n".join(lines)
 
 
+END_STEPS = 5  # the steps the "end of a run" loss averages
+STABLE_SHARE = 0.7  # a run counts as trained when its final loss is below this share of chance (issue #14)
+
+
 def write_report(
     folder: Path,
     size: DemoSize,
@@ -241,11 +246,24 @@ def write_report(
     batch = size.batch_size or stage_II["per_device_train_batch_size"]
     chance = math.log(2 * batch)  # a uniform softmax over the batch's positives and hard negatives
     final = {s: {run: points[-1][1] for run, points in runs.items()} for s, runs in histories.items()}
+    # the end of a run, less noisy than its last batch: the mean loss of its last END_STEPS logged steps
+    end = {
+        s: {run: sum(p[1] for p in points[-END_STEPS:]) / len(points[-END_STEPS:]) for run, points in runs.items()}
+        for s, runs in histories.items()
+    }
     final_lines = [
         f"- seed {s}: "
-        + ", ".join(f"{run.split(' ')[0]} {loss:.3f} ({loss / chance:.2f} x chance)" for run, loss in f.items())
+        + ", ".join(
+            f"{run.split(' ')[0]} {loss:.3f} ({loss / chance:.2f} x chance; last {END_STEPS} steps "
+            f"{end[s][run]:.3f}, {end[s][run] / chance:.2f} x)"
+            for run, loss in f.items()
+        )
         for s, f in final.items()
     ]
+    below = sum(loss < STABLE_SHARE * chance for f in final.values() for loss in f.values())
+    final_lines.append(
+        f"\nRuns whose final loss is below {STABLE_SHARE} x chance: {below} of {sum(len(f) for f in final.values())}."
+    )
     text = (
         f"# Anchor Embedding demo ({size.name} size, {split} split)\n\n"
         f"Retrieval task {TASK_NAME}, {split} split: {manifest['sizes'][SIZE_KEYS[split]]} queries "
@@ -266,6 +284,7 @@ def write_report(
         "anchor_minus_baseline": difference,
         "stage_II_loss": histories,
         "stage_II_final_loss": final,
+        f"stage_II_mean_loss_of_the_last_{END_STEPS}_steps": end,
         "stage_II_chance_loss": chance,
     }
     with atomic_write(folder / RESULTS_JSON) as f:

@@ -41,6 +41,10 @@ TABLE_10_ROWS = {
 }
 
 
+# warm-up as a share of the run, as in the paper's configs: 300 of 2000 Stage I steps, 300 of 1000 Stage II steps
+WARMUP_SHARE = {"I": 0.15, "II": 0.3}
+
+
 @dataclasses.dataclass(frozen=True)
 class DemoSize:
     """How big a demo run is. ``None`` keeps the value of the ``train_configs/demo`` config."""
@@ -63,7 +67,7 @@ class DemoSize:
         out: dict[str, Any] = {}
         steps = self.stage_I_steps if stage == "I" else self.stage_II_steps
         if steps is not None:
-            out.update(max_steps=steps, warmup_steps=int(round(0.1 * steps)))
+            out.update(max_steps=steps, warmup_steps=int(round(WARMUP_SHARE[stage] * steps)))
         if self.batch_size is not None:
             out.update(
                 per_device_train_batch_size=self.batch_size,
