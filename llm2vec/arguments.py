@@ -89,8 +89,9 @@ class ModelArguments:
         default="auto",
         metadata={
             "help": "Packed decoder calls, without padding (llm2vec.packing; the same losses and embeddings): true, "
-            "false, or auto (on with flash_attention_2, whose variable-length kernel makes it pay; off otherwise, "
-            "since sdpa and eager compute attention over the whole packed row).",
+            "false, or auto (on with flash_attention_2, whose variable-length kernel skips the padding; off otherwise, "
+            "since sdpa and eager compute attention over the whole packed row, quadratic in its length; true "
+            "pays on CPU for Stage I chunks of about 1k tokens, see the README's benchmark).",
             "choices": PACKING,
         },
     )
