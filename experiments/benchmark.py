@@ -17,8 +17,8 @@ Benches and variants (the first variant of each bench is the reference its ratio
   calls per chunk, no padding, the budget counting real tokens; on a CPU under sdpa's block-diagonal
   mask, on a GPU with ``--attn_implementation flash_attention_2`` under FlashAttention's variable-length
   kernel). ``checkpointed``: the packed step with activation checkpointing too (each decoder layer's
-  activations recomputed in backward): every setting the paper configs run with. The optimised step
-  runs again at the larger batches.
+  activations recomputed in backward): every setting the paper configs run with. The optimised and
+  checkpointed steps run again at the larger batches.
 - ``stage_II``: one forward+backward of InfoNCE over (query, positive, negative) triples with LoRA.
   ``plain``: the whole batch in one graph; ``cached``: the gradient cache (``OPTIMISED_STAGE_II``).
 - ``encode``: ``LLM2Vec.encode`` vs ``bare``: the same tokenization, then plain forwards of the decoder body on
@@ -338,7 +338,7 @@ def plan(args) -> list[tuple[str, str, int]]:
     if "stage_I" in args.only:
         first, *larger = args.stage_I_batches
         runs += [("stage_I", v, first) for v in ("authors", "plain", "optimised", "packed", "checkpointed")]
-        runs += [("stage_I", "optimised", b) for b in larger]
+        runs += [("stage_I", v, b) for b in larger for v in ("optimised", "checkpointed")]
     if "stage_II" in args.only:
         runs += [("stage_II", v, b) for b in args.stage_II_batches for v in ("plain", "cached")]
     if "encode" in args.only:
@@ -446,7 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         nargs="+",
         default=[8, 32],
-        help="pairs: the first for every variant, the others for the optimised step only",
+        help="pairs: the first for every variant, the others for the optimised and checkpointed steps only",
     )
     p.add_argument("--stage_II_batches", type=int, nargs="+", default=[8, 32, 64], help="triples")
     p.add_argument("--encode_batch", type=int, default=32)

@@ -445,6 +445,7 @@ def test_benchmark_runs_every_variant_in_its_own_process_with_equal_losses():
         ("stage_I", "checkpointed", 4),
         ("stage_I", "packed", 4),
         ("stage_I", "optimised", 8),
+        ("stage_I", "checkpointed", 8),
         ("stage_II", "plain", 4),
         ("stage_II", "cached", 4),
         ("encode", "bare", 8),
