@@ -366,6 +366,18 @@ def test_smoke_run_reports_every_seed_and_their_mean_and_spread(smoke_run):
         assert diff["per_seed"][str(s)] == pytest.approx(a - b, abs=1e-12)
     assert diff["mean"] == pytest.approx(statistics.mean(diff["per_seed"].values()), abs=1e-12)
     assert f"Anchor - Baseline, nDCG@10: {100 * diff['mean']:+.2f}" in results
+    # how many Stage II runs end below 0.7 x chance, and where each first got there
+    chance, final = summary["stage_II_chance_loss"], summary["stage_II_final_loss"]
+    below = sum(loss < report.STABLE_SHARE * chance for runs in final.values() for loss in runs.values())
+    assert f"Runs whose final loss is below {report.STABLE_SHARE} x chance: {below} of {2 * len(SEEDS)}." in results
+    firsts = {}
+    for s, runs in summary["stage_II_loss"].items():
+        for run, points in runs.items():
+            steps = [step for step, loss in points if loss < report.STABLE_SHARE * chance]
+            firsts[(s, run.split(" ")[0])] = str(steps[0]) if steps else "never"
+    line = next(x for x in lines if x.startswith("First step whose loss is below"))
+    for (s, run), first in firsts.items():
+        assert f"{run} {first}" in line.split(f"seed {s} ")[1].split(";")[0]
 
 
 def test_smoke_run_trains_each_seed_with_its_seed_and_plots_every_loss(smoke_run, tmp_path):

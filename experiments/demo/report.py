@@ -264,6 +264,18 @@ def write_report(
     final_lines.append(
         f"\nRuns whose final loss is below {STABLE_SHARE} x chance: {below} of {sum(len(f) for f in final.values())}."
     )
+
+    def first_below(points):  # the first logged step whose loss is under STABLE_SHARE x chance, or "never"
+        return next((str(step) for step, loss in points if loss < STABLE_SHARE * chance), "never")
+
+    final_lines.append(
+        f"First step whose loss is below {STABLE_SHARE} x chance: "
+        + "; ".join(
+            f"seed {s} " + ", ".join(f"{run.split(' ')[0]} {first_below(points)}" for run, points in runs.items())
+            for s, runs in histories.items()
+        )
+        + "."
+    )
     text = (
         f"# Anchor Embedding demo ({size.name} size, {split} split)\n\n"
         f"Retrieval task {TASK_NAME}, {split} split: {manifest['sizes'][SIZE_KEYS[split]]} queries "
