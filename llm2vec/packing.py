@@ -12,9 +12,9 @@ find_packed_sequence_indices``, used when the attention mask is ``None``): ``fla
 variable-length kernel over the sequences, so no padding is computed at all; ``sdpa`` and ``eager`` get
 a block-diagonal causal mask, which gives the same numbers but computes attention over the whole row and
 masks it, at a cost that grows with the square of the row's length. For Stage I chunks of about a
-thousand tokens that is still cheaper than padding (``experiments/benchmark.py``, the README's table),
-but an ``encode`` batch of 32 texts of 512 tokens would be one row of 16k; so ``ModelArguments.packing``
-turns packing on by default only with ``flash_attention_2``. The CPU tests use it with ``sdpa`` to check
+thousand tokens that is still cheaper than padding (the README's benchmark table), but an
+``encode`` batch of 32 texts of 512 tokens would be one row of 16k; so ``ModelArguments.packing`` turns
+packing on by default only with ``flash_attention_2``. The CPU tests use it with ``sdpa`` to check
 that a packed call equals the padded one.
 
 The helpers build every tensor anew (nothing is written into a caller's tensor); :func:`unpack` puts the
