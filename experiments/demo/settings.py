@@ -30,7 +30,7 @@ TASK_NAME = "StdlibDocRetrieval"
 INSTRUCTION = "Given the first sentence of a Python docstring, retrieve the documentation of that object"
 
 DEFAULT_SEED = 42  # the first seed; --seeds N runs DEFAULT_SEED, DEFAULT_SEED + 1, ...
-DEFAULT_SEEDS = 3  # how many seeds the plain command runs (about 26 minutes on 2 CPU cores; README)
+DEFAULT_SEEDS = 3  # how many seeds the plain command runs (26-28 minutes on 2 CPU cores; README)
 
 # the rows of the paper's Table 10, by the name of their evaluation step (eval_<row>)
 TABLE_10_ROWS = {
