@@ -133,7 +133,8 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
     def describe(self) -> str:
         text = f"template {self.template.name}, alpha {self.loss_fn.alpha:.2f}"
         if self.token_budget:
-            text += f", token budget {self.token_budget} padded positions per forward/backward"
+            counted = "real" if self.packing else "padded"
+            text += f", token budget {self.token_budget} {counted} positions per forward/backward"
         if self.loss_fn.logit_chunk_rows:
             text += f", LM-head logits {self.loss_fn.logit_chunk_rows} target rows at a time"
         if self.packing:
