@@ -177,8 +177,34 @@ class DataArguments:
         },
     )
 
+    validation_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "Held-out pairs evaluated every eval_steps: a JSON-lines file of the training layout "
+            "(query, positive[, negative][, instruction]; validated like the training data). Stage I logs the "
+            "validation reconstruction loss and the anchor's information gain per direction "
+            "(llm2vec.anchor_gain). Give this or validation_size, not both."
+        },
+    )
+    validation_size: float = field(
+        default=0,
+        metadata={
+            "help": "Hold out this many training examples (a whole number >= 1) or this fraction of them (0 < x < 1) "
+            "as the validation pairs: carved with the seed before training, never trained on, the same slice on "
+            "a resume and in every process. 0: none."
+        },
+    )
+
     def __post_init__(self):
         _choice("dataset_name", self.dataset_name, DATASETS)
+        if self.validation_size < 0 or (
+            self.validation_size >= 1 and self.validation_size != int(self.validation_size)
+        ):
+            raise ConfigError(
+                f"validation_size={self.validation_size}: must be 0 (none), a fraction in (0, 1) or a whole count"
+            )
+        if self.validation_file and self.validation_size:
+            raise ConfigError("validation_file and validation_size are both set: give one source of validation pairs")
         if self.max_examples_per_source is not None and self.max_examples_per_source < 1:
             raise ConfigError(f"max_examples_per_source={self.max_examples_per_source}: must be positive")
         if not self.instruction_separator:
@@ -292,8 +318,28 @@ class StageIArguments(_StageArguments):
         },
     )
 
+    reconstruction_input_dropout: float = field(
+        default=0.0,
+        metadata={
+            "help": "An option, not the paper's (0): in training, replace this share of the reconstruction pass's "
+            "teacher-forced target inputs by zero vectors (word dropout), so the decoder has to read the anchor "
+            "(docs/demo.md: the sweep). The targets predicted stay the same; evaluation never drops."
+        },
+    )
+    reconstruction_prefix: str = field(
+        default="",
+        metadata={
+            "help": "An option, not the paper's (empty): a text whose tokens the reconstruction pass reads before the "
+            "anchor, so the anchor is not at position 0 (a decoder's attention sink), e.g. '<|im_start|>'."
+        },
+    )
+
     def __post_init__(self):
         super().__post_init__()
+        if not 0.0 <= self.reconstruction_input_dropout < 1.0:
+            raise ConfigError(
+                f"reconstruction_input_dropout={self.reconstruction_input_dropout}: must be in [0, 1) (0: the paper)"
+            )
         if not 0.0 <= self.alpha <= 1.0:
             raise ConfigError(f"alpha={self.alpha}: must be in [0, 1]")
         _choice("reconstruction_targets", self.reconstruction_targets, RECONSTRUCTION_TARGETS)
@@ -489,6 +535,13 @@ class RunConfig:
                 f"{self.model.max_seq_length}: one text alone could exceed it; give at least "
                 f"{self.model.max_seq_length} (or 0 for no gradient cache)"
             )
+        if str(args.eval_strategy) not in ("no", "IntervalStrategy.NO") and not (
+            self.data.validation_file or self.data.validation_size
+        ):
+            raise ConfigError(
+                f"{self.source}: eval_strategy {args.eval_strategy.value!r} needs validation pairs: set "
+                "validation_file or validation_size (or eval_strategy 'no')"
+            )
         self.stage.check(args, self.source)
 
     def resolved(self) -> dict[str, Any]:
@@ -573,6 +626,8 @@ def parse_config(stage: str, argv: list[str]) -> RunConfig:
         raise ConfigError(f"{source}: 'model_name_or_path' and 'output_dir' are required")
     for key, value in TRAINING_DEFAULTS.items():
         config.setdefault(key, value)
+    if config.get("validation_file") or config.get("validation_size"):
+        config.setdefault("eval_strategy", "steps")  # held-out pairs are evaluated every eval_steps
     if config.get("activation_checkpointing"):
         config.setdefault("activation_checkpointing_kwargs", {"use_reentrant": False})
     try:

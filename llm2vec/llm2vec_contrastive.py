@@ -53,6 +53,7 @@ from .distributed import world
 from .gradcache import RngState, collate_rows, plan_chunks, rows_of
 from .llm2vec import LLM2Vec
 from .loss.infonce import InfoNCELoss
+from .validation import contrastive_validation
 
 
 @dataclass
@@ -144,6 +145,20 @@ class LLM2VecContrastive(LLM2Vec):
         e_q, e_p, *rest = self.embed_many(sides)  # one packed call with packing, else one call per side
         e_n = rest[0] if rest else None
         return ContrastiveOutput(self.loss_fn(e_q, e_p, e_n), e_q, e_p, e_n)
+
+    def validation_metrics(self, model, triples, collate, args) -> dict[str, float]:
+        """What the trainer logs at each evaluation (``model``: this model as the trainer wraps it): the validation
+        InfoNCE loss over batches of the training loss's size (per-device batch x processes) and the retrieval
+        metrics of the validation queries against all validation positives (:mod:`llm2vec.validation`)."""
+        return contrastive_validation(
+            model,
+            triples,
+            collate,
+            batch_size=args.per_device_eval_batch_size,
+            contrastive_batch=args.per_device_train_batch_size * args.world_size,
+            scale=self.loss_fn.scale,
+            device=args.device,
+        )
 
     def step_in_parts(self, model, inputs: dict, backward, no_sync) -> ContrastiveOutput | None:
         """One training step with the gradient cache (module docstring), or ``None`` (the trainer then takes the

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM
 
+from .anchor_gain import anchor_gain
 from .llm2vec import LLM2Vec, decoder_body
 from .loss import ReconstructionLoss
 from .loss.reconstruction import target_counts as count_targets
@@ -99,19 +100,40 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
         token_budget: most padded decoder positions of one forward/backward (0: the whole batch at once);
             see :meth:`step_in_parts`.
         logit_chunk_rows: LM-head logits built this many target rows at a time (0: all at once).
+        reconstruction_input_dropout: word dropout on the reconstruction pass's teacher-forced inputs
+            (an option, not the paper's; :func:`llm2vec.loss.reconstruction.drop_target_inputs`).
+        reconstruction_prefix: a text whose tokens are read before the anchor in the reconstruction pass, so
+            the anchor is not at position 0 (an option, not the paper's; ``""``: none).
     """
 
     backbone_class = AutoModelForCausalLM
 
     def __init__(
-        self, model, tokenizer, alpha: float = 0.2, token_budget: int = 0, logit_chunk_rows: int = 0, **kwargs
+        self,
+        model,
+        tokenizer,
+        alpha: float = 0.2,
+        token_budget: int = 0,
+        logit_chunk_rows: int = 0,
+        reconstruction_input_dropout: float = 0.0,
+        reconstruction_prefix: str = "",
+        **kwargs,
     ):
         super().__init__(model, tokenizer, **kwargs)
         if model.get_output_embeddings() is None:
             raise ValueError("Stage I needs a causal LM with its LM head (load it with AutoModelForCausalLM)")
         if token_budget < 0:
             raise ValueError(f"token_budget must be >= 0, got {token_budget}")
-        self.loss_fn = ReconstructionLoss(alpha, logit_chunk_rows=logit_chunk_rows, packed=self.packing)
+        prefix_ids = (
+            tokenizer(reconstruction_prefix, add_special_tokens=False)["input_ids"] if reconstruction_prefix else ()
+        )
+        self.loss_fn = ReconstructionLoss(
+            alpha,
+            logit_chunk_rows=logit_chunk_rows,
+            packed=self.packing,
+            input_dropout=reconstruction_input_dropout,
+            prefix_ids=prefix_ids,
+        )
         self.token_budget = int(token_budget)
 
     @classmethod
@@ -127,6 +149,8 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
             alpha=stage_args.alpha,
             token_budget=stage_args.token_budget,
             logit_chunk_rows=stage_args.logit_chunk_rows,
+            reconstruction_input_dropout=stage_args.reconstruction_input_dropout,
+            reconstruction_prefix=stage_args.reconstruction_prefix,
             packing=model_args.use_packing,
         )
 
@@ -139,7 +163,27 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
             text += f", LM-head logits {self.loss_fn.logit_chunk_rows} target rows at a time"
         if self.packing:
             text += ", packed decoder calls (2 per chunk: encoding, both reconstructions)"
+        if self.loss_fn.input_dropout:
+            text += f", reconstruction input dropout {self.loss_fn.input_dropout:g} (an option, not the paper's)"
+        if self.loss_fn.prefix_ids:
+            text += f", {len(self.loss_fn.prefix_ids)} prefix token(s) before the anchor (an option, not the paper's)"
         return text
+
+    def validation_metrics(self, model, pairs, collate, args) -> dict[str, float]:
+        """What the trainer logs at each evaluation (``model``: this model as the trainer wraps it): the
+        validation reconstruction loss and the anchor's information gain per direction
+        (:func:`llm2vec.anchor_gain.anchor_gain`) over batches of ``args.per_device_eval_batch_size`` pairs
+        (a last pair alone joins the batch before it), and their Eq. 5 combination as ``loss``. Every process
+        measures all pairs: the same forward passes everywhere, as FSDP needs."""
+        size = max(2, args.per_device_eval_batch_size)
+        starts = list(range(0, len(pairs), size))
+        if len(starts) > 1 and len(pairs) - starts[-1] < 2:
+            starts.pop()
+        ends = starts[1:] + [len(pairs)]
+        metrics = anchor_gain(model, [collate(pairs[a:b]) for a, b in zip(starts, ends)])
+        parts = {d: metrics[f"loss_{d}"] for d in self.loss_fn.directions()}
+        weights = {"q2d": self.loss_fn.alpha, "d2q": 1.0 - self.loss_fn.alpha}
+        return {"loss": sum(weights[d] * v for d, v in parts.items()), **metrics}
 
     def forward(
         self,
@@ -148,14 +192,19 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
         query_targets: dict,
         positive_targets: dict,
         target_counts: dict[str, torch.Tensor] | None = None,
+        anchor_shift: int = 0,
     ) -> StageIOutput:
-        """Stage I loss of a collated batch; ``target_counts`` as in :class:`ReconstructionLoss`."""
+        """Stage I loss of a collated batch; ``target_counts`` as in :class:`ReconstructionLoss`.
+
+        ``anchor_shift`` = s != 0 reconstructs pair i from the anchors of pair (i + s) mod B instead of its
+        own: the measurement of :mod:`llm2vec.anchor_gain`, never a training loss.
+        """
         e_q, e_d = self.embed_many([query, positive])
+        shifted = [e.roll(-anchor_shift, dims=0) for e in (e_q, e_d)] if anchor_shift else (e_q, e_d)
         loss, parts = self.loss_fn(
             decoder_body(self.model),
             self.model.get_output_embeddings(),
-            e_q,
-            e_d,
+            *shifted,
             query_targets,
             positive_targets,
             target_counts,

@@ -157,6 +157,23 @@ class LLM2VecTrainer(Trainer):
             self._metric_sums = {}
         super().log(logs, start_time)
 
+    # ------------------------------------------------------------------ evaluation
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """The model's own validation measures on the held-out pairs (``validation_metrics(model, pairs, collate,
+        args)``: Stage I's anchor gain, Stage II's validation loss and retrieval metrics), logged as
+        ``eval_<name>``; the Trainer's loss-only evaluation for a model without them. Every process takes
+        part and logs the same numbers (how the work is shared: each model's ``validation_metrics``)."""
+        measure = getattr(self._encoder(), "validation_metrics", None)
+        if measure is None:
+            return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+        pairs = list(eval_dataset if eval_dataset is not None else self.eval_dataset)
+        measured = measure(self.model, pairs, self.data_collator, self.args)
+        metrics = {f"{metric_key_prefix}_{k}": round(v, 6) for k, v in measured.items()}
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
+
     # ------------------------------------------------------------------ saving and resuming
 
     def _save(self, output_dir=None, state_dict=None):

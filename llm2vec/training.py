@@ -38,6 +38,7 @@ def model_class(stage: str):
 
 
 def load_training_data(data: DataArguments, global_batch_size: int, seed: int, require_negative: bool) -> TrainDataset:
+    """The training data; with ``validation_size`` its ``held_out`` slice holds the validation pairs."""
     if data.dataset_name == "E5":
         return load_e5(
             data.dataset_file_path,
@@ -46,6 +47,7 @@ def load_training_data(data: DataArguments, global_batch_size: int, seed: int, r
             sources=data.e5_sources,
             max_per_source=data.max_examples_per_source,
             require_negative=require_negative,
+            validation_size=data.validation_size,
         )
     paths = [p for p in data.dataset_file_path.split(",") if p]
     return load_jsonl(
@@ -54,7 +56,23 @@ def load_training_data(data: DataArguments, global_batch_size: int, seed: int, r
         seed=seed,
         default_instruction=data.default_instruction,
         require_negative=require_negative,
+        validation_size=data.validation_size,
     )
+
+
+def validation_pairs(data: DataArguments, dataset: TrainDataset, require_negative: bool) -> list:
+    """The held-out pairs evaluated during training: ``validation_file`` (read and checked like training data, in
+    one fixed shuffled order whatever the run's seed, so that runs of different seeds are measured on the same
+    batches) or the slice carved by ``validation_size``; empty without either."""
+    if data.validation_file:
+        return load_jsonl(
+            [data.validation_file],
+            global_batch_size=1,
+            seed=0,
+            default_instruction=data.default_instruction,
+            require_negative=require_negative,
+        ).examples
+    return dataset.held_out
 
 
 def setup_logging(args: transformers.TrainingArguments) -> None:
@@ -91,6 +109,11 @@ def train(config: RunConfig):
         config.global_batch_size,
         dataset.summary(),
     )
+    validation = validation_pairs(config.data, dataset, config.stage.require_negative)
+    if validation:
+        logger.info(
+            "Stage %s validation: %d held-out pairs, evaluated every %s steps", stage, len(validation), args.eval_steps
+        )
     schedule = plan_schedule(args, dataset.num_global_batches, config.stage.stop_after_n_steps, config.source)
     check_resume(plan.resume_from, schedule, extending=plan.continue_past is not None)
     logger.info("Stage %s %s", stage, schedule.describe())
@@ -102,6 +125,7 @@ def train(config: RunConfig):
         model=model,
         args=args,
         train_dataset=dataset,
+        eval_dataset=validation or None,
         data_collator=collator,
         run_config={**config.resolved(), "lr_schedule": schedule.as_dict()},
         callbacks=[StopAfterNSteps(schedule)],

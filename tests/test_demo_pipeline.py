@@ -21,6 +21,7 @@ from demo.settings import (
     DEFAULT_SEEDS,
     SIZES,
     STAGE_I_CONFIG,
+    STAGE_I_EVAL,
     STAGE_I_SCRIPT,
     TASK_NAME,
 )
@@ -290,7 +291,7 @@ def _run_demo(out_dir, cwd, *flags):
 SEEDS = (42, 43)
 TRAINED = ("stage_I", "baseline", "anchor")
 STEPS = (
-    ["model", "train_file", "eval_untrained"]
+    ["model", "train_file", "validation_file", "eval_untrained"]
     + [
         f"seed{s}/{name}"
         for s in SEEDS
@@ -313,7 +314,7 @@ def _step_folder(out, name):
     base = out / seed if seed else out
     if step.startswith("eval_"):
         return base / "eval" / step[len("eval_") :]
-    return base / {"train_file": "data"}.get(step, step)
+    return base / {"train_file": "data", "validation_file": "validation"}.get(step, step)
 
 
 @pytest.fixture(scope="module")
@@ -411,6 +412,41 @@ def test_smoke_run_trains_each_seed_with_its_seed_and_plots_every_loss(smoke_run
     report.plot_losses(drawn, tmp_path / "again.png", report.loss_plot_title("smoke"))
     assert (tmp_path / "again.png").read_bytes() == plot.read_bytes()
     assert f"loss plot: {plot}" in stdout
+
+
+def test_smoke_run_reports_the_anchor_gain_of_each_seeds_stage_I(smoke_run):
+    """Each seed's Stage I evaluates the validation pairs at the start and at its end; the report shows what its
+    trainer_state.json logged, and the last evaluation is the anchor gain of the saved Stage I model on those pairs
+    (llm2vec.anchor_gain, tested against a per-pair reference in tests/test_anchor_gain.py)."""
+    from llm2vec.anchor_gain import anchor_gain
+    from llm2vec.collator import TrainCollator
+    from llm2vec.dataset import load_jsonl
+    from llm2vec.llm2vec_q2d_d2q import LLM2Vec_q2d_d2q
+
+    out, _ = smoke_run
+    summary = json.loads((out / "report" / "results.json").read_text())
+    results = (out / "report" / "results.md").read_text()
+    pairs = load_jsonl([str(out / "validation" / "validation.jsonl")], global_batch_size=1, seed=0).examples
+    assert len(pairs) > 2
+    for s in SEEDS:
+        logged = json.loads((out / f"seed{s}" / "stage_I" / "trainer_state.json").read_text())["log_history"]
+        evals = [h for h in logged if "eval_anchor_gain_d2q" in h]
+        assert [e["step"] for e in evals] == [0, 2]  # eval_on_start, then the end of the 2 smoke steps
+        got = summary["stage_I_validation"][str(s)]
+        assert [g["step"] for g in got] == [0, 2]
+        for g, e in zip(got, evals):
+            assert g["anchor_gain_d2q"] == e["eval_anchor_gain_d2q"] and g["loss_q2d"] == e["eval_loss_q2d"]
+        model = LLM2Vec_q2d_d2q.load(str(out / f"seed{s}" / "stage_I"), max_length=SIZES["smoke"].max_seq_length)
+        collate = TrainCollator.for_encoder(model, reconstruction="text", instruction_separator="; ")
+        size = STAGE_I_EVAL["per_device_eval_batch_size"]
+        batches = [collate(pairs[i : i + size]) for i in range(0, len(pairs), size)]
+        if len(batches[-1]["query"]["input_ids"]) < 2:
+            batches[-2:] = [collate(pairs[len(pairs) - size - 1 :])]
+        after = anchor_gain(model, batches)
+        for d in ("q2d", "d2q"):
+            assert got[-1][f"anchor_gain_{d}"] == pytest.approx(after[f"anchor_gain_{d}"], abs=1e-4)
+        last = got[-1]
+        assert f"| {s} | 2 | {last['anchor_gain_q2d']:+.3f} | {last['anchor_gain_d2q']:+.3f} |" in results
 
 
 def test_smoke_run_layout(smoke_run):

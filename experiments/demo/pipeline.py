@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import random
 import sys
 import time
 from pathlib import Path
@@ -56,10 +57,13 @@ from .settings import (
     SMOLLM2_DIR,
     SMOLLM2_SCRIPT,
     STAGE_I_CONFIG,
+    STAGE_I_EVAL,
     STAGE_I_SCRIPT,
     STAGE_II_SCRIPT,
     TABLE_10_ROWS,
     TRAIN_SOURCE,
+    VALIDATION_PAIRS,
+    VALIDATION_SOURCE,
     DemoSize,
     rel,
 )
@@ -120,12 +124,22 @@ def run_demo(
         )
     )
 
+    validation = steps.run(
+        Step(
+            "validation_file",
+            "the validation split's (query, relevant document) pairs, for Stage I's anchor gain",
+            out / "validation",
+            {"data": data.run_id, "instruction": INSTRUCTION},
+            functools.partial(write_validation_file, data.folder / SPLIT_DIRS["validation"]),
+        )
+    )
+
     max_length = size.max_seq_length or read_json(ANCHOR_CONFIG)["max_seq_length"]  # Stage II's length
     evaluation = EvalSettings(data, split, size.eval_batch_size, max_length, hardware)
     untrained = table_row(steps.run(eval_step(out, "", "untrained", model, None, evaluation)))
     per_seed: dict[int, SeedRuns] = {}
     for seed in seeds:
-        per_seed[seed] = run_seed(steps, out, seed, size, model, train, evaluation)
+        per_seed[seed] = run_seed(steps, out, seed, size, model, train, validation, evaluation)
 
     run_text = describe_run(size, data.manifest, model.folder, max_length, seeds, split, hardware.threads)
     report = steps.run(
@@ -165,26 +179,43 @@ def run_demo(
 class SeedRuns:
     """The training runs and evaluated rows of one seed."""
 
+    stage_I: Done
     anchor: Done
     baseline: Done
     rows: list[dict[str, Any]]  # stage_I, baseline, anchor (see :func:`table_row`)
 
     def run_ids(self) -> list[str]:
-        return [self.anchor.run_id, self.baseline.run_id, *(r["run_id"] for r in self.rows)]
+        return [self.stage_I.run_id, self.anchor.run_id, self.baseline.run_id, *(r["run_id"] for r in self.rows)]
 
     def report_input(self) -> dict[str, Any]:
-        return {"rows": self.rows, "anchor_dir": self.anchor.folder, "baseline_dir": self.baseline.folder}
+        return {
+            "rows": self.rows,
+            "stage_I_dir": self.stage_I.folder,
+            "anchor_dir": self.anchor.folder,
+            "baseline_dir": self.baseline.folder,
+        }
 
 
 def run_seed(
-    steps: StepRunner, out: Path, seed: int, size: DemoSize, model: Done, train: Done, evaluation: EvalSettings
+    steps: StepRunner,
+    out: Path,
+    seed: int,
+    size: DemoSize,
+    model: Done,
+    train: Done,
+    validation: Done,
+    evaluation: EvalSettings,
 ) -> SeedRuns:
-    """Stage I, Stage II of Anchor and of the Baseline with ``seed``, in ``<out>/seed<seed>/``, and their rows."""
+    """Stage I, Stage II of Anchor and of the Baseline with ``seed``, in ``<out>/seed<seed>/``, and their rows.
+    Stage I evaluates the anchor gain on the pairs of ``validation`` as it trains."""
     folder, hardware = out / f"seed{seed}", evaluation.hardware
     prefix = f"seed{seed}/"
 
     def train_run(name, title, script, config, stage, base):
         overrides = {**size.training_overrides(stage), "seed": seed}
+        if stage == "I":
+            validation_file = validation.folder / f"{VALIDATION_SOURCE}.jsonl"
+            overrides.update(validation_file=rel(validation_file), **STAGE_I_EVAL)
         return steps.run(
             training_step(prefix + name, folder / name, title, script, config, overrides, base, train, hardware)
         )
@@ -206,7 +237,7 @@ def run_seed(
         table_row(steps.run(eval_step(folder, prefix, "baseline", model, baseline, evaluation))),
         table_row(steps.run(eval_step(folder, prefix, "anchor", stage_I, anchor, evaluation))),
     ]
-    return SeedRuns(anchor, baseline, rows)
+    return SeedRuns(stage_I, anchor, baseline, rows)
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -285,6 +316,20 @@ def write_train_file(source: Path, folder: Path) -> dict[str, Any]:
     """The train pairs of ``source`` with the query instruction, as ``<folder>/stdlib.jsonl``."""
     rows = [{"instruction": INSTRUCTION, **row} for _, row in iter_jsonl(source) if row is not None]
     return {"examples": write_jsonl(folder / f"{TRAIN_SOURCE}.jsonl", rows)}
+
+
+def write_validation_file(split: Path, folder: Path) -> dict[str, Any]:
+    """:data:`VALIDATION_PAIRS` (query, relevant document) pairs of the retrieval split in ``split`` (BEIR layout),
+    a fixed random subset, with the query instruction, as ``<folder>/validation.jsonl`` in the training layout."""
+    corpus = {r["_id"]: r["text"] for _, r in iter_jsonl(split / "corpus.jsonl") if r is not None}
+    queries = {r["_id"]: r["text"] for _, r in iter_jsonl(split / "queries.jsonl") if r is not None}
+    rows = [
+        {"query": queries[r["query-id"]], "positive": corpus[r["corpus-id"]], "instruction": INSTRUCTION}
+        for _, r in iter_jsonl(split / "qrels.jsonl")
+        if r is not None
+    ]
+    random.Random(0).shuffle(rows)
+    return {"pairs": write_jsonl(folder / f"{VALIDATION_SOURCE}.jsonl", rows[:VALIDATION_PAIRS])}
 
 
 # ------------------------------------------------------------------------------ training

@@ -41,6 +41,13 @@ TABLE_10_ROWS = {
 }
 
 
+# Stage I's evaluation on the validation split's pairs (query, relevant document): at the start and every
+# STAGE_I_EVAL["eval_steps"] steps, the validation reconstruction loss and the anchor's information gain
+# (llm2vec.anchor_gain), logged into the run's trainer_state.json and shown per seed by the report
+VALIDATION_SOURCE = "validation"  # the file stem, hence the source name, of the validation pairs
+VALIDATION_PAIRS = 64  # a fixed random subset of the validation split's 204 pairs (a Stage I evaluation: ~20 s)
+STAGE_I_EVAL = {"eval_steps": 5, "eval_on_start": True, "per_device_eval_batch_size": 16}
+
 # warm-up as a share of the run, as in the paper's configs: 300 of 2000 Stage I steps, 300 of 1000 Stage II steps
 WARMUP_SHARE = {"I": 0.15, "II": 0.3}
 

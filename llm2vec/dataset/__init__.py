@@ -11,6 +11,7 @@ from .base import (
     TrainDataset,
     TrainExample,
     arrange_global_batches,
+    hold_out,
     read_jsonl_pairs,
 )
 from .e5 import E5_SOURCES, load_e5
@@ -23,6 +24,7 @@ __all__ = [
     "TrainDataset",
     "TrainExample",
     "arrange_global_batches",
+    "hold_out",
     "load_e5",
     "load_jsonl",
     "read_jsonl_pairs",

@@ -272,11 +272,13 @@ class TrainDataset(torch.utils.data.Dataset):
         sources: dict[str, SourceStats],
         global_batch_size: int,
         seed: int,
+        held_out: list[TrainExample] | None = None,
     ):
         self.examples = examples
         self.sources = sources
         self.global_batch_size = global_batch_size
         self.seed = seed
+        self.held_out = held_out or []  # the validation slice (:func:`hold_out`), never in ``examples``
 
     @classmethod
     def from_sources(
@@ -285,13 +287,16 @@ class TrainDataset(torch.utils.data.Dataset):
         global_batch_size: int,
         seed: int,
         stats: dict[str, SourceStats] | None = None,
+        validation_size: float = 0,
     ) -> TrainDataset:
-        """Arrange ``examples_by_source`` into single-source global batches.
+        """Arrange ``examples_by_source`` into single-source global batches, after carving out the
+        validation slice (``validation_size``, :func:`hold_out`), kept as ``held_out``.
 
         Raises:
             DataError: when no source has enough examples for one global batch.
         """
         stats = dict(stats or {})
+        examples_by_source, held_out = hold_out(examples_by_source, validation_size, seed)
         arranged, dropped = _arrange(examples_by_source, global_batch_size, seed)
         _log_dropped(dropped, global_batch_size)
         for name, examples in examples_by_source.items():
@@ -312,7 +317,7 @@ class TrainDataset(torch.utils.data.Dataset):
                 f"no source has enough examples for one global batch of {global_batch_size} "
                 f"({counts or 'no sources'}). Lower the global batch size or add data."
             )
-        return cls(arranged, stats, global_batch_size, seed)
+        return cls(arranged, stats, global_batch_size, seed, held_out)
 
     def __len__(self) -> int:
         return len(self.examples)
@@ -351,6 +356,45 @@ class TrainDataset(torch.utils.data.Dataset):
             f"(seed {self.seed}); each batch from a single source"
         )
         return "\n".join(lines)
+
+
+HOLD_OUT_SALT = 0x5EED  # the carve's own random stream, apart from the batch arrangement's
+
+
+def validation_count(size: float, available: int) -> int:
+    """Pairs held out for ``size``: a count (a whole number >= 1) or a fraction of ``available`` (0 < size < 1)."""
+    if size <= 0:
+        return 0
+    return int(size) if size >= 1 else max(1, round(size * available))
+
+
+def hold_out(
+    examples_by_source: dict[str, list[TrainExample]], size: float, seed: int
+) -> tuple[dict[str, list[TrainExample]], list[TrainExample]]:
+    """Carve a validation slice out of the training examples before anything is arranged or trained.
+
+    ``size`` is a count (>= 1) or a fraction (0 < size < 1) of all examples; 0 carves nothing. The slice is
+    drawn with its own generator seeded by ``seed``, over the sources in sorted order and each source's
+    examples in file order, so it depends only on the data and the seed: the same on a resume and in
+    every process of a run. Returns the remaining examples by source and the slice, in a shuffled order
+    (so that the batches of the slice mix sources and topics).
+    """
+    names = sorted(examples_by_source)
+    everything = [(name, i) for name in names for i in range(len(examples_by_source[name]))]
+    count = validation_count(size, len(everything))
+    if count == 0:
+        return examples_by_source, []
+    if count >= len(everything):
+        raise DataError(
+            f"validation_size {size:g} holds out {count} of the {len(everything)} training examples; "
+            "leave some to train on (a smaller count or fraction)"
+        )
+    chosen = random.Random(seed ^ HOLD_OUT_SALT).sample(everything, count)
+    taken = set(chosen)
+    remaining = {
+        name: [ex for i, ex in enumerate(examples_by_source[name]) if (name, i) not in taken] for name in names
+    }
+    return remaining, [examples_by_source[name][i] for name, i in chosen]
 
 
 def missing_files(paths: Iterable[str]) -> list[str]:

@@ -137,6 +137,7 @@ def load_e5(
     sources: list[str] | None = None,
     max_per_source: int | None = None,
     require_negative: bool = True,
+    validation_size: float = 0,
 ) -> TrainDataset:
     """Load the E5 data and arrange it into single-source global batches.
 
@@ -151,6 +152,7 @@ def load_e5(
         require_negative: a record must have a non-empty hard negative (Stage II);
             with False (Stage I uses (query, positive) pairs) the negative is kept
             when present and ``None`` otherwise.
+        validation_size: examples held out for validation (:func:`llm2vec.dataset.base.hold_out`).
 
     Raises:
         DataError: an unknown source name (the config field ``e5_sources``), missing files (all listed in one error), a malformed line, or
@@ -189,4 +191,4 @@ def load_e5(
         stats[name] = SourceStats(name=name)
         stats[name].add_report(report)
         examples_by_source[name] = examples_from_records(records, name, lambda r, n=name: e5_instruction(n, r.index))
-    return TrainDataset.from_sources(examples_by_source, global_batch_size, seed, stats)
+    return TrainDataset.from_sources(examples_by_source, global_batch_size, seed, stats, validation_size)

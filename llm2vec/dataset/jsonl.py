@@ -29,6 +29,7 @@ def load_jsonl(
     seed: int = 42,
     default_instruction: str = "",
     require_negative: bool = False,
+    validation_size: float = 0,
 ) -> TrainDataset:
     """Load JSON-lines files and arrange them into single-source global batches.
 
@@ -38,6 +39,7 @@ def load_jsonl(
         seed: seed of the shuffles.
         default_instruction: query instruction of lines without an ``instruction`` field.
         require_negative: every line must have a non-empty ``negative``.
+        validation_size: examples held out for validation (:func:`llm2vec.dataset.base.hold_out`).
 
     Raises:
         ValueError: no paths, or two files with the same stem.
@@ -76,7 +78,7 @@ def load_jsonl(
         examples_by_source[stem] = examples_from_records(
             records, stem, lambda r: r.instruction if r.instruction is not None else default_instruction
         )
-    return TrainDataset.from_sources(examples_by_source, global_batch_size, seed, stats)
+    return TrainDataset.from_sources(examples_by_source, global_batch_size, seed, stats, validation_size)
 
 
 __all__ = ["load_jsonl"]

@@ -56,6 +56,8 @@ def reconstruction_nll(
     target_ids: torch.Tensor,
     target_mask: torch.Tensor,
     logit_chunk_rows: int = 0,
+    input_dropout: float = 0.0,
+    prefix_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Sum over a batch of -log P(y_t | anchor, y_<t): the reconstruction pass above.
 
@@ -67,18 +69,24 @@ def reconstruction_nll(
         target_mask: (B, M) 1 on real targets, 0 on padding.
         logit_chunk_rows: 0 builds the logits of all target rows at once; R > 0 builds them R rows at a time
             (:func:`llm2vec.loss.linear_cross_entropy.linear_cross_entropy_sum`, the same sum).
+        input_dropout: share of the teacher-forced target inputs replaced by zero vectors
+            (:func:`drop_target_inputs`; 0: the paper's pass).
+        prefix_ids: token ids read before the anchor (:func:`anchor_block`; ``None``: the paper's pass).
     """
-    target_embeds = decoder.get_input_embeddings()(target_ids)
-    inputs_embeds = torch.cat([anchor[:, None, :].to(target_embeds.dtype), target_embeds], dim=1)
-    attention_mask = torch.cat([torch.ones_like(target_mask[:, :1]), target_mask], dim=1)
+    embed = decoder.get_input_embeddings()
+    target_embeds = drop_target_inputs(embed(target_ids), input_dropout)
+    lead = anchor_block(embed, anchor, prefix_ids).to(target_embeds.dtype)  # (B, k + 1, H)
+    k = lead.shape[1] - 1
+    inputs_embeds = torch.cat([lead, target_embeds], dim=1)
+    attention_mask = torch.cat([torch.ones_like(target_mask[:, :1]).expand(-1, k + 1), target_mask], dim=1)
     batch, width = attention_mask.shape
     position_ids = torch.arange(width, device=attention_mask.device).expand(batch, width)
     hidden = decoder(
         inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
     ).last_hidden_state
-    # hidden[:, t] predicts target_ids[:, t]: the anchor (t = 0) predicts y_1, Embed(y_t) predicts y_{t+1}.
+    # hidden[:, k + t] predicts target_ids[:, t]: the anchor (at k) predicts y_1, Embed(y_t) predicts y_{t+1}.
     predicting = target_mask.bool()
-    return linear_cross_entropy_sum(hidden[:, :-1][predicting], lm_head, target_ids[predicting], logit_chunk_rows)
+    return linear_cross_entropy_sum(hidden[:, k:-1][predicting], lm_head, target_ids[predicting], logit_chunk_rows)
 
 
 def packed_reconstruction_nll(
@@ -86,6 +94,8 @@ def packed_reconstruction_nll(
     lm_head: nn.Module,
     passes: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
     logit_chunk_rows: int = 0,
+    input_dropout: float = 0.0,
+    prefix_ids: torch.Tensor | None = None,
 ) -> list[torch.Tensor]:
     """:func:`reconstruction_nll` of several reconstruction passes, each ``(anchor, target_ids, target_mask)``
     as there, run as one packed decoder call; returns one sum per pass.
@@ -96,14 +106,17 @@ def packed_reconstruction_nll(
     embed = decoder.get_input_embeddings()
     pieces, positions, predicting, labels = [], [], [], []
     for anchor, target_ids, target_mask in passes:
-        target_embeds = embed(target_ids)
-        sequence = torch.cat([anchor[:, None, :].to(target_embeds.dtype), target_embeds], dim=1)  # (B, M + 1, H)
-        sequence_mask = torch.cat([torch.ones_like(target_mask[:, :1]), target_mask], dim=1)
+        target_embeds = drop_target_inputs(embed(target_ids), input_dropout)
+        lead = anchor_block(embed, anchor, prefix_ids).to(target_embeds.dtype)  # (B, k + 1, H)
+        k = lead.shape[1] - 1
+        sequence = torch.cat([lead, target_embeds], dim=1)  # (B, k + 1 + M, H)
+        ones = torch.ones_like(target_mask[:, :1])
+        sequence_mask = torch.cat([ones.expand(-1, k + 1), target_mask], dim=1)
         real = sequence_mask.bool()
         pieces.append(sequence[real])
         positions.append(packed_positions(sequence_mask))
-        # column t < M predicts y_{t+1} where target t is real; the last column predicts nothing
-        predicts = torch.cat([target_mask, torch.zeros_like(target_mask[:, :1])], dim=1)
+        # the anchor's column and target t < M predict y_1, y_{t+1} where real; prefix and last column nothing
+        predicts = torch.cat([torch.zeros_like(ones).expand(-1, k), target_mask, torch.zeros_like(ones)], dim=1)
         predicting.append(predicts[real].bool())
         labels.append(target_ids[target_mask.bool()])
     states = packed_call(decoder, pieces, positions, embeds=True)
@@ -111,6 +124,32 @@ def packed_reconstruction_nll(
         linear_cross_entropy_sum(h[rows], lm_head, y, logit_chunk_rows)
         for h, rows, y in zip(states, predicting, labels)
     ]
+
+
+def anchor_block(embed: nn.Module, anchor: torch.Tensor, prefix_ids: torch.Tensor | None) -> torch.Tensor:
+    """The reconstruction input before the targets, (B, k + 1, H): ``[Embed(p_1..p_k) ; e_X]``.
+
+    The paper's pass has no prefix (k = 0): the anchor sits at position 0, where a decoder's attention
+    sink usually is. ``prefix_ids`` (k,) puts k fixed tokens first (an option, not the paper's pass), so
+    that the anchor is read at position k instead.
+    """
+    block = anchor[:, None, :]
+    if prefix_ids is None or len(prefix_ids) == 0:
+        return block
+    prefix = embed(prefix_ids.to(anchor.device))[None].expand(anchor.shape[0], -1, -1)
+    return torch.cat([prefix.to(anchor.dtype), block], dim=1)
+
+
+def drop_target_inputs(target_embeds: torch.Tensor, p: float) -> torch.Tensor:
+    """Word dropout on the decoder's teacher-forced inputs (an option, not the paper's pass): each target
+    input embedding Embed(y_t) is replaced by a zero vector with probability ``p``; the targets predicted
+    stay the same. A decoder that cannot lean on the previous targets has to read the anchor (the remedy
+    of Bowman et al., 2016, for text VAEs whose decoder ignores the latent). ``p = 0`` returns the input.
+    """
+    if p <= 0.0:
+        return target_embeds
+    keep = torch.rand(target_embeds.shape[:-1], device=target_embeds.device) >= p
+    return target_embeds * keep[..., None].to(target_embeds.dtype)
 
 
 def target_counts(query_targets: dict, positive_targets: dict) -> dict[str, torch.Tensor]:
@@ -126,13 +165,24 @@ class ReconstructionLoss(nn.Module):
         logit_chunk_rows: LM-head logits built this many target rows at a time (0: all at once); the same
             loss and gradients, with at most one block of logits in memory (:func:`reconstruction_nll`).
         packed: both directions in one packed decoder call (:func:`packed_reconstruction_nll`).
+        input_dropout: in training mode, the share of teacher-forced target inputs zeroed
+            (:func:`drop_target_inputs`); an option, 0 (the paper) by default; never applied in eval mode.
+        prefix_ids: token ids read before the anchor in every reconstruction pass (:func:`anchor_block`);
+            an option, none (the paper) by default.
 
     ``forward(decoder, lm_head, query_embedding, document_embedding, query_targets, positive_targets,
     counts)`` returns ``(loss, parts)`` with ``parts = {"q2d": L_Q2D, "d2q": L_D2Q}`` (the directions
     computed). ``counts`` defaults to the batch's own :func:`target_counts`.
     """
 
-    def __init__(self, alpha: float = 0.2, logit_chunk_rows: int = 0, packed: bool = False):
+    def __init__(
+        self,
+        alpha: float = 0.2,
+        logit_chunk_rows: int = 0,
+        packed: bool = False,
+        input_dropout: float = 0.0,
+        prefix_ids: tuple[int, ...] = (),
+    ):
         super().__init__()
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"alpha must be in [0, 1], got {alpha}")
@@ -141,6 +191,10 @@ class ReconstructionLoss(nn.Module):
         self.alpha = float(alpha)
         self.logit_chunk_rows = int(logit_chunk_rows)
         self.packed = bool(packed)
+        if not 0.0 <= input_dropout < 1.0:
+            raise ValueError(f"reconstruction_input_dropout must be in [0, 1), got {input_dropout}")
+        self.input_dropout = float(input_dropout)
+        self.prefix_ids = tuple(int(i) for i in prefix_ids)
 
     def directions(self) -> tuple[str, ...]:
         """The directions computed: those whose weight in Eq. 5 is not 0."""
@@ -164,15 +218,23 @@ class ReconstructionLoss(nn.Module):
         weights = {name: directions[name][0] for name in self.directions()}
         passes = [directions[name][1:] for name in weights]
         args = [(anchor, targets["input_ids"], targets["attention_mask"]) for anchor, targets in passes]
+        dropout = self.input_dropout if self.training else 0.0
+        prefix = self.prefix_tensor()
         if self.packed:
-            sums = packed_reconstruction_nll(decoder, lm_head, args, self.logit_chunk_rows)
+            sums = packed_reconstruction_nll(decoder, lm_head, args, self.logit_chunk_rows, dropout, prefix)
         else:
-            sums = [reconstruction_nll(decoder, lm_head, *a, self.logit_chunk_rows) for a in args]
+            sums = [reconstruction_nll(decoder, lm_head, *a, self.logit_chunk_rows, dropout, prefix) for a in args]
         parts, loss = {}, None
         for (name, weight), nll in zip(weights.items(), sums):
             parts[name] = nll / counts[name]
             loss = weight * parts[name] if loss is None else loss + weight * parts[name]
         return loss, parts
 
+    def prefix_tensor(self) -> torch.Tensor | None:
+        """The prefix ids as a tensor (``None`` without a prefix: the paper's pass)."""
+        return torch.tensor(self.prefix_ids, dtype=torch.long) if self.prefix_ids else None
+
     def extra_repr(self) -> str:
-        return f"alpha={self.alpha}, logit_chunk_rows={self.logit_chunk_rows}, packed={self.packed}"
+        text = f"alpha={self.alpha}, logit_chunk_rows={self.logit_chunk_rows}, packed={self.packed}"
+        text += f", input_dropout={self.input_dropout}" if self.input_dropout else ""
+        return text + (f", prefix_ids={self.prefix_ids}" if self.prefix_ids else "")

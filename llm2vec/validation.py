@@ -1,0 +1,147 @@
+"""Stage II's measures on held-out pairs while it trains: the validation InfoNCE loss and retrieval quality.
+
+For N held-out (query, positive[, hard negative]) triples, every text is embedded once, in eval mode
+(no dropout), without gradients and with autocast off, through the training model's own embedding path
+(``forward(features=...)``: the anchor embedding of Eq. 1 that evaluation uses). Under several
+processes each embeds a shard (triples r, r + W, ...; every process runs the same number of forward
+passes, as FSDP needs) and the embeddings are gathered, so every process computes the same numbers from
+the same N x H matrices, and any number of processes gives the one-process numbers.
+
+- ``loss``: InfoNCE as in training (Eq. 6-7: cosine scores times ``scale``, float32; each query against
+  the positives and hard negatives of its batch), over consecutive batches of ``contrastive_batch``
+  triples (the training run's per-device batch x processes: what one training loss sees), averaged over
+  all queries.
+- retrieval of every query against all distinct validation positives (the corpus; a document that is
+  the positive of several queries appears once and is relevant to each of them), by cosine similarity.
+  With one relevant document per query and its rank r (1 + the number of documents scored strictly
+  higher):
+
+      nDCG@10 = 1 / log2(r + 1) if r <= 10 else 0      (the ideal DCG is 1)
+      Recall@k = 1 if r <= k else 0                     (k = 1, 10)
+      MRR@10   = 1 / r if r <= 10 else 0
+
+  each averaged over the queries (mteb's definitions for a single relevant document; hard negatives are
+  not in the corpus).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from .distributed import world
+
+SIDES = ("query", "positive", "negative")
+
+
+def rank_of_relevant(scores: torch.Tensor, relevant: torch.Tensor) -> torch.Tensor:
+    """(Nq,) rank (1 = best) of each query's relevant document: 1 + documents scored strictly higher."""
+    target = scores.gather(1, relevant[:, None])
+    return 1 + (scores > target).sum(dim=1)
+
+
+def retrieval_metrics(queries: torch.Tensor, documents: torch.Tensor, relevant: torch.Tensor) -> dict[str, float]:
+    """nDCG@10, Recall@1, Recall@10 and MRR@10 of ``queries`` (Nq, H) against ``documents`` (Nd, H), the relevant
+    document of query i being ``documents[relevant[i]]`` (module docstring)."""
+    scores = F.normalize(queries.float(), dim=-1) @ F.normalize(documents.float(), dim=-1).T
+    ranks = rank_of_relevant(scores, relevant.to(scores.device)).double()
+    top10 = ranks <= 10
+    return {
+        "ndcg_at_10": float(torch.where(top10, 1.0 / torch.log2(ranks + 1), 0.0).mean()),
+        "recall_at_1": float((ranks <= 1).double().mean()),
+        "recall_at_10": float(top10.double().mean()),
+        "mrr_at_10": float(torch.where(top10, 1.0 / ranks, 0.0).mean()),
+    }
+
+
+def infonce(query: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """Mean InfoNCE of one batch (Eq. 6-7), in float32, nothing gathered: each query against the batch's positives
+    and hard negatives; the i-th positive is query i's target."""
+    q = F.normalize(query.float(), dim=-1)
+    candidates = [positive] if negative is None else [positive, negative]
+    c = F.normalize(torch.cat(candidates).float(), dim=-1)
+    return F.cross_entropy(scale * q @ c.T, torch.arange(len(q), device=q.device))
+
+
+def _gather_rows(local: torch.Tensor, count: int) -> torch.Tensor:
+    """The (n_r, H) embeddings of every process's shard (triples r, r + W, ...) back in triple order (count, H)."""
+    rank, size = world()
+    if size == 1:
+        return local
+    width = math.ceil(count / size)
+    padded = local.new_zeros((width, local.shape[1]))
+    padded[: len(local)] = local
+    parts = [torch.empty_like(padded) for _ in range(size)]
+    dist.all_gather(parts, padded.contiguous())
+    out = local.new_empty((count, local.shape[1]))
+    for r, part in enumerate(parts):
+        rows = len(range(r, count, size))
+        out[r::size] = part[:rows]
+    return out
+
+
+@torch.no_grad()
+def embed_triples(
+    model: torch.nn.Module,
+    triples: Sequence,
+    collate: Callable[[Sequence], dict],
+    batch_size: int,
+    device: torch.device,
+) -> dict[str, torch.Tensor]:
+    """Embeddings (N, H) of each side of ``triples`` (``collate`` makes a training batch of them), each process
+    embedding its shard with ``model(features=...)``, gathered in the triples' order (module docstring)."""
+    rank, size = world()
+    shard = list(triples[rank::size])
+    batches = max(1, math.ceil(math.ceil(len(triples) / size) / batch_size))  # the same count on every process
+    out: dict[str, list[torch.Tensor]] = {}
+    for b in range(batches):
+        part = shard[b * batch_size : (b + 1) * batch_size]
+        padding = not part  # a process whose shard ran out embeds a copy of its first triple, then drops it
+        batch = collate(part or shard[:1] or list(triples[:1]))
+        for side in SIDES:
+            if batch.get(side) is None:
+                continue
+            features = {k: v.to(device) for k, v in batch[side].items()}
+            embedded = model(features=features).float()
+            out.setdefault(side, []).append(embedded[:0] if padding else embedded)
+    return {side: _gather_rows(torch.cat(parts), len(triples)) for side, parts in out.items()}
+
+
+def contrastive_validation(
+    model: torch.nn.Module,
+    triples: Sequence,
+    collate: Callable[[Sequence], dict],
+    batch_size: int,
+    contrastive_batch: int,
+    scale: float,
+    device: torch.device,
+) -> dict[str, float]:
+    """The validation InfoNCE loss and the retrieval metrics of ``triples`` (module docstring); ``model`` is the
+    Stage II model as the trainer wraps it, put in eval mode (and autocast off) for the measurement."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.autocast(device_type=device.type, enabled=False):
+            e = embed_triples(model, triples, collate, batch_size, device)
+    finally:
+        model.train(was_training)
+    n = len(triples)
+    losses = [
+        infonce(
+            e["query"][i : i + contrastive_batch],
+            e["positive"][i : i + contrastive_batch],
+            e["negative"][i : i + contrastive_batch] if "negative" in e else None,
+            scale,
+        )
+        * len(range(i, min(n, i + contrastive_batch)))
+        for i in range(0, n, contrastive_batch)
+    ]
+    corpus: dict[str, int] = {}
+    relevant = [corpus.setdefault(t.positive, len(corpus)) for t in triples]
+    first = torch.tensor([relevant.index(j) for j in range(len(corpus))])  # a row of each distinct positive
+    metrics = retrieval_metrics(e["query"], e["positive"][first], torch.tensor(relevant))
+    return {"loss": float(sum(losses)) / n, **metrics, "queries": float(n), "documents": float(len(corpus))}

@@ -1,0 +1,56 @@
+"""One rank of the two-process (gloo) validation test: each process embeds its shard, the metrics are gathered."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from _stage_II_dist_worker import build_encoder
+
+
+def validation_triples(n: int = 7):
+    from llm2vec.dataset import TrainExample
+
+    return [
+        TrainExample(
+            query=f"which fox number {i} jumps over the dog?",
+            positive=f"The quick brown fox {i % 5} jumps.",
+            negative=f"Berlin is the capital of Germany, {i} times.",
+            query_instruction="Retrieve passages",
+            source="v",
+        )
+        for i in range(n)
+    ]
+
+
+def measure(encoder, model=None, batch_size: int = 2, contrastive_batch: int = 3) -> dict:
+    from llm2vec.collator import TrainCollator
+    from llm2vec.validation import contrastive_validation
+
+    collate = TrainCollator.for_encoder(encoder, with_negative=True)
+    return contrastive_validation(
+        model if model is not None else encoder,
+        validation_triples(),
+        collate,
+        batch_size=batch_size,
+        contrastive_batch=contrastive_batch,
+        scale=encoder.loss_fn.scale,
+        device=torch.device("cpu"),
+    )
+
+
+def run_validation_rank(rank: int, world_size: int, init_file: str, checkpoint: str, out_dir: str) -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    try:
+        encoder = build_encoder(checkpoint)
+        metrics = measure(encoder, DistributedDataParallel(encoder))
+        with open(os.path.join(out_dir, f"validation{rank}.json"), "w") as f:
+            json.dump(metrics, f)
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,182 @@
+"""The anchor's information gain (llm2vec.anchor_gain) against a per-pair reference, and on constructed cases
+where it must be zero and where it must be clearly positive."""
+
+import pytest
+import torch
+from test_stage_I import PAIRS, examples, reference_direction_nll
+
+from llm2vec.anchor_gain import anchor_gain
+from llm2vec.collator import TrainCollator
+from llm2vec.dataset import TrainExample
+from llm2vec.llm2vec_q2d_d2q import LLM2Vec_q2d_d2q
+from llm2vec.testing import FAMILIES, build_tiny_model
+
+
+def reference(model, pairs, shift):
+    """Per-direction (true, rolled) token means from one unpadded causal-LM forward per (anchor, target) pair:
+    pair i's targets read the anchor of pair (i + shift) mod n."""
+    lm, tokenizer, spec = model.model, model.tokenizer, model.template
+    n = len(pairs)
+    out = {}
+    for direction in ("q2d", "d2q"):
+        sums, tokens = {"true": 0.0, "rolled": 0.0}, 0
+        for i, (instruction, query, doc) in enumerate(pairs):
+            for kind, j in (("true", i), ("rolled", (i + shift) % n)):
+                instruction_j, query_j, doc_j = pairs[j]
+                if direction == "q2d":
+                    nll, count = reference_direction_nll(lm, tokenizer, spec, (instruction_j, query_j), ("", doc))
+                else:
+                    nll, count = reference_direction_nll(lm, tokenizer, spec, ("", doc_j), (instruction, query))
+                sums[kind] += float(nll)
+            tokens += count
+        out[direction] = (sums["true"] / tokens, sums["rolled"] / tokens)
+    return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gain_equals_a_per_pair_reference(tiny_models, family):
+    lm, tokenizer = tiny_models[family]
+    model = LLM2Vec_q2d_d2q(lm, tokenizer)
+    pairs = PAIRS + [("Retrieve code", "sort a list", "sorted(iterable) returns a new list")]
+    batch = TrainCollator.for_encoder(model, reconstruction="text")(examples(pairs))
+    got = anchor_gain(model, [batch])
+    expected = reference(model, pairs, shift=len(pairs) // 2)
+    assert got["pairs"] == len(pairs)
+    for direction, (true, rolled) in expected.items():
+        assert got[f"loss_{direction}"] == pytest.approx(true, rel=1e-5)
+        assert got[f"rolled_{direction}"] == pytest.approx(rolled, rel=1e-5)
+        assert got[f"anchor_gain_{direction}"] == pytest.approx(rolled - true, abs=1e-4)
+
+
+def test_gain_is_the_token_weighted_mean_over_batches(tiny_models):
+    """Two batches (each rolled within itself) give the token-weighted mean of their per-pair references."""
+    lm, tokenizer = tiny_models["llama3"]
+    model = LLM2Vec_q2d_d2q(lm, tokenizer)
+    collate = TrainCollator.for_encoder(model, reconstruction="text")
+    parts = [PAIRS[:2], [PAIRS[2], ("", "sort a list", "sorted(iterable) returns a new list")]]
+    batches = [collate(examples(p)) for p in parts]
+    got = anchor_gain(model, batches)
+    refs = [reference(model, p, shift=1) for p in parts]
+    for direction, targets in (("q2d", "positive_targets"), ("d2q", "query_targets")):
+        tokens = [int(b[targets]["attention_mask"].sum()) for b in batches]
+        for kind, index in (("loss", 0), ("rolled", 1)):
+            mean = sum(r[direction][index] * t for r, t in zip(refs, tokens)) / sum(tokens)
+            assert got[f"{kind}_{direction}"] == pytest.approx(mean, rel=1e-5)
+
+
+def test_gain_is_zero_when_every_anchor_is_the_same(tiny_models):
+    """Identical pairs have identical anchors: the rolled pass reads the same vector, so the gain is 0."""
+    lm, tokenizer = tiny_models["qwen2"]
+    model = LLM2Vec_q2d_d2q(lm, tokenizer)
+    batch = TrainCollator.for_encoder(model, reconstruction="text")(examples([PAIRS[0]] * 4))
+    got = anchor_gain(model, [batch])
+    assert got["loss_d2q"] > 1.0  # an untrained model: the reconstruction is far from perfect ...
+    assert got["anchor_gain_q2d"] == pytest.approx(0.0, abs=1e-6)  # ... but the anchor carries nothing here
+    assert got["anchor_gain_d2q"] == pytest.approx(0.0, abs=1e-6)
+
+
+def _memorising_pairs():
+    """Four pairs whose targets share their first words, so that only the anchor tells them apart."""
+    words = ["apple", "violet", "copper", "meadow"]
+    return [("", f"item {w}", f"the answer is {w} {w}") for w in words]
+
+
+def test_gain_grows_when_the_decoder_must_read_the_anchor():
+    """Trained on four pairs whose targets differ only where the anchor can tell them apart, the decoder
+    learns to read the anchor: the gain becomes clearly positive in both directions; the training loss is
+    the package's Stage I loss."""
+    torch.manual_seed(0)
+    lm, tokenizer = build_tiny_model("llama3", seed=3, hidden_size=64)
+    model = LLM2Vec_q2d_d2q(lm, tokenizer, alpha=0.5)
+    batch = TrainCollator.for_encoder(model, reconstruction="text")(examples(_memorising_pairs()))
+    before = anchor_gain(model, [batch])
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(150):
+        model(**batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    after = anchor_gain(model, [batch])
+    assert model.training  # restored after the measurement
+    for direction in ("q2d", "d2q"):
+        assert abs(before[f"anchor_gain_{direction}"]) < 0.3
+        assert after[f"anchor_gain_{direction}"] > 0.2, after
+
+
+def test_a_batch_of_one_pair_is_refused(tiny_models):
+    lm, tokenizer = tiny_models["llama3"]
+    model = LLM2Vec_q2d_d2q(lm, tokenizer)
+    batch = TrainCollator.for_encoder(model, reconstruction="text")([TrainExample("q", "d", None, "", "t")])
+    with pytest.raises(ValueError, match="at least 2 pairs"):
+        anchor_gain(model, [batch])
+
+
+# ---------------------------------------------------------------------------------------------- during a run
+
+
+def test_hold_out_is_a_seeded_slice_never_trained_on():
+    from llm2vec.dataset import TrainDataset, hold_out
+
+    by_source = {
+        s: [TrainExample(f"{s} q{i}", f"{s} d{i}", None, "", s) for i in range(n)] for s, n in (("a", 30), ("b", 13))
+    }
+    rest, held = hold_out(by_source, 0.25, seed=7)
+    assert len(held) == round(0.25 * 43) and len({e.query for e in held}) == len(held)
+    trained = {e.query for examples_ in rest.values() for e in examples_}
+    assert trained.isdisjoint({e.query for e in held})
+    assert trained | {e.query for e in held} == {e.query for ex in by_source.values() for e in ex}
+    assert [e.query for e in hold_out(by_source, 0.25, seed=7)[1]] == [e.query for e in held]  # a resume: the same
+    assert {e.query for e in hold_out(by_source, 0.25, seed=8)[1]} != {e.query for e in held}
+    assert len(hold_out(by_source, 5, seed=7)[1]) == 5  # a count
+    # the slice does not depend on the global batch (hence on the number of processes), and is never arranged
+    for global_batch in (1, 4, 8):
+        dataset = TrainDataset.from_sources(by_source, global_batch, seed=7, validation_size=0.25)
+        assert [e.query for e in dataset.held_out] == [e.query for e in held]
+        assert {e.query for e in dataset.examples}.isdisjoint({e.query for e in held})
+
+
+def test_a_stage_I_run_logs_the_anchor_gain_of_its_validation_pairs(tmp_path):
+    """validation_size + eval_steps: the run's log history holds, at every evaluation, the validation
+    reconstruction loss and the anchor gain per direction; the last one equals the gain measured afterwards on the
+    saved model over the same pairs (held out by the seed), itself tested against the per-pair reference above."""
+    import json
+
+    from test_stage_I import driver_args, run_stage_I
+
+    from llm2vec.dataset import load_e5
+    from llm2vec.testing import save_tiny_model, write_tiny_e5
+
+    model = save_tiny_model("llama3", tmp_path / "model")
+    data = write_tiny_e5(tmp_path / "data")
+    out = tmp_path / "run"
+    argv = driver_args(model, data, out, max_steps=2, validation_size=6, eval_steps=1, per_device_eval_batch_size=3)
+    run_stage_I(argv)
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    evals = [h for h in history if "eval_anchor_gain_d2q" in h]
+    assert [h["step"] for h in evals] == [1, 2]
+    for h in evals:
+        assert h["eval_pairs"] == 6
+        for d in ("q2d", "d2q"):
+            assert h[f"eval_anchor_gain_{d}"] == pytest.approx(h[f"eval_rolled_{d}"] - h[f"eval_loss_{d}"], abs=1e-5)
+        assert h["eval_loss"] == pytest.approx(0.2 * h["eval_loss_q2d"] + 0.8 * h["eval_loss_d2q"], rel=1e-5)
+    held = load_e5(
+        str(data), global_batch_size=4, seed=7, sources=["nq", "fever"], require_negative=False, validation_size=6
+    ).held_out
+    trained = LLM2Vec_q2d_d2q.load(str(out))
+    collate = TrainCollator.for_encoder(trained, reconstruction="text")
+    after = anchor_gain(trained, [collate(held[i : i + 3]) for i in (0, 3)])
+    for d in ("q2d", "d2q"):
+        assert evals[-1][f"eval_loss_{d}"] == pytest.approx(after[f"loss_{d}"], rel=1e-4)
+        assert evals[-1][f"eval_anchor_gain_{d}"] == pytest.approx(after[f"anchor_gain_{d}"], abs=1e-4)
+
+
+def test_evaluation_without_validation_pairs_is_refused(tmp_path):
+    from test_stage_I import driver_args
+
+    from llm2vec.arguments import ConfigError, parse_config
+
+    config = parse_config("I", driver_args(tmp_path / "m", tmp_path / "d", tmp_path / "o", eval_strategy="steps"))
+    with pytest.raises(ConfigError, match="validation_file or validation_size"):
+        config.validate()
+    with pytest.raises(ConfigError, match="validation_size"):
+        parse_config("I", driver_args(tmp_path / "m", tmp_path / "d", tmp_path / "o", validation_size=2.5))
