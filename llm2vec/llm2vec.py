@@ -117,7 +117,9 @@ class LLM2Vec(nn.Module):
             raise ValueError(f"doc_max_length must be a positive number of tokens or None, got {doc_max_length}")
         self.doc_max_length = None if doc_max_length is None else int(doc_max_length)
         self.packing = bool(packing)
-        self.template = templates.resolve_template(model.config, tokenizer, template)
+        self.template = templates.resolve_template(
+            model.config, tokenizer, template, getattr(model, "generation_config", None)
+        )
         self.pad_token_id = tokenizer.pad_token_id
         if self.pad_token_id is None:
             self.pad_token_id = tokenizer.convert_tokens_to_ids(self.template.build("")[1])

@@ -15,10 +15,15 @@ the user turn). The anchor is the token the paper's Eq. 1 reads the embedding at
 - ``llama3``: ``<|begin_of_text|><|start_header_id|>user<|end_header_id|>\\n\\n`` ... ``<|eot_id|>``; anchor
   ``<|eot_id|>`` (the Instruct models' EOS);
 - ``qwen2`` and ``smollm2`` (ChatML): ``<|im_start|>user\\n`` ... ``<|im_end|>``; anchor ``<|im_end|>`` (EOS);
-- ``mistral``: ``<s>[INST] `` ... `` [/INST]``; anchor ``]``, the last token of ``[/INST]``.
+- ``mistral``: ``<s>[INST] `` ... `` [/INST]</s>``; anchor ``</s>`` (EOS), appended after the user turn.
 
-Mistral-7B-Instruct-v0.2 closes a user turn with the plain-text ``[/INST]`` (4 tokens, ``▁[ / INST ]``),
-so its anchor is the ``]`` that ends it; its EOS ``</s>`` only ever follows an assistant reply.
+In every family the anchor is one of the model's end-of-sequence ids (the tokenizer's EOS, or one of the
+``eos_token_id`` of the model's config or generation config), as Eq. 1 asks ([EOS] appended to the text).
+Mistral-7B-Instruct-v0.2's chat format closes a user turn with the plain-text ``[/INST]`` (4 tokens,
+``▁[ / INST ]``) and puts its EOS ``</s>`` only after an assistant reply, so its closing here is the
+user turn followed by ``</s>``, as LLM2Vec does for Mistral (it appends `` </s>``); the chat template
+check (:func:`chat_template_mismatch`) accepts that one appended EOS. :func:`anchor_mismatch` checks the
+EOS rule when a template is resolved.
 
 :func:`encode` tokenizes the prefix (opening + instruction + separator), the text and the closing
 separately, cuts the text so that everything fits, and appends the closing **after truncation**, so the
@@ -85,8 +90,8 @@ def smollm2_template() -> UserTurn:
 
 
 def mistral_template() -> UserTurn:
-    """Mistral-7B-Instruct-v0.2: ``<s>[INST] `` ... `` [/INST]``; the anchor is the final ``]``."""
-    return UserTurn("<s>[INST] ", " [/INST]", "]")
+    """Mistral-7B-Instruct-v0.2: ``<s>[INST] `` ... `` [/INST]`` and the EOS ``</s>`` appended as the anchor."""
+    return UserTurn("<s>[INST] ", " [/INST]</s>", "</s>")
 
 
 def join_instruction(instruction: str, separator: str) -> str:
@@ -166,10 +171,11 @@ def _has_token(tokenizer, token: str) -> bool:
     return token in tokenizer.get_vocab()
 
 
-def resolve_template(config, tokenizer, name: str | None = None) -> TemplateSpec:
+def resolve_template(config, tokenizer, name: str | None = None, generation_config=None) -> TemplateSpec:
     """The template for a model: by explicit ``name``, else detected from ``config`` and ``tokenizer``.
 
-    When the tokenizer carries a chat template, the spec's token ids are compared with it once
+    An anchor that is not one of the model's end-of-sequence ids (:func:`anchor_mismatch`) is logged as a
+    warning. When the tokenizer carries a chat template, the spec's token ids are compared with it once
     (:func:`chat_template_mismatch`) and a difference is logged as a warning.
     """
     if name is not None:
@@ -192,6 +198,9 @@ def resolve_template(config, tokenizer, name: str | None = None) -> TemplateSpec
         raise ValueError(
             f"template {spec.name!r}: the anchor token {spec.anchor!r} is not in the tokenizer's vocabulary"
         )
+    problem = anchor_mismatch(tokenizer, spec, config, generation_config)
+    if problem:
+        logger.warning("%s", problem)
     if getattr(tokenizer, "chat_template", None):
         try:
             problem = chat_template_mismatch(tokenizer, spec)
@@ -202,13 +211,39 @@ def resolve_template(config, tokenizer, name: str | None = None) -> TemplateSpec
     return spec
 
 
+def eos_ids(tokenizer, config=None, generation_config=None) -> set[int]:
+    """The end-of-sequence ids of a model: the tokenizer's ``eos_token_id`` and every ``eos_token_id`` (an id or a
+    list) of its config and generation config."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    for source in (config, generation_config):
+        value = getattr(source, "eos_token_id", None)
+        if value is not None:
+            ids.update(value if isinstance(value, (list, tuple)) else [value])
+    return ids
+
+
+def anchor_mismatch(tokenizer, spec: TemplateSpec, config=None, generation_config=None) -> str | None:
+    """``None`` when the template's anchor is one of the model's end-of-sequence ids (:func:`eos_ids`), as Eq. 1
+    asks, else a one-line description of the problem."""
+    anchor_id = tokenizer.convert_tokens_to_ids(spec.anchor)
+    eos = eos_ids(tokenizer, config, generation_config)
+    if anchor_id in eos:
+        return None
+    names = ", ".join(f"{tokenizer.convert_ids_to_tokens(i)!r} ({i})" for i in sorted(eos)) or "none"
+    return (
+        f"template {spec.name!r}: the anchor {spec.anchor!r} ({anchor_id}) is not an end-of-sequence id of this "
+        f"model (EOS ids: {names}); the paper's Eq. 1 reads the embedding at an appended [EOS], so end the "
+        "template's closing with one of them"
+    )
+
+
 @dataclass(frozen=True)
 class EncodedText:
     """Token ids of one (instruction, text) item.
 
     ``input_ids[:text_start]`` is the template prefix with the instruction, ``input_ids[text_start:text_end]``
     the (possibly truncated) text, ``input_ids[text_end:]`` the closing of the user turn, whose last token,
-    ``input_ids[-1]``, is the anchor (one token for every family but Mistral's `` [/INST]``).
+    ``input_ids[-1]``, is the anchor (one token for every family but Mistral's `` [/INST]</s>``).
     """
 
     input_ids: tuple[int, ...]
@@ -315,6 +350,8 @@ def chat_template_mismatch(
     ours = list(encode(tokenizer, spec, [(instruction, text)], max_length=1 << 20)[0].input_ids)
     while chat and chat[-1] != ours[-1] and not tokenizer.decode([chat[-1]]).strip():
         chat.pop()
+    if chat and chat[-1] != ours[-1] and ours[-1] in eos_ids(tokenizer):
+        chat.append(ours[-1])  # the EOS anchor appended after a user turn the chat format leaves open (Mistral)
     if chat == ours:
         return None
     common = 0
