@@ -115,6 +115,12 @@ class TemplateSpec:
     ``marker_tokens``: tokens that must all be in the tokenizer's vocabulary (they tell apart families
     sharing a ``model_type``); the anchor token must be in the vocabulary too.
     ``separator``: what joins an instruction and its text (:func:`join_instruction`).
+    ``packing_exact``: whether a packed decoder call (:mod:`llm2vec.packing`: sequences end to end in one row,
+    position ids restarting at 0, no attention mask) gives this family's models the same hidden states as each
+    text run alone. It holds for architectures whose attention reads the position ids and whose masks
+    transformers builds from them (Llama, Mistral, Qwen2, GPT-NeoX; tested against texts run alone); it does not
+    for OPT (learned positions from the attention mask: 0.32 relative) or Bloom (ALiBi: 7e-3). ``False`` (the
+    default for a new family) makes ``packing: true`` an error and ``packing: auto`` off.
     """
 
     name: str
@@ -122,6 +128,7 @@ class TemplateSpec:
     model_types: tuple[str, ...]
     marker_tokens: tuple[str, ...]
     separator: str = EVALUATION_SEPARATOR
+    packing_exact: bool = False
 
     @property
     def anchor(self) -> str:
@@ -151,10 +158,16 @@ def register_template(spec: TemplateSpec, overwrite: bool = False) -> TemplateSp
     return spec
 
 
-register_template(TemplateSpec("llama3", llama3_template, ("llama",), ("<|start_header_id|>", "<|eot_id|>")))
-register_template(TemplateSpec("smollm2", smollm2_template, ("llama",), ("<|im_start|>", "<|im_end|>")))
-register_template(TemplateSpec("qwen2", qwen2_template, ("qwen2",), ("<|im_start|>", "<|im_end|>")))
-register_template(TemplateSpec("mistral", mistral_template, ("mistral",), ("</s>",)))
+# The shipped families are Llama, Qwen2 and Mistral architectures, whose packed calls equal texts run alone
+# (tests/test_packing.py::test_packed_call_equals_each_text_run_alone).
+register_template(
+    TemplateSpec("llama3", llama3_template, ("llama",), ("<|start_header_id|>", "<|eot_id|>"), packing_exact=True)
+)
+register_template(
+    TemplateSpec("smollm2", smollm2_template, ("llama",), ("<|im_start|>", "<|im_end|>"), packing_exact=True)
+)
+register_template(TemplateSpec("qwen2", qwen2_template, ("qwen2",), ("<|im_start|>", "<|im_end|>"), packing_exact=True))
+register_template(TemplateSpec("mistral", mistral_template, ("mistral",), ("</s>",), packing_exact=True))
 
 
 def get_template(name: str) -> TemplateSpec:
