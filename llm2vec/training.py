@@ -19,9 +19,9 @@ import torch
 import transformers
 
 from . import checkpoints
-from .llm2vec import PackingRefused
 from .arguments import ConfigError, DataArguments, RunConfig, help_text, parse_config
 from .dataset import DataError, TrainDataset, load_e5, load_jsonl
+from .llm2vec import PackingRefused
 from .schedule import StopAfterNSteps, check_resume, plan_schedule
 
 logger = logging.getLogger("llm2vec")

@@ -214,4 +214,8 @@ def autocast_cached_step(encoder, wrapped, batch: dict) -> dict:
     for chunk, grad in zip(chunks, handed):
         grads[torch.tensor(chunk)] = grad
     embeddings = [getattr(out, f"{side}_embedding") for side in sides]
-    return {"loss": out.loss, "embeddings": embeddings, "grads": list(grads.split(batch["query"]["input_ids"].shape[0]))}
+    return {
+        "loss": out.loss,
+        "embeddings": embeddings,
+        "grads": list(grads.split(batch["query"]["input_ids"].shape[0])),
+    }

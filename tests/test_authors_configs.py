@@ -106,5 +106,5 @@ def test_each_config_is_the_authors_run_and_differs_from_the_paper_only_there(au
 
 def test_the_papers_512_stays_the_default():
     """The paper configs keep the paper's global batch of 512 in both stages; only the authors' set departs."""
-    for _, paper, stage, _ in runs():
+    for _, paper, _, _ in runs():
         assert load(paper)["total_batch_size"] == 512, paper.name

@@ -11,8 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from llm2vec.templates import TemplateSpec, UserTurn, anchor_mismatch, chat_template_mismatch, encode, get_template
-from llm2vec.templates import eos_ids, join_instruction
+from llm2vec.templates import (
+    TemplateSpec,
+    UserTurn,
+    anchor_mismatch,
+    chat_template_mismatch,
+    encode,
+    eos_ids,
+    get_template,
+    join_instruction,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 PUBLISHED = ROOT / "tests" / "data" / "chat_templates"

@@ -25,6 +25,8 @@ EXPECTED_STRINGS = {
 }
 ANCHORS = {"llama3": "<|eot_id|>", "smollm2": "<|im_end|>", "qwen2": "<|im_end|>", "mistral": "</s>"}
 CLOSINGS = {"llama3": "<|eot_id|>", "smollm2": "<|im_end|>", "qwen2": "<|im_end|>", "mistral": " [/INST]</s>"}
+
+
 def encoder(tiny_models, family, **kwargs):
     model, tokenizer = tiny_models[family]
     return LLM2Vec(model.model, tokenizer, **kwargs)
