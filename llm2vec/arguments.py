@@ -89,7 +89,8 @@ class ModelArguments:
         default="auto",
         metadata={
             "help": "Packed decoder calls, without padding (llm2vec.packing; the same losses and embeddings): true, "
-            "false, or auto (on with flash_attention_2, whose variable-length kernel skips the padding; off otherwise, "
+            "false, or auto (on with flash_attention_2, whose variable-length kernel skips the padding, for a family that "
+            "declares packing exact, which the four shipped ones do; off otherwise, "
             "since sdpa and eager compute attention over the whole packed row, quadratic in its length; true "
             "pays on CPU for Stage I chunks of about 1k tokens, see the README's benchmark).",
             "choices": PACKING,
@@ -117,10 +118,11 @@ class ModelArguments:
     )
 
     @property
-    def use_packing(self) -> bool:
-        """Whether decoder calls are packed: ``packing``, with auto resolved by the attention implementation."""
+    def use_packing(self) -> bool | str:
+        """The ``packing`` argument of :class:`llm2vec.LLM2Vec`: ``True``/``False``, or for auto with
+        flash_attention_2 ``"if_exact"`` (packed when the model family declares packing exact, else padded)."""
         if self.packing == "auto":
-            return self.attn_implementation == "flash_attention_2"
+            return "if_exact" if self.attn_implementation == "flash_attention_2" else False
         return self.packing == "true"
 
     def __post_init__(self):

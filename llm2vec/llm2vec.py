@@ -80,6 +80,10 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device | None =
     return DTYPES[dtype]
 
 
+class PackingRefused(ValueError):
+    """``packing`` asked for a model family that does not declare packed decoder calls exact."""
+
+
 class LLM2Vec(nn.Module):
     """Text encoder over a decoder-only LLM.
 
@@ -93,7 +97,9 @@ class LLM2Vec(nn.Module):
             ``max_length`` applies (the authors' evaluation used 400 under 512). An encoding-time setting:
             training ignores it and it is not saved with the model.
         packing: run each decoder call packed, without padding (:mod:`llm2vec.packing`): the same embeddings;
-            faster only with ``flash_attention_2``. An execution setting, not saved with the model.
+            faster only with ``flash_attention_2``. An execution setting, not saved with the model. ``True`` needs
+            a family that declares packing exact (``TemplateSpec.packing_exact``; a ``ValueError`` otherwise);
+            ``"if_exact"`` packs for such a family and runs padded calls for any other.
     """
 
     def __init__(
@@ -104,7 +110,7 @@ class LLM2Vec(nn.Module):
         max_length: int = 512,
         template: str | None = None,
         doc_max_length: int | None = None,
-        packing: bool = False,
+        packing: bool | str = False,
     ):
         super().__init__()
         if pooling_mode not in POOLING_MODES:
@@ -116,11 +122,29 @@ class LLM2Vec(nn.Module):
         if doc_max_length is not None and int(doc_max_length) < 1:
             raise ValueError(f"doc_max_length must be a positive number of tokens or None, got {doc_max_length}")
         self.doc_max_length = None if doc_max_length is None else int(doc_max_length)
-        self.packing = bool(packing)
-        self.template = templates.resolve_template(model.config, tokenizer, template)
+        self.template = templates.resolve_template(
+            model.config, tokenizer, template, getattr(model, "generation_config", None)
+        )
+        self.packing = self._packing(packing)
         self.pad_token_id = tokenizer.pad_token_id
         if self.pad_token_id is None:
             self.pad_token_id = tokenizer.convert_tokens_to_ids(self.template.build("")[1])
+
+    def _packing(self, packing: bool | str) -> bool:
+        """Whether decoder calls are packed: ``packing`` checked against the family's ``packing_exact``."""
+        if packing not in (True, False, "if_exact"):
+            raise ValueError(f"packing must be True, False or 'if_exact', got {packing!r}")
+        if packing == "if_exact":
+            return self.template.packing_exact
+        if packing and not self.template.packing_exact:
+            raise PackingRefused(
+                f"packing: the {self.template.name!r} family does not declare packed decoder calls exact "
+                "(packing_exact=False): its attention may not read the restarting position ids (OPT's learned "
+                "positions and Bloom's ALiBi do not), so a packed row would differ from its texts run alone; set "
+                "packing false, or register the family with packing_exact=True once a test shows packed calls "
+                "equal texts run alone"
+            )
+        return bool(packing)
 
     # ------------------------------------------------------------------ loading and saving
 

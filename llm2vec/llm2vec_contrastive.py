@@ -52,7 +52,7 @@ import torch.distributed as dist
 from .distributed import world
 from .gradcache import RngState, collate_rows, plan_chunks, rows_of
 from .llm2vec import LLM2Vec
-from .loss.infonce import InfoNCELoss
+from .loss.infonce import InfoNCELoss, autocast_off
 from .validation import contrastive_validation
 
 
@@ -192,10 +192,13 @@ class LLM2VecContrastive(LLM2Vec):
         for index, part in zip(indices, parts):
             embeddings[index] = part
         # the loss over the whole (gathered) batch, back-propagated to the embeddings only: the cache dL/de
-        leaves = embeddings.detach().requires_grad_(True)
+        # (float32, autocast off for the loss and its backward: under an enclosing autocast a CPU backward would
+        # otherwise run its matmuls in bf16)
+        leaves = embeddings.detach().float().requires_grad_(True)
         by_side = dict(zip(sides, leaves.split(inputs["query"]["input_ids"].shape[0])))
-        loss = self.loss_fn(by_side["query"], by_side["positive"], by_side.get("negative"))
-        loss.backward()
+        with autocast_off(device):
+            loss = self.loss_fn(by_side["query"], by_side["positive"], by_side.get("negative"))
+            loss.backward()
         cache = leaves.grad
 
         # pass 2: each chunk again with a graph and pass 1's RNG state; its rows' cached gradient back-propagated
@@ -203,7 +206,9 @@ class LLM2VecContrastive(LLM2Vec):
             last = k == len(batches) - 1
             with contextlib.nullcontext() if last else no_sync():
                 states[k].restore()
-                backward(model(features=batch), grad=cache[index])
+                chunk_embeddings = model(features=batch)
+                with autocast_off(device):  # forward under the caller's autocast, backward outside it
+                    backward(chunk_embeddings, grad=cache[index].to(chunk_embeddings.dtype))
         after.restore()
         detached = {side: e.detach() for side, e in by_side.items()}
         return ContrastiveOutput(loss.detach(), detached["query"], detached["positive"], detached.get("negative"))

@@ -17,6 +17,12 @@ thousand tokens that is still cheaper than padding (the README's benchmark table
 packing on by default only with ``flash_attention_2``. The CPU tests use it with ``sdpa`` to check
 that a packed call equals the padded one.
 
+Exactness has two conditions. The model's attention must read the position ids (a family declares it:
+``TemplateSpec.packing_exact``; true for the shipped Llama, Qwen2 and Mistral families, false for OPT or
+Bloom, whose positions come from the attention mask or from ALiBi). And no dropout may be drawn: LoRA
+dropout draws its masks for the packed (1, N) row, not for the padded (B, T) batches, so with dropout a
+packed step is exact for its own masks but not equal to the padded step's numbers.
+
 The helpers build every tensor anew (nothing is written into a caller's tensor); :func:`unpack` puts the
 packed rows back into the (B, T, H) layout, zeros at the padding, so pooling and everything after it is
 the padded code path.

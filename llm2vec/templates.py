@@ -15,10 +15,15 @@ the user turn). The anchor is the token the paper's Eq. 1 reads the embedding at
 - ``llama3``: ``<|begin_of_text|><|start_header_id|>user<|end_header_id|>\\n\\n`` ... ``<|eot_id|>``; anchor
   ``<|eot_id|>`` (the Instruct models' EOS);
 - ``qwen2`` and ``smollm2`` (ChatML): ``<|im_start|>user\\n`` ... ``<|im_end|>``; anchor ``<|im_end|>`` (EOS);
-- ``mistral``: ``<s>[INST] `` ... `` [/INST]``; anchor ``]``, the last token of ``[/INST]``.
+- ``mistral``: ``<s>[INST] `` ... `` [/INST]</s>``; anchor ``</s>`` (EOS), appended after the user turn.
 
-Mistral-7B-Instruct-v0.2 closes a user turn with the plain-text ``[/INST]`` (4 tokens, ``▁[ / INST ]``),
-so its anchor is the ``]`` that ends it; its EOS ``</s>`` only ever follows an assistant reply.
+In every family the anchor is one of the model's end-of-sequence ids (the tokenizer's EOS, or one of the
+``eos_token_id`` of the model's config or generation config), as Eq. 1 asks ([EOS] appended to the text).
+Mistral-7B-Instruct-v0.2's chat format closes a user turn with the plain-text ``[/INST]`` (4 tokens,
+``▁[ / INST ]``) and puts its EOS ``</s>`` only after an assistant reply, so its closing here is the
+user turn followed by ``</s>``, as LLM2Vec does for Mistral (it appends `` </s>``); the chat template
+check (:func:`chat_template_mismatch`) accepts that one appended EOS. :func:`anchor_mismatch` checks the
+EOS rule when a template is resolved.
 
 :func:`encode` tokenizes the prefix (opening + instruction + separator), the text and the closing
 separately, cuts the text so that everything fits, and appends the closing **after truncation**, so the
@@ -85,8 +90,8 @@ def smollm2_template() -> UserTurn:
 
 
 def mistral_template() -> UserTurn:
-    """Mistral-7B-Instruct-v0.2: ``<s>[INST] `` ... `` [/INST]``; the anchor is the final ``]``."""
-    return UserTurn("<s>[INST] ", " [/INST]", "]")
+    """Mistral-7B-Instruct-v0.2: ``<s>[INST] `` ... `` [/INST]`` and the EOS ``</s>`` appended as the anchor."""
+    return UserTurn("<s>[INST] ", " [/INST]</s>", "</s>")
 
 
 def join_instruction(instruction: str, separator: str) -> str:
@@ -110,6 +115,12 @@ class TemplateSpec:
     ``marker_tokens``: tokens that must all be in the tokenizer's vocabulary (they tell apart families
     sharing a ``model_type``); the anchor token must be in the vocabulary too.
     ``separator``: what joins an instruction and its text (:func:`join_instruction`).
+    ``packing_exact``: whether a packed decoder call (:mod:`llm2vec.packing`: sequences end to end in one row,
+    position ids restarting at 0, no attention mask) gives this family's models the same hidden states as each
+    text run alone. It holds for architectures whose attention reads the position ids and whose masks
+    transformers builds from them (Llama, Mistral, Qwen2, GPT-NeoX; tested against texts run alone); it does not
+    for OPT (learned positions from the attention mask: 0.32 relative) or Bloom (ALiBi: 7e-3). ``False`` (the
+    default for a new family) makes ``packing: true`` an error and ``packing: auto`` off.
     """
 
     name: str
@@ -117,6 +128,7 @@ class TemplateSpec:
     model_types: tuple[str, ...]
     marker_tokens: tuple[str, ...]
     separator: str = EVALUATION_SEPARATOR
+    packing_exact: bool = False
 
     @property
     def anchor(self) -> str:
@@ -146,10 +158,16 @@ def register_template(spec: TemplateSpec, overwrite: bool = False) -> TemplateSp
     return spec
 
 
-register_template(TemplateSpec("llama3", llama3_template, ("llama",), ("<|start_header_id|>", "<|eot_id|>")))
-register_template(TemplateSpec("smollm2", smollm2_template, ("llama",), ("<|im_start|>", "<|im_end|>")))
-register_template(TemplateSpec("qwen2", qwen2_template, ("qwen2",), ("<|im_start|>", "<|im_end|>")))
-register_template(TemplateSpec("mistral", mistral_template, ("mistral",), ("</s>",)))
+# The shipped families are Llama, Qwen2 and Mistral architectures, whose packed calls equal texts run alone
+# (tests/test_packing.py::test_packed_call_equals_each_text_run_alone).
+register_template(
+    TemplateSpec("llama3", llama3_template, ("llama",), ("<|start_header_id|>", "<|eot_id|>"), packing_exact=True)
+)
+register_template(
+    TemplateSpec("smollm2", smollm2_template, ("llama",), ("<|im_start|>", "<|im_end|>"), packing_exact=True)
+)
+register_template(TemplateSpec("qwen2", qwen2_template, ("qwen2",), ("<|im_start|>", "<|im_end|>"), packing_exact=True))
+register_template(TemplateSpec("mistral", mistral_template, ("mistral",), ("</s>",), packing_exact=True))
 
 
 def get_template(name: str) -> TemplateSpec:
@@ -166,10 +184,11 @@ def _has_token(tokenizer, token: str) -> bool:
     return token in tokenizer.get_vocab()
 
 
-def resolve_template(config, tokenizer, name: str | None = None) -> TemplateSpec:
+def resolve_template(config, tokenizer, name: str | None = None, generation_config=None) -> TemplateSpec:
     """The template for a model: by explicit ``name``, else detected from ``config`` and ``tokenizer``.
 
-    When the tokenizer carries a chat template, the spec's token ids are compared with it once
+    An anchor that is not one of the model's end-of-sequence ids (:func:`anchor_mismatch`) is logged as a
+    warning. When the tokenizer carries a chat template, the spec's token ids are compared with it once
     (:func:`chat_template_mismatch`) and a difference is logged as a warning.
     """
     if name is not None:
@@ -192,6 +211,9 @@ def resolve_template(config, tokenizer, name: str | None = None) -> TemplateSpec
         raise ValueError(
             f"template {spec.name!r}: the anchor token {spec.anchor!r} is not in the tokenizer's vocabulary"
         )
+    problem = anchor_mismatch(tokenizer, spec, config, generation_config)
+    if problem:
+        logger.warning("%s", problem)
     if getattr(tokenizer, "chat_template", None):
         try:
             problem = chat_template_mismatch(tokenizer, spec)
@@ -202,13 +224,39 @@ def resolve_template(config, tokenizer, name: str | None = None) -> TemplateSpec
     return spec
 
 
+def eos_ids(tokenizer, config=None, generation_config=None) -> set[int]:
+    """The end-of-sequence ids of a model: the tokenizer's ``eos_token_id`` and every ``eos_token_id`` (an id or a
+    list) of its config and generation config."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    for source in (config, generation_config):
+        value = getattr(source, "eos_token_id", None)
+        if value is not None:
+            ids.update(value if isinstance(value, (list, tuple)) else [value])
+    return ids
+
+
+def anchor_mismatch(tokenizer, spec: TemplateSpec, config=None, generation_config=None) -> str | None:
+    """``None`` when the template's anchor is one of the model's end-of-sequence ids (:func:`eos_ids`), as Eq. 1
+    asks, else a one-line description of the problem."""
+    anchor_id = tokenizer.convert_tokens_to_ids(spec.anchor)
+    eos = eos_ids(tokenizer, config, generation_config)
+    if anchor_id in eos:
+        return None
+    names = ", ".join(f"{tokenizer.convert_ids_to_tokens(i)!r} ({i})" for i in sorted(eos)) or "none"
+    return (
+        f"template {spec.name!r}: the anchor {spec.anchor!r} ({anchor_id}) is not an end-of-sequence id of this "
+        f"model (EOS ids: {names}); the paper's Eq. 1 reads the embedding at an appended [EOS], so end the "
+        "template's closing with one of them"
+    )
+
+
 @dataclass(frozen=True)
 class EncodedText:
     """Token ids of one (instruction, text) item.
 
     ``input_ids[:text_start]`` is the template prefix with the instruction, ``input_ids[text_start:text_end]``
     the (possibly truncated) text, ``input_ids[text_end:]`` the closing of the user turn, whose last token,
-    ``input_ids[-1]``, is the anchor (one token for every family but Mistral's `` [/INST]``).
+    ``input_ids[-1]``, is the anchor (one token for every family but Mistral's `` [/INST]</s>``).
     """
 
     input_ids: tuple[int, ...]
@@ -315,6 +363,8 @@ def chat_template_mismatch(
     ours = list(encode(tokenizer, spec, [(instruction, text)], max_length=1 << 20)[0].input_ids)
     while chat and chat[-1] != ours[-1] and not tokenizer.decode([chat[-1]]).strip():
         chat.pop()
+    if chat and chat[-1] != ours[-1] and ours[-1] in eos_ids(tokenizer):
+        chat.append(ours[-1])  # the EOS anchor appended after a user turn the chat format leaves open (Mistral)
     if chat == ours:
         return None
     common = 0

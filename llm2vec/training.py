@@ -21,6 +21,7 @@ import transformers
 from . import checkpoints
 from .arguments import ConfigError, DataArguments, RunConfig, help_text, parse_config
 from .dataset import DataError, TrainDataset, load_e5, load_jsonl
+from .llm2vec import PackingRefused
 from .schedule import StopAfterNSteps, check_resume, plan_schedule
 
 logger = logging.getLogger("llm2vec")
@@ -117,7 +118,10 @@ def train(config: RunConfig):
     schedule = plan_schedule(args, dataset.num_global_batches, config.stage.stop_after_n_steps, config.source)
     check_resume(plan.resume_from, schedule, extending=plan.continue_past is not None)
     logger.info("Stage %s %s", stage, schedule.describe())
-    model = model_class(stage).build(config.model, config.stage, config.dtype)
+    try:
+        model = model_class(stage).build(config.model, config.stage, config.dtype)
+    except PackingRefused as e:
+        raise ConfigError(f"{config.source or 'the config'}: {e}") from None
     logger.info("Stage %s: %s, %s", stage, config.model.model_name_or_path, model.describe())
     checkpoints.prepare(plan, config, model, len(dataset))  # where training ends, free disk space, overwrite
     collator = TrainCollator.for_encoder(model, **config.stage.collator_options(), **config.data.collator_options())

@@ -141,3 +141,81 @@ def run_gradcache_rank(
             )
     finally:
         dist.destroy_process_group()
+
+
+def run_autocast_rank(
+    rank: int, world_size: int, init_file: str, checkpoint: str, batch_file: str, budget: int, out_dir: str
+) -> None:
+    """One process under bf16 autocast (as the Trainer's mixed precision wraps the model's forward): the plain step
+    and the gradient-cached step on this rank's rows, each through a DDP-wrapped encoder. Saves, per step, the loss,
+    this rank's embeddings and the gradient of the loss with respect to them (what the step back-propagates into the
+    encoder: ``retain_grad`` for the plain step, the cache handed to ``backward`` for the cached one)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    try:
+        batch = torch.load(batch_file)
+        rows = batch["query"]["input_ids"].shape[0] // world_size
+        local = slice_batch(batch, rank * rows, (rank + 1) * rows)
+        results = {}
+        plain_encoder = build_encoder(checkpoint)
+        plain_encoder.train()
+        plain = DistributedDataParallel(plain_encoder)
+        results["plain"] = autocast_plain_step(plain, local)
+        encoder = build_encoder(checkpoint, embedding_token_budget=budget)
+        encoder.train()
+        cached = DistributedDataParallel(encoder)
+        results["cached"] = autocast_cached_step(encoder, cached, local)
+        torch.save(results, os.path.join(out_dir, f"autocast{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+SIDES = ("query", "positive", "negative")
+
+
+def autocast_plain_step(model, batch: dict) -> dict:
+    """The plain step (loss inside ``forward``) under bf16 autocast: loss, embeddings, d loss / d embeddings."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(**batch)
+    embeddings = [getattr(out, f"{side}_embedding") for side in SIDES if side in batch]
+    for e in embeddings:
+        e.retain_grad()
+    out.loss.backward()
+    return {
+        "loss": out.loss.detach(),
+        "embeddings": [e.detach() for e in embeddings],
+        "grads": [e.grad.detach() for e in embeddings],
+    }
+
+
+def autocast_cached_step(encoder, wrapped, batch: dict) -> dict:
+    """The gradient-cached step under bf16 autocast: loss, pass-1 embeddings and the cached d loss / d embeddings
+    (collected from the ``backward`` calls of pass 2 and put back in the embeddings' order)."""
+    handed = []
+
+    def backward(tensor, grad=None):
+        handed.append(grad.detach().clone())
+        tensor.backward(grad)
+
+    no_sync = getattr(wrapped, "no_sync", None) or __import__("contextlib").nullcontext
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = encoder.step_in_parts(wrapped, batch, backward, no_sync)
+    from llm2vec.gradcache import plan_chunks, rows_of
+
+    sides = [side for side in SIDES if side in batch]
+    lengths = [len(r["input_ids"]) for side in sides for r in rows_of(batch[side])]
+    chunks = plan_chunks(lengths, encoder.embedding_token_budget, min_chunks=len(handed))
+    assert len(chunks) == len(handed), "the chunk plan was not reproduced"
+    grads = torch.empty((len(lengths), handed[0].shape[-1]), dtype=handed[0].dtype)
+    for chunk, grad in zip(chunks, handed):
+        grads[torch.tensor(chunk)] = grad
+    embeddings = [getattr(out, f"{side}_embedding") for side in sides]
+    return {
+        "loss": out.loss,
+        "embeddings": embeddings,
+        "grads": list(grads.split(batch["query"]["input_ids"].shape[0])),
+    }

@@ -21,31 +21,10 @@ EXPECTED_STRINGS = {
     "llama3": "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nRetrieve passages: the fox<|eot_id|>",
     "smollm2": "<|im_start|>user\nRetrieve passages: the fox<|im_end|>",
     "qwen2": "<|im_start|>user\nRetrieve passages: the fox<|im_end|>",
-    "mistral": "<s>[INST] Retrieve passages: the fox [/INST]",
+    "mistral": "<s>[INST] Retrieve passages: the fox [/INST]</s>",
 }
-ANCHORS = {"llama3": "<|eot_id|>", "smollm2": "<|im_end|>", "qwen2": "<|im_end|>", "mistral": "]"}
-CLOSINGS = {"llama3": "<|eot_id|>", "smollm2": "<|im_end|>", "qwen2": "<|im_end|>", "mistral": " [/INST]"}
-# What each family's chat template adds around one user turn that this package leaves out: (before the
-# user turn, after the first `shared` tokens; after the anchor). Written out here from the public formats.
-DROPPED = {
-    "llama3": (
-        "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
-        "Today Date: 26 Jul 2024\n\n<|eot_id|>",
-        1,
-        "",
-    ),
-    "qwen2": (
-        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n",
-        0,
-        "\n",
-    ),
-    "smollm2": (
-        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n",
-        0,
-        "\n",
-    ),
-    "mistral": ("", 1, ""),
-}
+ANCHORS = {"llama3": "<|eot_id|>", "smollm2": "<|im_end|>", "qwen2": "<|im_end|>", "mistral": "</s>"}
+CLOSINGS = {"llama3": "<|eot_id|>", "smollm2": "<|im_end|>", "qwen2": "<|im_end|>", "mistral": " [/INST]</s>"}
 
 
 def encoder(tiny_models, family, **kwargs):
@@ -118,25 +97,7 @@ def test_instruction_excluded_from_text_mask(tiny_models, family):
         assert in_text[-1] == enc.tokenizer.convert_tokens_to_ids(ANCHORS[family])
 
 
-@pytest.mark.parametrize("separator", [": ", "; ", " "])
-@pytest.mark.parametrize("instruction", ["", "Given a question, retrieve passages"])
-def test_ids_equal_the_chat_template_of_one_user_message(tiny_models, family, instruction, separator):
-    """Our ids are the tokenizer's own chat template for the user message "<instruction><separator><text>",
-    without the default system turn and ChatML's newline after the turn."""
-    from llm2vec.templates import encode, get_template, join_instruction
-
-    tokenizer = tiny_models[family][1]
-    spec = get_template(family).with_separator(separator)
-    text = "Paris is the capital of France."
-    ours = list(encode(tokenizer, spec, [(instruction, text)], max_length=512)[0].input_ids)
-    content = join_instruction(instruction, separator) + text
-    chat = list(tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=True, return_dict=False))
-    system, shared, after = DROPPED[family]
-
-    def ids(s):
-        return tokenizer(s, add_special_tokens=False)["input_ids"] if s else []
-
-    assert chat == ours[:shared] + ids(system) + ours[shared:] + ids(after)
+# The ids against the families' published chat templates: tests/test_chat_templates.py.
 
 
 def test_chat_template_check_flags_a_wrong_template(tiny_models, caplog, monkeypatch):

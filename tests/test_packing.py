@@ -161,8 +161,98 @@ def test_packing_setting():
         return ModelArguments(model_name_or_path="m", **kw)
 
     assert not args().use_packing  # auto with sdpa (the default attention): length-sorted padding
-    assert args(attn_implementation="flash_attention_2").use_packing
-    assert args(packing=True).use_packing and args(packing="true").use_packing  # JSON true or the string
+    # auto with flash_attention_2: packed where the model family declares packing exact
+    assert args(attn_implementation="flash_attention_2").use_packing == "if_exact"
+    assert args(packing=True).use_packing is True and args(packing="true").use_packing is True  # JSON or string
     assert not args(packing=False, attn_implementation="flash_attention_2").use_packing
     with pytest.raises(ConfigError, match="packing"):
         args(packing="sometimes")
+
+
+# ---------------------------------------------------------------- which families may pack (#19, point 3)
+
+
+def hidden_alone_and_packed(decoder, lengths, vocab, seed=0):
+    """Final-layer states of random texts of these lengths: each run alone (no padding, no mask), and all in one
+    packed call; as two lists of (n_i, H) tensors."""
+    from llm2vec.packing import packed_call
+
+    g = torch.Generator().manual_seed(seed)
+    texts = [torch.randint(5, vocab, (n,), generator=g) for n in lengths]
+    with torch.no_grad():
+        alone = [decoder(input_ids=t[None], use_cache=False).last_hidden_state[0] for t in texts]
+        packed = packed_call(decoder, texts, [torch.arange(n) for n in lengths], embeds=False)
+    return alone, list(packed)
+
+
+def max_relative_error(got, expected):
+    return max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(got, expected))
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_packed_call_equals_each_text_run_alone(tiny_models, family, attention):
+    """The shipped families declare packing exact: a packed row's states equal each text run alone, with no padding
+    and no batch (an independent reference: one plain forward per text)."""
+    from llm2vec.templates import get_template
+
+    assert get_template(family).packing_exact
+    causal_lm, tokenizer = tiny_models[family]
+    decoder = decoder_body(causal_lm)
+    previous = decoder.config._attn_implementation
+    decoder.set_attn_implementation(attention)
+    try:
+        alone, packed = hidden_alone_and_packed(decoder, [7, 1, 12, 4], len(tokenizer))
+    finally:
+        decoder.set_attn_implementation(previous)
+    assert max_relative_error(packed, alone) < 1e-5
+
+
+@pytest.mark.parametrize("model_type", ["opt", "bloom"])
+def test_packing_is_not_exact_for_opt_and_bloom(model_type):
+    """Why a family must declare it: OPT (positions learned from the attention mask) and Bloom (ALiBi) ignore the
+    restarting position ids, so their packed rows differ from the texts run alone."""
+    from transformers import AutoConfig, AutoModel
+
+    size = {"hidden_size": 32, "num_attention_heads": 4}
+    extra = {"opt": {"ffn_dim": 64, "num_hidden_layers": 2, "word_embed_proj_dim": 32}, "bloom": {"n_layer": 2}}
+    config = AutoConfig.for_model(model_type, vocab_size=300, **size, **extra[model_type])
+    torch.manual_seed(0)
+    decoder = AutoModel.from_config(config).eval()
+    alone, packed = hidden_alone_and_packed(decoder, [7, 9, 12], 300)
+    assert max_relative_error(packed, alone) > 1e-3
+
+
+@pytest.fixture
+def unverified_family(monkeypatch):
+    """The Llama-3 format registered again as a family that does not declare packing exact."""
+    import dataclasses
+
+    from llm2vec import templates
+
+    spec = dataclasses.replace(templates.get_template("llama3"), name="llama3_unverified", packing_exact=False)
+    monkeypatch.setitem(templates._REGISTRY, spec.name, spec)
+    return spec.name
+
+
+def test_packing_is_refused_for_a_family_that_does_not_declare_it(tiny_models, unverified_family):
+    from llm2vec.llm2vec import PackingRefused
+
+    causal_lm, tokenizer = tiny_models["llama3"]
+    with pytest.raises(PackingRefused, match="does not declare packed decoder calls exact") as refused:
+        LLM2Vec(causal_lm, tokenizer, template=unverified_family, packing=True)
+    assert "\n" not in str(refused.value)
+    assert not LLM2Vec(causal_lm, tokenizer, template=unverified_family, packing="if_exact").packing  # auto: off
+    assert LLM2Vec(causal_lm, tokenizer, template="llama3", packing="if_exact").packing
+
+
+def test_driver_refuses_packing_for_such_a_family_in_one_line(tiny_checkpoints, unverified_family, tmp_path, capsys):
+    from llm2vec.testing import write_tiny_e5
+    from llm2vec.training import main
+
+    data = write_tiny_e5(tmp_path / "data", n=8, sources=("nq",))
+    flags = ["--model_name_or_path", str(tiny_checkpoints["llama3"]), "--output_dir", str(tmp_path / "out")]
+    flags += ["--dataset_file_path", str(data), "--e5_sources", '["nq"]', "--use_cpu", "true", "--max_steps", "1"]
+    flags += ["--per_device_train_batch_size", "4", "--template", unverified_family, "--packing", "true"]
+    assert main("II", flags) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]  # (after transformers' loading progress bar)
+    assert error.startswith("error: command line: packing: the 'llama3_unverified' family")

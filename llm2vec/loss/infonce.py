@@ -9,6 +9,12 @@ from torch import nn
 from ..distributed import gather_with_grad, positive_labels
 
 
+def autocast_off(device: torch.device):
+    """A context in which autocast is off for ``device``'s type, so operations (and, on CPU, where backward runs on
+    the calling thread, the backward ops called inside it) run in their inputs' dtype."""
+    return torch.autocast(device_type=device.type, enabled=False)
+
+
 class InfoNCELoss(nn.Module):
     """Contrastive loss of queries against the positives and hard negatives of the whole global batch.
 
@@ -30,7 +36,14 @@ class InfoNCELoss(nn.Module):
 
     The loss is the mean of l_i over this process's B queries, i.e. a cross-entropy over the rows of
     the (B, |C|) score matrix with label ``rank * B + i``. Averaged over processes (DDP's gradient
-    average) this is the mean over all queries of the global batch. Scores are computed in float32.
+    average) this is the mean over all queries of the global batch.
+
+    Precision: the normalisation, the score matmul, the softmax and the cross-entropy run in float32 with
+    autocast switched off, whatever the embeddings' dtype and whatever autocast surrounds the call. Under
+    bf16 mixed precision the Trainer's autocast wraps the model's ``forward``, which computes this loss in
+    the plain step; without this the (B, |C|) matmul ran in bf16 there (8 bits of mantissa on scores of
+    magnitude up to ``scale``), while the gradient-cached step, whose loss is computed outside ``forward``,
+    ran it in float32. Both paths now compute the same float32 loss.
 
     Args:
         scale: 1 / tau. The paper fixes tau = 0.05, so 20 (the default); the authors' code used 50
@@ -44,12 +57,14 @@ class InfoNCELoss(nn.Module):
         self.scale = float(scale)
 
     def scores(self, query: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, |C|) scaled cosine similarities of the local queries to all candidates of the global batch."""
-        q = F.normalize(query.float(), p=2, dim=-1)
-        candidates = [gather_with_grad(F.normalize(positive.float(), p=2, dim=-1))]
-        if negative is not None:
-            candidates.append(gather_with_grad(F.normalize(negative.float(), p=2, dim=-1)))
-        return self.scale * q @ torch.cat(candidates, dim=0).T
+        """(B, |C|) scaled cosine similarities of the local queries to all candidates of the global batch, in
+        float32 (autocast off)."""
+        with autocast_off(query.device):
+            q = F.normalize(query.float(), p=2, dim=-1)
+            candidates = [gather_with_grad(F.normalize(positive.float(), p=2, dim=-1))]
+            if negative is not None:
+                candidates.append(gather_with_grad(F.normalize(negative.float(), p=2, dim=-1)))
+            return self.scale * q @ torch.cat(candidates, dim=0).T
 
     def forward(
         self, query: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor | None = None
@@ -57,8 +72,9 @@ class InfoNCELoss(nn.Module):
         if query.shape != positive.shape or (negative is not None and negative.shape != query.shape):
             shapes = [tuple(t.shape) for t in (query, positive, negative) if t is not None]
             raise ValueError(f"query, positive (and negative) embeddings must have the same shape, got {shapes}")
-        scores = self.scores(query, positive, negative)
-        return F.cross_entropy(scores, positive_labels(query.shape[0], scores.device))
+        with autocast_off(query.device):
+            scores = self.scores(query, positive, negative)
+            return F.cross_entropy(scores, positive_labels(query.shape[0], scores.device))
 
     def extra_repr(self) -> str:
         return f"scale={self.scale}"
