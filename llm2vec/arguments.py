@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from transformers import HfArgumentParser, TrainingArguments
 
+from .config_values import Flag, ValueProblem, check_ranges, coerce_config
 from .llm2vec import resolve_dtype
 from .loss.reconstruction import RECONSTRUCTION_TARGETS
 from .pooling import POOLING_MODES
@@ -248,6 +249,16 @@ class _StageArguments:
             "help": "Replace the run already in output_dir (its final model, completion marker and checkpoints are "
             "deleted once the start-up checks pass). Without it, a run refuses to start in a folder that holds "
             "a finished model or checkpoints; --resume_from_checkpoint true continues that run instead."
+        },
+    )
+    accept_changed_inputs: bool = field(
+        default=False,
+        metadata={
+            "help": "Resume although the data files, the base model (or adapter) or the batch geometry (per-device "
+            "batch, processes, accumulation) differ from what the checkpoint was trained with. Without it such a "
+            "resume is refused with what differs (each run records size, modification time and a hash of the first "
+            "MiB of every input file in run_config.json); with it, run_config.json records the change and the "
+            "step it happened at (resumed_with_changes)."
         },
     )
     num_threads: int | None = field(
@@ -560,26 +571,27 @@ class RunConfig:
         return json.loads(json.dumps(out, default=str))
 
 
-def _parse_flags(argv: list[str]) -> dict[str, Any]:
-    """``--key value`` pairs to a dict; values are read as JSON where they parse (numbers, true, lists)."""
-    out: dict[str, Any] = {}
+def _parse_flags(argv: list[str]) -> dict[str, Flag]:
+    """``--key value...`` to ``{key: Flag(values)}``; the strings are read as each field's type later
+    (:func:`llm2vec.config_values.coerce_config`)."""
+    out: dict[str, Flag] = {}
     i = 0
     while i < len(argv):
         key = argv[i]
-        if not key.startswith("--"):
+        if not key.startswith("--") or len(key) == 2:
             raise ConfigError(f"command line: expected --field, got {key!r} (a JSON config must come first)")
         values = []
         i += 1
         while i < len(argv) and not argv[i].startswith("--"):
             values.append(argv[i])
             i += 1
-        parsed = []
-        for v in values:
-            try:
-                parsed.append(json.loads(v))
-            except json.JSONDecodeError:
-                parsed.append(v)
-        out[key[2:]] = True if not parsed else parsed[0] if len(parsed) == 1 else parsed
+        name = key[2:]
+        if "=" in name:  # --field=value
+            name, value = name.split("=", 1)
+            values.insert(0, value)
+        if name in out:
+            raise ConfigError(f"command line: --{name} is given twice; give it once")
+        out[name] = Flag(tuple(values))
     return out
 
 
@@ -606,6 +618,8 @@ def load_config(argv: list[str]) -> tuple[dict[str, Any], str]:
 def parse_config(stage: str, argv: list[str]) -> RunConfig:
     """Parse a config for ``stage`` (``"I"`` or ``"II"``); field values checked, nothing run-time yet."""
     config, source = load_config(argv)
+    if isinstance(config.get("stage"), Flag):
+        config["stage"] = " ".join(config["stage"].values)
     given_stage = config.get("stage", stage)
     if given_stage != stage:
         raise ConfigError(
@@ -626,6 +640,11 @@ def parse_config(stage: str, argv: list[str]) -> RunConfig:
         )
     if "model_name_or_path" not in config or "output_dir" not in config:
         raise ConfigError(f"{source}: 'model_name_or_path' and 'output_dir' are required")
+    try:
+        config = coerce_config(config, classes)
+        check_ranges(config)
+    except ValueProblem as e:
+        raise ConfigError(f"{source}: {e}") from None
     for key, value in TRAINING_DEFAULTS.items():
         config.setdefault(key, value)
     if config.get("validation_file") or config.get("validation_size"):

@@ -59,9 +59,13 @@ NOT_COMPARED = (
     "output_dir",
     "resume_from_checkpoint",
     "overwrite_output_dir",
+    "accept_changed_inputs",
     "config_file",
     "lr_schedule",
-)  # lr_schedule: derived from the compared fields and the data
+    "inputs",
+    "batch_geometry",
+    "resumed_with_changes",
+)  # lr_schedule: derived from the compared fields and the data; inputs and batch: llm2vec.run_inputs
 # Files of a final model that an interrupted final save may leave without a marker (removed on overwrite).
 MODEL_FILE_PATTERNS = (
     "*.safetensors",
@@ -72,7 +76,27 @@ MODEL_FILE_PATTERNS = (
     TRAINER_STATE_NAME,
 )
 # What a checkpoint holds beyond the model: not part of a final model built from a checkpoint.
-TRAINING_STATE_FILES = ("optimizer.pt", "scheduler.pt", "scaler.pt", "rng_state*.pth")
+TRAINING_STATE_FILES = ("optimizer.pt", "scheduler.pt", "scaler.pt", "rng_state*.pth", "checkpoint_files.json")
+# Written last into every checkpoint (before it is renamed into place): each file's path and size.
+CHECKPOINT_MANIFEST = "checkpoint_files.json"
+# Names a saved model may have at the top of output_dir besides MODEL_FILE_PATTERNS (LLM2Vec.save, the card).
+OWN_FILE_PATTERNS = (
+    *MODEL_FILE_PATTERNS,
+    COMPLETE_MARKER,
+    "README.md",
+    "config.json",
+    "generation_config.json",
+    "tokenizer*",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+)
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint or finished model that cannot be read back; the message names the file and what to do."""
 
 
 # ---------------------------------------------------------------------------------------------- the folder
@@ -85,28 +109,137 @@ class Checkpoint:
     problem: str | None = None  # why it cannot be resumed from; None: complete
 
 
+def safetensors_problem(path: Path) -> str | None:
+    """Why the safetensors file ``path`` is damaged (its header unreadable, or its size not the one its header
+    implies: a truncated file), else ``None``. Reads only the header."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if size < 8 or n > size - 8:
+                return f"{path.name} is truncated ({size} bytes)"
+            header = json.loads(f.read(n))
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
+        return f"{path.name} has an unreadable header"
+    if 8 + n + end != size:
+        return f"{path.name} is {size} bytes but its header says {8 + n + end}"
+    return None
+
+
+def _torch_file_problem(path: Path) -> str | None:
+    """A ``torch.save`` file is a zip archive; a truncated one has no readable central directory."""
+    import zipfile
+
+    return None if zipfile.is_zipfile(path) else f"{path.name} is damaged or truncated (not a torch.save archive)"
+
+
+def state_files_problem(names: set[str]) -> str | None:
+    """What a resumable checkpoint lacks among ``names`` (its files, relative paths): the optimizer state, the
+    scheduler and the RNG state, without which a resumed run would silently restart them."""
+    if not any(n.startswith("optimizer") for n in names):
+        return "no optimizer state (optimizer.pt): resuming would restart AdamW from zero"
+    if "scheduler.pt" not in names:
+        return "no scheduler.pt: resuming would restart the learning-rate schedule"
+    if not any(re.fullmatch(r"rng_state(_\d+)?\.pth", n) for n in names):
+        return "no rng_state.pth: resuming would not replay the data order and dropout exactly"
+    return None
+
+
+def _manifest_problem(folder: Path, manifest: dict) -> str | None:
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        return f"unreadable {CHECKPOINT_MANIFEST}"
+    problems = []
+    for rel, size in sorted(files.items()):
+        path = folder / rel
+        if not path.is_file():
+            problems.append(f"{rel} is missing")
+        elif path.stat().st_size != size:
+            problems.append(f"{rel} is {path.stat().st_size} bytes, {size} when saved")
+    if problems:
+        return "; ".join(problems[:3]) + (f"; {len(problems) - 3} more" if len(problems) > 3 else "")
+    return state_files_problem(set(files))
+
+
 def checkpoint_problem(folder: str | os.PathLike) -> str | None:
-    """Why ``folder`` cannot be resumed from (``None`` when it holds a trainer state and all its weights)."""
+    """Why ``folder`` cannot be resumed from, or ``None`` when it can.
+
+    A checkpoint saved by this version holds :data:`CHECKPOINT_MANIFEST`, every file's size at save time:
+    each file must be there with that size. Every checkpoint must hold a readable ``trainer_state.json``,
+    complete weights (each safetensors file as long as its header says), the optimizer, scheduler and RNG
+    state (:func:`state_files_problem`), and readable ``torch.save`` archives (the zip directory, not the
+    pickles: a file damaged inside is reported when it is loaded, :meth:`LLM2VecTrainer._load_guarded`)."""
     folder = Path(folder)
     if not folder.is_dir():
         return "not a folder"
+    manifest_path = folder / CHECKPOINT_MANIFEST
+    if manifest_path.exists():
+        manifest = _read_json(manifest_path)
+        problem = _manifest_problem(folder, manifest) if manifest else f"unreadable {CHECKPOINT_MANIFEST}"
+        if problem:
+            return problem
     if not (folder / TRAINER_STATE_NAME).is_file():
         return f"no {TRAINER_STATE_NAME}"
-    if (
-        (folder / "adapter_model.safetensors").is_file()
-        or (folder / "model.safetensors").is_file()
-        or any(folder.glob("pytorch_model_fsdp_*"))
-    ):  # FSDP with SHARDED_STATE_DICT
-        return None
-    index = folder / "model.safetensors.index.json"
-    if not index.is_file():
-        return "no model.safetensors or adapter_model.safetensors"
-    try:
-        shards = set(json.loads(index.read_text())["weight_map"].values())
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return f"unreadable {index.name}"
-    missing = sorted(s for s in shards if not (folder / s).is_file())
-    return f"missing {', '.join(missing[:3])}" if missing else None
+    if _read_json(folder / TRAINER_STATE_NAME) is None:
+        return f"unreadable {TRAINER_STATE_NAME} (truncated or not JSON)"
+    weights = [folder / "adapter_model.safetensors", folder / "model.safetensors"]
+    if not any(p.is_file() for p in weights) and not any(folder.glob("pytorch_model_fsdp_*")):
+        index = folder / "model.safetensors.index.json"
+        if not index.is_file():
+            return "no model.safetensors or adapter_model.safetensors"
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return f"unreadable {index.name}"
+        missing = sorted(s for s in shards if not (folder / s).is_file())
+        if missing:
+            return f"missing {', '.join(missing[:3])}"
+    for path in sorted(folder.glob("*.safetensors")):
+        problem = safetensors_problem(path)
+        if problem:
+            return problem
+    if not manifest_path.exists():
+        problem = state_files_problem({str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()})
+        if problem:
+            return problem
+    for path in sorted([*folder.glob("*.pt"), *folder.glob("*.pth")]):
+        problem = _torch_file_problem(path)
+        if problem:
+            return problem
+    return None
+
+
+def write_checkpoint_manifest(folder: str | os.PathLike, step: int) -> None:
+    """Record every file of the checkpoint ``folder`` (relative path and size), written last."""
+    folder = Path(folder)
+    files = {
+        str(p.relative_to(folder)): p.stat().st_size
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != CHECKPOINT_MANIFEST
+    }
+    with atomic_write(folder / CHECKPOINT_MANIFEST) as f:
+        json.dump({"global_step": step, "files": files}, f, indent=2)
+
+
+def marker_problem(folder: Path, marker: dict[str, Any]) -> str | None:
+    """Why the finished model in ``folder`` does not match its completion marker (a file missing or of another
+    size than when the run finished), else ``None``."""
+    files = marker.get("files")
+    if not isinstance(files, dict):
+        return f"{COMPLETE_MARKER} lists no files"
+    problems = []
+    for name, size in sorted(files.items()):
+        path = folder / name
+        if not path.is_file():
+            problems.append(f"{name} is missing")
+        elif path.stat().st_size != size:
+            problems.append(f"{name} is {path.stat().st_size} bytes, {size} when finished")
+    for path in sorted(folder.glob("*.safetensors")):
+        problem = safetensors_problem(path)
+        if problem and path.name in files:
+            problems.append(problem)
+    return "; ".join(dict.fromkeys(problems[:3])) or None
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -115,6 +248,16 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return value if isinstance(value, dict) else None
+
+
+def saved_run_config(checkpoint: str | os.PathLike | None) -> dict[str, Any] | None:
+    """The ``run_config.json`` saved in ``checkpoint`` (``None``: no checkpoint, or none readable there)."""
+    return _read_json(Path(checkpoint) / RUN_CONFIG_NAME) if checkpoint else None
+
+
+def step_of(checkpoint: str | os.PathLike) -> int:
+    """The optimizer step a checkpoint was saved at (its trainer state, else its folder name)."""
+    return _step_of(checkpoint)
 
 
 def _step_of(checkpoint: str | os.PathLike) -> int:
@@ -133,6 +276,7 @@ class RunFolder:
     marker: dict[str, Any] | None
     checkpoints: list[Checkpoint]  # by step
     model_files: list[Path]  # final-model files at the top level
+    damaged: str | None = None  # the finished model does not match its marker (marker_problem)
 
     @classmethod
     def inspect(cls, path: str | os.PathLike) -> RunFolder:
@@ -142,17 +286,46 @@ class RunFolder:
         marker = _read_json(path / COMPLETE_MARKER)
         if marker is None and (path / COMPLETE_MARKER).exists():
             logger.warning("%s: unreadable completion marker; the run is treated as unfinished", path / COMPLETE_MARKER)
+        damaged = marker_problem(path, marker) if marker is not None else None
+        if damaged:
+            logger.warning(
+                "%s: the finished model does not match its completion marker (%s); the run is treated as unfinished",
+                path,
+                damaged,
+            )
         found = []
         for child in path.iterdir():
             match = CHECKPOINT_NAME.match(child.name)
             if match and child.is_dir():
                 found.append(Checkpoint(child, int(match.group(1)), checkpoint_problem(child)))
         model_files = sorted({p for pattern in MODEL_FILE_PATTERNS for p in path.glob(pattern) if p.is_file()})
-        return cls(path, marker, sorted(found, key=lambda c: c.step), model_files)
+        return cls(path, marker, sorted(found, key=lambda c: c.step), model_files, damaged)
 
     @property
     def finished(self) -> bool:
-        return self.marker is not None
+        return self.marker is not None and self.damaged is None
+
+    def foreign_files(self) -> list[str]:
+        """Entries at the top of the folder that no run of this package writes there (hidden ones aside): all
+        of them in a folder that holds no run; otherwise those that are neither a checkpoint nor a file of a
+        saved model (:data:`OWN_FILE_PATTERNS`, the files of its checkpoints, the files its marker lists)."""
+        if not self.path.is_dir():
+            return []
+        entries = [p for p in self.path.iterdir() if not p.name.startswith(".")]
+        if not self.holds_run:
+            return sorted(p.name for p in entries)
+        own = set((self.marker or {}).get("files", {}) or {})
+        for c in self.checkpoints:
+            manifest = _read_json(c.path / CHECKPOINT_MANIFEST) or {}
+            own |= {name for name in manifest.get("files", {}) if "/" not in name}
+        foreign = []
+        for p in entries:
+            if CHECKPOINT_NAME.match(p.name) or p.name in own:
+                continue
+            if p.is_file() and any(p.match(pattern) for pattern in OWN_FILE_PATTERNS):
+                continue
+            foreign.append(p.name)
+        return sorted(foreign)
 
     @property
     def complete(self) -> list[Checkpoint]:
@@ -165,7 +338,7 @@ class RunFolder:
 
     @property
     def holds_run(self) -> bool:
-        return self.finished or bool(self.checkpoints) or bool(self.model_files)
+        return self.marker is not None or bool(self.checkpoints) or bool(self.model_files)
 
     def saved_config(self) -> dict[str, Any] | None:
         """The run config saved with the final model, else with the newest complete checkpoint."""
@@ -192,8 +365,15 @@ class RunFolder:
             return text + (f" and checkpoints {listed}" if listed else "")
         if self.checkpoints:
             newest = f"newest complete: step {self.newest.step}" if self.newest else "none of them complete"
-            return f"an unfinished {stage}run: checkpoints {listed} ({newest}), no finished model"
+            final = (
+                f"a final model that does not match its {COMPLETE_MARKER} ({self.damaged})"
+                if self.damaged
+                else "no finished model"
+            )
+            return f"an unfinished {stage}run: checkpoints {listed} ({newest}), {final}"
         names = ", ".join(p.name for p in self.model_files[:4])
+        if self.damaged:
+            return f"the files of a {stage}model ({names}) that do not match its {COMPLETE_MARKER} ({self.damaged})"
         return f"the files of a {stage}model ({names}) without the completion marker {COMPLETE_MARKER}"
 
 
@@ -307,6 +487,15 @@ def plan_run(config: RunConfig) -> RunPlan:
     )
     where = f"output_dir {args.output_dir}"
     plan = RunPlan(folder)
+    foreign = folder.foreign_files()
+    if foreign and not overwrite:
+        listed = ", ".join(foreign[:6]) + (f" and {len(foreign) - 6} more" if len(foreign) > 6 else "")
+        raise ConfigError(
+            f"{where} holds files this run did not write ({listed}); a run would write over them. Move them "
+            "away, choose another --output_dir, or pass --overwrite_output_dir true to write into it anyway"
+        )
+    if foreign:
+        logger.warning("overwrite_output_dir: writing into %s, which holds other files: %s", where, ", ".join(foreign))
 
     if resume is None:
         if folder.holds_run and not overwrite:
@@ -426,10 +615,11 @@ def check_writable(output_dir: str) -> None:
         ) from None
 
 
-def check_model_family(path: str, template: str | None = None, adapter: str | None = None, source: str = "") -> None:
+def check_model_family(path: str, template: str | None = None, adapter: str | None = None, source: str = ""):
     """The model's config and tokenizer can be read and its family has a prompt template (the explicit
     ``template``, else the one saved in the adapter's or the model's ``llm2vec_config.json``, else detected),
-    before any weights load; raises :class:`ConfigError`. The evaluation CLI can call this too."""
+    before any weights load; raises :class:`ConfigError`. Returns the tokenizer and the template. The
+    evaluation CLI can call this too."""
     from transformers import AutoConfig, AutoTokenizer
 
     from .llm2vec import read_llm2vec_config
@@ -448,15 +638,17 @@ def check_model_family(path: str, template: str | None = None, adapter: str | No
     if template is None:
         template = read_llm2vec_config(adapter).get("template") or read_llm2vec_config(path).get("template")
     try:
-        resolve_template(model_config, tokenizer, template)
+        spec = resolve_template(model_config, tokenizer, template)
     except ValueError as e:
         raise ConfigError(f"{where}model {path}: {e}") from None
+    return tokenizer, spec
 
 
-def startup_checks(config: RunConfig) -> None:
-    """What can be checked before the data and the weights are loaded: the output folder, the model's family."""
+def startup_checks(config: RunConfig):
+    """What can be checked before the data and the weights are loaded: the output folder, the model's family.
+    Returns the model's tokenizer and template (for the data check, :func:`llm2vec.collator.check_examples`)."""
     check_writable(config.training.output_dir)
-    check_model_family(
+    return check_model_family(
         config.model.model_name_or_path,
         config.model.template,
         getattr(config.stage, "peft_model_name_or_path", None),
@@ -674,6 +866,7 @@ def staged_checkpoint(trainer, run_dir: str):
         raise
     trainer.accelerator.wait_for_everyone()
     if saver:
+        write_checkpoint_manifest(staging / name, trainer.state.global_step)
         _publish(staging / name, run_dir / name)
         shutil.rmtree(staging, ignore_errors=True)
         _rotate(run_dir, trainer.args.save_total_limit)
@@ -700,6 +893,7 @@ def _write_marker(output_dir: Path, run_config: dict[str, Any], global_step: int
 def save_final(trainer) -> None:
     """The final model, ``trainer_state.json``, then (last) the completion marker."""
     out = Path(trainer.args.output_dir)
+    trainer.check_weights_finite("the final model was not written")
     if trainer.args.should_save:
         (out / COMPLETE_MARKER).unlink(missing_ok=True)  # from here on the folder is not a finished run
     trainer.save_model(str(out))

@@ -93,3 +93,25 @@ class TrainCollator:
                 )
             batch["target_counts"] = target_counts(batch["query_targets"], batch["positive_targets"])
         return batch
+
+
+def check_examples(collator: TrainCollator, examples: Sequence[TrainExample]) -> int:
+    """Run ``collator`` on one example of each distinct query instruction (the prompt is the only part of an
+    input that cannot be cut to fit: a text is truncated, an instruction is not), so what tokenization would
+    reject at the step that draws it is found before step 1. Texts themselves are checked when read
+    (:func:`llm2vec.dataset.base.read_jsonl_pairs`: strings of valid Unicode). Raises :class:`DataError` naming
+    the example's ``file:line``; returns the number of distinct instructions checked."""
+    from .dataset import DataError
+
+    first: dict[str, TrainExample] = {}
+    for ex in examples:
+        first.setdefault(ex.query_instruction if collator.query_instructions else "", ex)
+    for ex in first.values():
+        try:
+            collator([ex])
+        except (ValueError, TypeError) as e:
+            where = ex.origin or f"an example of source {ex.source!r}"
+            raise DataError(
+                f"{where}: this example cannot be tokenized for training: {e} (max_length is max_seq_length)"
+            ) from None
+    return len(first)

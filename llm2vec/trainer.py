@@ -33,6 +33,14 @@ Data order: the dataset is pre-arranged so that each optimizer step's global bat
 source (:func:`llm2vec.dataset.arrange_global_batches`); the sampler is therefore sequential, and
 accelerate deals consecutive per-device batches to the ranks in turn.
 
+Divergence: the loss of every micro-batch, each loss part and the gradient norm are checked once per
+optimizer step, after backward and before ``optimizer.step()`` (in :meth:`_get_grad_norm`, which the
+Trainer calls there on every process). A non-finite value stops the run with :class:`TrainingDiverged`
+(the step, which value, the newest checkpoint): that step is not applied, no checkpoint, final model or
+completion marker is written, and no NaN is ever logged (the Trainer's ``logging_nan_inf_filter`` would log
+it as the mean of earlier losses, 0 right after a logging step). Weights are also checked to be finite
+before every save.
+
 Checkpoints hold what :meth:`llm2vec.LLM2Vec.save` writes (a full model or a LoRA adapter, the tokenizer,
 ``llm2vec_config.json``), the resolved run config (``run_config.json``) and a model card (``README.md``,
 :mod:`llm2vec.model_card`). They are complete or absent: written under a temporary name and renamed when
@@ -42,17 +50,34 @@ complete (:func:`llm2vec.checkpoints.staged_checkpoint`).
 from __future__ import annotations
 
 import json
+import math
 import os
+import pickle
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch.utils.data import SequentialSampler
 from transformers import Trainer
 
-from .checkpoints import RUN_CONFIG_NAME, staged_checkpoint
+from .checkpoints import RUN_CONFIG_NAME, CheckpointError, RunFolder, staged_checkpoint
 from .model_card import write_training_card
 
 COUNTS_KEY = "target_counts"
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss, a loss part, the gradient norm or the weights became non-finite; the run stopped there."""
+
+
+def first_line(error: BaseException, limit: int = 300) -> str:
+    """An error's message on one line: its first line, and the next one when the first ends in a colon (torch's
+    "Error(s) in loading state_dict for ...:" names the problem below it)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    text = lines[0] + (f" {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else "")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class LLM2VecTrainer(Trainer):
@@ -66,6 +91,8 @@ class LLM2VecTrainer(Trainer):
         self._part_steps = 0
         self._metric_sums: dict[str, tuple[torch.Tensor | float, int]] = {}
         self._staging_dir: str | None = None
+        self._step_loss: torch.Tensor | float = 0.0  # this optimizer step's weighted loss, for the finite check
+        self._step_parts: dict[str, torch.Tensor] = {}
 
     def _get_train_sampler(self, train_dataset=None):
         return SequentialSampler(train_dataset if train_dataset is not None else self.train_dataset)
@@ -98,6 +125,7 @@ class LLM2VecTrainer(Trainer):
     def _record_parts(self, outputs, weight: float) -> None:
         for name, value in outputs.loss_parts.items():
             self._part_sums[name] = self._part_sums.get(name, 0.0) + value.detach() * weight
+            self._step_parts[name] = self._step_parts.get(name, 0.0) + value.detach() * weight
         for name, value in getattr(outputs, "metrics", {}).items():
             total, count = self._metric_sums.get(name, (0.0, 0))
             value = value.detach().float() if isinstance(value, torch.Tensor) else value  # no device sync here
@@ -115,6 +143,11 @@ class LLM2VecTrainer(Trainer):
     def training_step(self, model, inputs, num_items_in_batch=None):
         """The Trainer's step, or the model's own ``step_in_parts`` (see the module docstring) when it has one
         and uses it for this batch. Either way the returned loss is the micro-batch's weighted loss."""
+        loss = self._micro_batch_step(model, inputs, num_items_in_batch)
+        self._step_loss = self._step_loss + loss.detach().float()
+        return loss
+
+    def _micro_batch_step(self, model, inputs, num_items_in_batch=None):
         step_in_parts = getattr(self._encoder(), "step_in_parts", None)
         if step_in_parts is None:
             return super().training_step(model, inputs, num_items_in_batch)
@@ -139,6 +172,52 @@ class LLM2VecTrainer(Trainer):
             return super().training_step(model, inputs, num_items_in_batch)
         self._record_parts(outputs, weight)
         return outputs.loss.detach() * weight
+
+    # ------------------------------------------------------------------ divergence
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        """The Trainer's gradient norm, called after the step's last backward and before ``optimizer.step()``;
+        here also the finite check of the step (see the module docstring)."""
+        grad_norm = super()._get_grad_norm(model, grad_norm)
+        self._check_step_finite(grad_norm)
+        return grad_norm
+
+    def _check_step_finite(self, grad_norm) -> None:
+        names = ["loss", *sorted(self._step_parts)]
+        device = self.args.device
+        values = torch.stack(
+            [torch.as_tensor(self._step_loss, dtype=torch.float32, device=device).reshape(())]
+            + [torch.as_tensor(self._step_parts[n], dtype=torch.float32, device=device).reshape(()) for n in names[1:]]
+        )
+        if self.accelerator.num_processes > 1:  # a NaN on any process makes the sum NaN on all of them
+            values = self.accelerator.reduce(values, reduction="sum")
+        self._step_loss, self._step_parts = 0.0, {}
+        norm = float(grad_norm) if grad_norm is not None else 0.0
+        if bool(torch.isfinite(values).all()) and math.isfinite(norm):
+            return
+        bad = [f"{n} {v}" for n, v in zip(names, values.tolist()) if not math.isfinite(v)]
+        if not math.isfinite(norm):
+            bad.append(f"grad_norm {norm}")
+        self._diverged(
+            f"training diverged at step {self.state.global_step + 1}: {', '.join(bad)}; the step was not applied"
+        )
+
+    def _diverged(self, what: str) -> None:
+        newest = RunFolder.inspect(self.args.output_dir).newest
+        last = f"the last finite checkpoint is {newest.path}" if newest else "no checkpoint was saved before it"
+        raise TrainingDiverged(
+            f"{what}; no final model or completion marker was written ({last}). Lower learning_rate (now "
+            f"{self.args.learning_rate:g}) or raise warmup_steps and start anew with --overwrite_output_dir true"
+        )
+
+    def check_weights_finite(self, what: str) -> None:
+        """Raise :class:`TrainingDiverged` when any weight (any process's shard) is NaN or infinite."""
+        flags = [torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all() for p in self.model.parameters()]
+        ok = torch.stack(flags).all().float() if flags else torch.ones((), device=self.args.device)
+        if self.accelerator.num_processes > 1:
+            ok = self.accelerator.reduce(ok.to(self.args.device), reduction="sum") / self.accelerator.num_processes
+        if float(ok) != 1.0:
+            self._diverged(f"the weights hold NaN or infinite values at step {self.state.global_step}; {what}")
 
     def log(self, logs, start_time=None):
         if "loss" in logs and self._part_sums:
@@ -194,6 +273,7 @@ class LLM2VecTrainer(Trainer):
 
     def _save_checkpoint(self, model, trial) -> None:
         """The Trainer's checkpoint, written into a staging folder and renamed into place when complete."""
+        self.check_weights_finite(f"checkpoint-{self.state.global_step} was not written")
         with staged_checkpoint(self, super()._get_output_dir(trial)) as staging:
             self._staging_dir = staging
             try:
@@ -201,8 +281,35 @@ class LLM2VecTrainer(Trainer):
             finally:
                 self._staging_dir = None
 
+    def _load_guarded(self, checkpoint, what: str, load) -> None:
+        """``load()``, with a file that cannot be read reported as one line naming the checkpoint and what to do."""
+        try:
+            load()
+        except CheckpointError:
+            raise
+        except (OSError, RuntimeError, ValueError, EOFError, KeyError, pickle.UnpicklingError, SafetensorError) as e:
+            raise CheckpointError(
+                f"resume_from_checkpoint {checkpoint}: cannot read its {what} ({first_line(e)}); the checkpoint "
+                "is damaged. Delete it (a resume then uses the previous complete checkpoint) or start anew"
+            ) from e
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        if checkpoint is None:
+            return
+        load = super()._load_optimizer_and_scheduler
+        self._load_guarded(checkpoint, "optimizer or scheduler state", lambda: load(checkpoint))
+
+    def _load_rng_state(self, checkpoint):
+        if checkpoint is None:
+            return
+        load = super()._load_rng_state
+        self._load_guarded(checkpoint, "RNG state", lambda: load(checkpoint))
+
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         """Load the weights saved by ``_save`` into the wrapped transformers model (strictly)."""
+        self._load_guarded(resume_from_checkpoint, "weights", lambda: self._load_weights(resume_from_checkpoint))
+
+    def _load_weights(self, resume_from_checkpoint):
         inner = self._encoder().model
         adapter = os.path.join(resume_from_checkpoint, "adapter_model.safetensors")
         if os.path.isfile(adapter):

@@ -12,16 +12,22 @@ turns a run config into the model to train:
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import sys
+import tempfile
+import traceback
 
 import torch
 import transformers
+from safetensors import SafetensorError
 
-from . import checkpoints
+from . import checkpoints, run_inputs, run_lock
 from .arguments import ConfigError, DataArguments, RunConfig, help_text, parse_config
 from .dataset import DataError, TrainDataset, load_e5, load_jsonl
 from .llm2vec import PackingRefused
+from .run_lock import RunLocked
 from .schedule import StopAfterNSteps, check_resume, plan_schedule
 
 logger = logging.getLogger("llm2vec")
@@ -86,18 +92,50 @@ def setup_logging(args: transformers.TrainingArguments) -> None:
 
 def train(config: RunConfig):
     """Train one stage as ``config`` says; returns the trainer (its model is the trained model), or ``None`` when
-    ``output_dir`` holds this run finished already (see :mod:`llm2vec.checkpoints`)."""
-    from .collator import TrainCollator
+    ``output_dir`` holds this run finished already (see :mod:`llm2vec.checkpoints`). The run holds the lock of
+    its ``output_dir`` from before it inspects the folder until it returns (:mod:`llm2vec.run_lock`)."""
+    args = config.training
+    setup_logging(args)
+    config.validate()
+    checkpoints.check_writable(args.output_dir)
+    with run_lock.hold(args.output_dir, is_main=args.process_index == 0):
+        return _train(config)
+
+
+def _data_files(dataset: TrainDataset) -> list[str]:
+    return [path for stats in dataset.sources.values() for path in stats.files]
+
+
+def _build_model(config: RunConfig):
+    """The model to train; a model folder or adapter that cannot be loaded is one :class:`ConfigError`."""
+    from .trainer import first_line
+
+    stage, model_args = config.stage.stage, config.model
+    adapter = getattr(config.stage, "peft_model_name_or_path", None)
+    try:
+        return model_class(stage).build(model_args, config.stage, config.dtype)
+    except PackingRefused as e:
+        raise ConfigError(f"{config.source or 'the config'}: {e}") from None
+    except torch.OutOfMemoryError:
+        raise
+    except (OSError, ValueError, RuntimeError, SafetensorError) as e:
+        what = f"model {model_args.model_name_or_path}" + (f" with adapter {adapter}" if adapter else "")
+        raise ConfigError(
+            f"{config.source}: cannot load the {what}: {first_line(e)}. Check that the folder is complete (no "
+            "truncated weights file)" + (" and that the adapter was trained on this base model" if adapter else "")
+        ) from e
+
+
+def _train(config: RunConfig):
+    from .collator import TrainCollator, check_examples
     from .trainer import LLM2VecTrainer
 
     args, stage = config.training, config.stage.stage
-    setup_logging(args)
-    config.validate()
     plan = checkpoints.plan_run(config)  # refuses to replace a run in output_dir; a finished one: nothing to do
     if plan.finished:
         logger.info(plan.finished_message)
         return None
-    checkpoints.startup_checks(config)  # output_dir writable, the model's config, tokenizer and template
+    tokenizer, template = checkpoints.startup_checks(config)  # output_dir writable, the model's tokenizer, template
     if config.stage.num_threads:
         torch.set_num_threads(config.stage.num_threads)
     logger.info("Stage %s: %d CPU thread(s), seed %d", stage, torch.get_num_threads(), args.seed)
@@ -115,23 +153,42 @@ def train(config: RunConfig):
         logger.info(
             "Stage %s validation: %d held-out pairs, evaluated every %s steps", stage, len(validation), args.eval_steps
         )
+    options = {**config.stage.collator_options(), **config.data.collator_options()}
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    check_examples(
+        TrainCollator(tokenizer, template, config.model.max_seq_length, pad, **options), dataset.examples + validation
+    )
     schedule = plan_schedule(args, dataset.num_global_batches, config.stage.stop_after_n_steps, config.source)
     check_resume(plan.resume_from, schedule, extending=plan.continue_past is not None)
+    inputs, geometry = run_inputs.fingerprints(config, _data_files(dataset)), run_inputs.batch_geometry(config)
+    saved = checkpoints.saved_run_config(plan.resume_from)
+    resumed = run_inputs.check_resume_inputs(
+        plan.resume_from,
+        saved,
+        inputs,
+        geometry,
+        config.stage.accept_changed_inputs,
+        checkpoints.step_of(plan.resume_from) if plan.resume_from else 0,
+    )
     logger.info("Stage %s %s", stage, schedule.describe())
-    try:
-        model = model_class(stage).build(config.model, config.stage, config.dtype)
-    except PackingRefused as e:
-        raise ConfigError(f"{config.source or 'the config'}: {e}") from None
+    model = _build_model(config)
     logger.info("Stage %s: %s, %s", stage, config.model.model_name_or_path, model.describe())
     checkpoints.prepare(plan, config, model, len(dataset))  # where training ends, free disk space, overwrite
-    collator = TrainCollator.for_encoder(model, **config.stage.collator_options(), **config.data.collator_options())
+    collator = TrainCollator.for_encoder(model, **options)
+    run_config = {
+        **config.resolved(),
+        "lr_schedule": schedule.as_dict(),
+        "inputs": inputs,
+        "batch_geometry": geometry,
+        "resumed_with_changes": resumed,
+    }
     trainer = LLM2VecTrainer(
         model=model,
         args=args,
         train_dataset=dataset,
         eval_dataset=validation or None,
         data_collator=collator,
-        run_config={**config.resolved(), "lr_schedule": schedule.as_dict()},
+        run_config=run_config,
         callbacks=[StopAfterNSteps(schedule)],
     )
     checkpoints.train_and_save(trainer, plan)  # the final model, its completion marker last
@@ -143,15 +200,76 @@ def run(stage: str, argv: list[str]):
     return train(parse_config(stage, argv))
 
 
+def _debug_flag(argv: list[str]) -> tuple[list[str], bool]:
+    """``argv`` without this driver's ``--debug`` (alone, or with true/false/1/0; any other value is transformers'
+    ``TrainingArguments.debug``), and whether it asks for full tracebacks (also ``LLM2VEC_DEBUG=1``)."""
+    debug = os.environ.get("LLM2VEC_DEBUG", "").lower() in ("1", "true")
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] == "--debug":
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            if nxt is None or nxt.startswith("--"):
+                debug, i = True, i + 1
+                continue
+            if nxt.lower() in ("true", "false", "1", "0"):
+                debug, i = nxt.lower() in ("true", "1"), i + 2
+                continue
+        out.append(argv[i])
+        i += 1
+    return out, debug
+
+
+def user_error(error: BaseException) -> tuple[str, int] | None:
+    """The one-line message and exit code of an error whose cause is the user's (configuration, data, a
+    damaged or locked folder, a diverged run, a full disk); ``None`` for anything else (a bug: traceback)."""
+    from .trainer import TrainingDiverged
+
+    if isinstance(error, (ConfigError, DataError, RunLocked)):
+        return str(error), 2
+    if isinstance(error, TrainingDiverged):
+        return str(error), 3
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = error.filename or "the output folder"
+        return (
+            f"{where}: no space left on device while writing. Free some space, then continue the run with "
+            "--resume_from_checkpoint true (its complete checkpoints are kept)",
+            1,
+        )
+    if isinstance(error, OSError) and error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"{error.filename or 'a file'}: {error.strerror}; check the permissions of the folder", 1
+    return None
+
+
+def _save_traceback(error: BaseException) -> str | None:
+    try:
+        fd, path = tempfile.mkstemp(prefix="llm2vec-error-", suffix=".log")
+        with os.fdopen(fd, "w") as f:
+            traceback.print_exception(error, file=f)
+        return path
+    except OSError:
+        return None
+
+
 def main(stage: str, argv: list[str] | None = None) -> int:
-    """The command line of a stage's driver: ``--help``; bad configuration or data is one line and exit 2."""
+    """The command line of a stage's driver: ``--help``; an error whose cause is the user's is one line on stderr
+    (exit 2: configuration, data or folder; 3: the run diverged; 1: disk or permissions), its traceback saved
+    to a temporary file named on that line when it came from a library; ``--debug`` raises it instead."""
     argv = sys.argv[1:] if argv is None else argv
+    argv, debug = _debug_flag(argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(help_text(stage))
         return 0 if argv else 2
     try:
         run(stage, argv)
-    except (ConfigError, DataError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except Exception as e:
+        known = user_error(e)
+        if known is None or debug:
+            raise
+        message, code = known
+        if e.__cause__ is not None or isinstance(e, OSError):
+            trace = _save_traceback(e)
+            if trace:
+                message += f" (traceback: {trace}; --debug shows it)"
+        print(f"error: {message}", file=sys.stderr)
+        return code
     return 0

@@ -145,8 +145,7 @@ def test_a_finished_run_is_not_overwritten(assets, tmp_path, capsys):
             assets, out, max_steps=2, save_steps=1, learning_rate=2e-3, overwrite_output_dir="true", save_total_limit=1
         ),
     )
-    (tmp_path / "clean").mkdir()  # an existing folder without a run in it (the demo's fresh step folder) is used
-    (tmp_path / "clean" / "notes.txt").write_text("not a run")
+    (tmp_path / "clean").mkdir()  # an existing empty folder (the demo's fresh step folder) is used
     run("I", flags(assets, tmp_path / "clean", max_steps=2, save_steps=1, learning_rate=2e-3))
     assert sorted(p.name for p in out.glob("*checkpoint-*")) == ["checkpoint-2"]
     assert marker(out)["global_step"] == 2
@@ -240,9 +239,9 @@ def test_a_checkpoint_interrupted_while_saving_is_never_resumed_from(assets, ref
     (out / "checkpoint-3" / "model.safetensors").unlink()
     with caplog.at_level(logging.WARNING, logger="llm2vec"):
         run("I", flags(assets, out) + RESUME)
-    assert any("checkpoint-3 is incomplete (no model.safetensors" in r.getMessage() for r in caplog.records)
+    assert any("checkpoint-3 is incomplete (model.safetensors is missing" in r.getMessage() for r in caplog.records)
     assert_same_weights(out, references[0]["I"])
-    with pytest.raises(ConfigError, match="checkpoint-3: no model.safetensors.*incomplete.*checkpoint-6"):
+    with pytest.raises(ConfigError, match="checkpoint-3: model.safetensors is missing.*incomplete.*checkpoint-6"):
         run("I", flags(assets, tmp_path / "elsewhere", resume_from_checkpoint=out / "checkpoint-3"))
 
 

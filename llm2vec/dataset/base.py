@@ -58,6 +58,7 @@ class TrainExample:
     negative: str | None
     query_instruction: str
     source: str
+    origin: str = field(default="", compare=False)  # "file:line" it was read from ("" when built in code)
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class RawRecord:
     positive: str
     negative: str | None
     instruction: str | None
+    path: str = ""
 
 
 @dataclass
@@ -109,6 +111,16 @@ def _text_field(obj: dict, name: str, path: str, line: int, fix: str, required: 
             f'field "{name}" must be a string, got {type(value).__name__}',
             fix,
         )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:  # a lone surrogate (JSON "\ud800"): no tokenizer can read it
+        raise _fail(
+            path,
+            line,
+            f'field "{name}" holds {value[err.start]!r} at character {err.start}, half of a UTF-16 surrogate '
+            "pair, which is not a character (a broken \\uXXXX escape)",
+            fix,
+        ) from None
     return value.strip()
 
 
@@ -164,6 +176,7 @@ def read_jsonl_pairs(
                 positive=positive,
                 negative=negative or None,
                 instruction=instruction,
+                path=path,
             )
         )
     report.kept = len(records)
@@ -406,7 +419,12 @@ def examples_from_records(records, source: str, instruction_of) -> list[TrainExa
     """``TrainExample``s of one source; ``instruction_of(record)`` gives each query's instruction."""
     return [
         TrainExample(
-            query=r.query, positive=r.positive, negative=r.negative, query_instruction=instruction_of(r), source=source
+            query=r.query,
+            positive=r.positive,
+            negative=r.negative,
+            query_instruction=instruction_of(r),
+            source=source,
+            origin=f"{r.path}:{r.line}" if r.path else "",
         )
         for r in records
     ]

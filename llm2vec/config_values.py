@@ -1,0 +1,270 @@
+"""Strict values for config fields: each raw value is read as its field's declared type, then range-checked.
+
+A config arrives as JSON (typed values) or as command-line flags (strings). :func:`coerce_config` turns every
+value into its field's type before any argument class sees it, and refuses what would be silently misread:
+
+- **booleans** take ``true`` / ``false`` (any case) or ``1`` / ``0``, nothing else: ``"False"``, ``"no"``,
+  ``2`` or ``null`` are errors (Python's ``bool("False")`` is true, which is how ``--overwrite_output_dir
+  False`` once replaced a finished run). A boolean flag given alone (``--bf16``) means true;
+- **whole numbers** take an integer, a string of one, or an integral float (``1e3``); ``6.7`` steps, ``"abc"``
+  and ``true`` are errors;
+- **numbers** take any finite number or a string of one; ``nan`` and ``inf`` are errors;
+- **text** takes a string (a JSON number for a text field is an error);
+- ``null`` (JSON) or ``null`` / ``none`` (a flag) only where the field may be unset;
+- any other flag given with no value, or with several values where one belongs, is an error.
+
+Fields whose type is none of these (dicts, lists of options, unions such as ``report_to``) keep the old
+reading: a flag's value is parsed as JSON where it parses, else kept as a string.
+
+:data:`TRAINING_RANGES` gives the allowed range of every numeric field of transformers' ``TrainingArguments``
+this project uses (the project's own argument classes check theirs in ``__post_init__``); :func:`check_ranges`
+names the field, the value and the range.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import types
+import typing
+from dataclasses import dataclass, fields
+from typing import Any
+
+
+class ValueProblem(ValueError):
+    """A value that cannot be read as its field's type or lies outside its range (one line, no source)."""
+
+
+@dataclass(frozen=True)
+class Flag:
+    """The raw strings given after ``--name`` on the command line (none, one or several)."""
+
+    values: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Range:
+    """Allowed values of a numeric field: ``low`` / ``high`` bounds (inclusive unless ``*_open``) and ``also``,
+    single values allowed outside them (e.g. ``max_steps = -1``)."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    also: tuple[float, ...] = ()
+
+    def __contains__(self, value: float) -> bool:
+        if value in self.also:
+            return True
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return not (self.high is not None and (value >= self.high if self.high_open else value > self.high))
+
+    def describe(self) -> str:
+        parts = []
+        if self.low is not None:
+            parts.append(f"{'>' if self.low_open else '>='} {self.low:g}")
+        if self.high is not None:
+            parts.append(f"{'<' if self.high_open else '<='} {self.high:g}")
+        text = " and ".join(parts) or "any number"
+        return text + "".join(f", or {v:g}" for v in self.also)
+
+
+# The numeric fields of transformers' TrainingArguments, with the values that can make a run.
+TRAINING_RANGES: dict[str, Range] = {
+    "per_device_train_batch_size": Range(1),
+    "per_device_eval_batch_size": Range(1),
+    "gradient_accumulation_steps": Range(1),
+    "num_train_epochs": Range(0, low_open=True),
+    "max_steps": Range(1, also=(-1,)),
+    "learning_rate": Range(0, low_open=True),
+    "warmup_steps": Range(0),
+    "weight_decay": Range(0),
+    "adam_beta1": Range(0, 1, high_open=True),
+    "adam_beta2": Range(0, 1, high_open=True),
+    "adam_epsilon": Range(0, low_open=True),
+    "max_grad_norm": Range(0),
+    "label_smoothing_factor": Range(0, 1, high_open=True),
+    "neftune_noise_alpha": Range(0, low_open=True),
+    "torch_empty_cache_steps": Range(1),
+    "logging_steps": Range(0, low_open=True),
+    "eval_steps": Range(0, low_open=True),
+    "eval_delay": Range(0),
+    "eval_accumulation_steps": Range(1),
+    "save_steps": Range(0, low_open=True),
+    "save_total_limit": Range(0),
+    "seed": Range(0, 2**32 - 1),
+    "data_seed": Range(0, 2**32 - 1),
+    "dataloader_num_workers": Range(0),
+    "dataloader_prefetch_factor": Range(1),
+    "ddp_bucket_cap_mb": Range(1),
+    "ddp_timeout": Range(1),
+}
+
+_TRUE, _FALSE = ("true", "1"), ("false", "0")
+
+
+def _shape(hint) -> tuple[str, bool]:
+    """``(kind, optional)`` of a type hint: kind is bool, int, float, str, list_str or other."""
+    args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    optional = type(None) in args
+    rest = [a for a in args if a is not type(None)]
+    if len(rest) == 1:
+        only = rest[0]
+        for kind in (bool, int, float, str):
+            if only is kind:
+                return kind.__name__, optional
+        if typing.get_origin(only) is list and typing.get_args(only) == (str,):
+            return "list_str", optional
+    if len(rest) == 2 and str in rest and any(isinstance(a, type) and issubclass(a, str) for a in rest if a is not str):
+        return "str", optional  # an Enum of strings, or a string (lr_scheduler_type, save_strategy, ...)
+    return "other", optional
+
+
+def _as_bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ValueProblem(f"{name}={value!r}: a true/false field takes true or false (or 1 / 0)")
+
+
+def _as_int(name: str, value: Any) -> int:
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            return int(text)
+        except ValueError:
+            try:
+                value = float(text)
+            except ValueError:
+                raise ValueProblem(f"{name}={value!r}: expected a whole number") from None
+    if isinstance(value, bool):
+        raise ValueProblem(f"{name}={value!r}: expected a whole number, not true/false")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    raise ValueProblem(f"{name}={value!r}: expected a whole number")
+
+
+def _as_float(name: str, value: Any) -> float | int:
+    """A finite number; a whole number stays an int, as JSON reads it (``logging_steps 1``, not ``1.0``)."""
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            value = int(text)
+        except ValueError:
+            try:
+                value = float(text)
+            except ValueError:
+                raise ValueProblem(f"{name}={value!r}: expected a number") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueProblem(f"{name}={value!r}: expected a number")
+    if not math.isfinite(value):
+        raise ValueProblem(f"{name}={value!r}: expected a finite number")
+    return value
+
+
+def _as_list_str(name: str, value: Any, from_flag: bool) -> list[str]:
+    if from_flag and isinstance(value, str) and value.lstrip().startswith("["):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueProblem(f"{name}={value!r}: not a JSON list ({e.msg})") from None
+    if from_flag and isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return value
+    raise ValueProblem(f"{name}={value!r}: expected a list of strings")
+
+
+def coerce_value(name: str, value: Any, hint, choices=()) -> Any:
+    """``value`` (a JSON value, or a :class:`Flag`) read as type ``hint``; raises :class:`ValueProblem`."""
+    kind, optional = _shape(hint)
+    from_flag = isinstance(value, Flag)
+    if from_flag:
+        given = value.values
+        if not given:
+            if kind == "bool":
+                return True
+            raise ValueProblem(f"--{name} is given without a value; give one (e.g. --{name} VALUE)")
+        if len(given) > 1 and kind not in ("list_str", "other"):
+            raise ValueProblem(f"--{name} is given {len(given)} values ({' '.join(given)}); give one")
+        if kind == "list_str" and len(given) > 1:
+            return list(given)
+        value = given[0] if len(given) == 1 else list(given)
+        if optional and kind != "other" and isinstance(value, str) and value.strip().lower() in ("null", "none"):
+            return None
+    if value is None:
+        if optional:
+            return None
+        raise ValueProblem(f"{name} is null; this field needs a value ({kind.replace('_str', ' of strings')})")
+    if kind == "bool":
+        return _as_bool(name, value)
+    if kind == "int":
+        return _as_int(name, value)
+    if kind == "float":
+        return _as_float(name, value)
+    if kind == "str":
+        if isinstance(value, bool) and {"true", "false"} <= set(choices):
+            return str(value).lower()  # a JSON true/false for a field whose choices are the strings
+        if not isinstance(value, str):
+            raise ValueProblem(f"{name}={json.dumps(value)}: expected a string")
+        return value
+    if kind == "list_str":
+        return _as_list_str(name, value, from_flag)
+    if from_flag:  # other types: a flag's value as JSON where it parses (dicts, lists), else the string
+        values = value if isinstance(value, list) else [value]
+        parsed = []
+        for v in values:
+            try:
+                parsed.append(json.loads(v))
+            except json.JSONDecodeError:
+                parsed.append(v)
+        return parsed[0] if len(parsed) == 1 else parsed
+    return value
+
+
+def field_hints(classes) -> dict[str, tuple[Any, tuple]]:
+    """``name -> (type hint, choices)`` of every init field of ``classes``."""
+    out = {}
+    for cls in classes:
+        hints = typing.get_type_hints(cls)
+        for f in fields(cls):
+            if f.init:
+                out[f.name] = (hints[f.name], tuple(f.metadata.get("choices", ())))
+    return out
+
+
+# Fields read by this project in a looser way than their declared type says.
+HINT_OVERRIDES: dict[str, Any] = {
+    "resume_from_checkpoint": str | bool | None,  # true / false / a checkpoint folder (llm2vec.checkpoints)
+    "fsdp": str | bool | list | None,  # declared str, but the Trainer takes true / false and a list of options
+}
+
+
+def coerce_config(config: dict[str, Any], classes) -> dict[str, Any]:
+    """Every value of ``config`` read as its field's type (see the module docstring); unknown keys are left as
+    they are (the caller reports them)."""
+    hints = field_hints(classes)
+    out = {}
+    for name, value in config.items():
+        if name not in hints:
+            out[name] = value
+            continue
+        hint, choices = hints[name]
+        out[name] = coerce_value(name, value, HINT_OVERRIDES.get(name, hint), choices)
+    return out
+
+
+def check_ranges(values: dict[str, Any], ranges: dict[str, Range] = TRAINING_RANGES) -> None:
+    """Each numeric value with a range in ``ranges`` lies in it (``None``: unset, allowed)."""
+    for name, allowed in ranges.items():
+        value = values.get(name)
+        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if value not in allowed:
+            raise ValueProblem(f"{name}={value!r}: must be {allowed.describe()}")

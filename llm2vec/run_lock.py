@@ -1,0 +1,129 @@
+"""One run per output folder: a run holds an exclusive lock on its ``output_dir`` for its whole life.
+
+The lock is an advisory ``flock`` on the file :data:`LOCK_NAME` inside ``output_dir``, taken by the main
+process before the folder is inspected and released when the run ends (however it ends: the kernel drops
+the lock of a process that is gone, so a killed run leaves no lock behind, only the file). The file holds
+the holder's process id, host, start time and command line, which a refused second run names.
+
+Releasing removes the file while still holding the lock; a run that opened the old file meanwhile notices
+(its file is no longer the one at the path) and tries again, so two runs never both hold "the" lock.
+Other processes of a distributed run do not take the lock: they learn from the main process whether it
+got it. File systems without ``flock`` (and non-POSIX systems) run without a lock, with a warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+logger = logging.getLogger("llm2vec")
+
+LOCK_NAME = ".llm2vec-run.lock"
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None
+
+
+class RunLocked(RuntimeError):
+    """Another live run holds the lock of this output folder."""
+
+
+def describe_holder(path: Path) -> str:
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return "another run (its lock file could not be read)"
+    command = " ".join(info.get("argv", []))
+    if len(command) > 120:
+        command = command[:117] + "..."
+    return (
+        f"process {info.get('pid', '?')} on {info.get('host', '?')} (started {info.get('started', '?')}"
+        + (f": {command}" if command else "")
+        + ")"
+    )
+
+
+def _try_lock(path: Path) -> int | None:
+    """An open descriptor of ``path`` holding its lock, or ``None`` when another process holds it."""
+    for _ in range(20):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except OSError:
+            os.close(fd)
+            raise
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)  # the holder removed the file after we opened it: try the new one
+    raise RunLocked(f"{path}: could not take the run lock (it keeps being replaced)")
+
+
+@contextlib.contextmanager
+def hold(output_dir: str | os.PathLike, is_main: bool = True) -> Iterator[None]:
+    """Hold the run lock of ``output_dir`` (created if needed) while the block runs; raises :class:`RunLocked`
+    naming the holder when another live run has it. In a distributed run every process calls this; only
+    ``is_main`` takes the lock, and all of them raise when it could not."""
+    folder = Path(output_dir)
+    path = folder / LOCK_NAME
+    fd, problem = None, None
+    if is_main:
+        if fcntl is None:
+            logger.warning("no file locking on this system: nothing stops a second run writing into %s", folder)
+        else:
+            folder.mkdir(parents=True, exist_ok=True)
+            try:
+                fd = _try_lock(path)
+            except OSError as e:
+                logger.warning("%s: cannot lock (%s); nothing stops a second run writing there", path, e)
+            else:
+                if fd is None:
+                    problem = (
+                        f"output_dir {folder} is in use by another run: {describe_holder(path)}. Wait for it to "
+                        "end (or stop it), or choose another --output_dir"
+                    )
+                else:
+                    info = {
+                        "pid": os.getpid(),
+                        "host": socket.gethostname(),
+                        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                        "argv": sys.argv,
+                    }
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+    problem = _shared(problem)
+    if problem:
+        raise RunLocked(problem)
+    try:
+        yield
+    finally:
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                path.unlink()
+            os.close(fd)
+
+
+def _shared(problem: str | None) -> str | None:
+    """The main process's answer, on every process of a distributed run."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return problem
+    box = [problem]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
