@@ -3,7 +3,8 @@
 ``SentenceTransformer(folder)`` loads the result with no custom code and no ``trust_remote_code``:
 
 - the root holds the decoder body (``AutoModel``, safetensors, any LoRA adapter merged), the tokenizer and
-  ``sentence_bert_config.json`` (a ``Transformer`` module restricted to the text modality);
+  ``sentence_bert_config.json`` (a ``Transformer`` module: text and message modalities in the chat layout,
+  text only in the text layout; below) and, in the chat layout, the export's ``chat_template.jinja``;
 - ``1_Pooling``: ``lasttoken`` for the paper's ``eos_token`` pooling (the anchor is the last real token),
   or ``mean`` with ``include_prompt: false`` for ``mean`` pooling;
 - ``2_Normalize`` when the embeddings are normalised (the default);
@@ -14,9 +15,10 @@ How an LLM2Vec input is expressed in sentence-transformers. :func:`llm2vec.templ
 ``prefix(instruction) + text[:budget] + suffix``, tokenizing prefix and text separately and appending the
 suffix (the anchor token) after truncation. Here:
 
-1. the suffix goes into the tokenizer's post-processor (``TemplateProcessing("$A <suffix>")``); a
+1. text layout: the suffix goes into the tokenizer's post-processor (``TemplateProcessing("$A <suffix>")``); a
    tokenizer reserves room for the tokens its post-processor adds when it truncates, so a text longer
-   than ``max_seq_length`` still ends in the anchor;
+   than ``max_seq_length`` still ends in the anchor (the chat layout renders the suffix itself, below, and
+   tokenizes without special tokens, so the post-processor adds nothing there);
 2. the instruction is a sentence-transformers *prompt*, and how it reaches the tokenizer depends on the layout:
 
    - ``chat`` (the default; ``eos_token`` pooling): the folder declares sentence-transformers' ``message``
@@ -53,7 +55,8 @@ routing of :mod:`llm2vec.evaluation.mteb_wrapper`.
 
 What cannot be exported (:class:`ExportError`, nothing is written): pooling modes sentence-transformers
 lacks (``last_token``: the token before the anchor; ``weighted_mean``: weights counted from the first text
-token), a ``max_length`` above the model's ``max_position_embeddings`` (sentence-transformers caps its
+token), ``mean`` pooling without ``named_prompts_only``, a ``max_length`` above the model's
+``max_position_embeddings`` (sentence-transformers caps its
 length there), a template whose suffix depends on the instruction, and a tokenizer for which the split
 at the marker does not reproduce separate tokenization (e.g. a SentencePiece ``Metaspace`` that prepends
 ``"▁"`` to the first piece only). Before the folder is renamed into place it is loaded with
