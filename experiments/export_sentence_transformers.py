@@ -87,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="skip the embedding comparison after saving (token ids are still compared)",
     )
+    p.add_argument(
+        "--named_prompts_only",
+        action="store_true",
+        help="write the text layout: only the exported prompts embed exactly, an ad-hoc prompt= does not (needed "
+        "for mean pooling); default: any instruction passed as prompt= embeds as LLM2Vec.encode",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output_dir")
     return p
 
@@ -111,12 +117,14 @@ def main(argv: list[str] | None = None) -> int:
             mteb_tasks_file=args.mteb_tasks_file,
             verify_embeddings=args.verify_embeddings,
             overwrite=args.overwrite,
+            named_prompts_only=args.named_prompts_only,
         )
     except (ExportError, ValueError, OSError) as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
     print(
-        f"wrote {report['output_dir']}: {len(report['prompts'])} prompts, pooling {report['pooling']}, "
+        f"wrote {report['output_dir']}: {len(report['prompts'])} prompts ({report['layout']} layout), "
+        f"pooling {report['pooling']}, "
         f"max_seq_length {report['max_seq_length']}, weights {report['dtype']}; checked {report['texts']} probe "
         f"texts: same token ids for every prompt"
         + (f", embedding cosine >= {report['min_cosine']:.7f}" if report.get("embeddings_checked") else "")

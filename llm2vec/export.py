@@ -3,7 +3,8 @@
 ``SentenceTransformer(folder)`` loads the result with no custom code and no ``trust_remote_code``:
 
 - the root holds the decoder body (``AutoModel``, safetensors, any LoRA adapter merged), the tokenizer and
-  ``sentence_bert_config.json`` (a ``Transformer`` module restricted to the text modality);
+  ``sentence_bert_config.json`` (a ``Transformer`` module: text and message modalities in the chat layout,
+  text only in the text layout; below) and, in the chat layout, the export's ``chat_template.jinja``;
 - ``1_Pooling``: ``lasttoken`` for the paper's ``eos_token`` pooling (the anchor is the last real token),
   or ``mean`` with ``include_prompt: false`` for ``mean`` pooling;
 - ``2_Normalize`` when the embeddings are normalised (the default);
@@ -14,20 +15,39 @@ How an LLM2Vec input is expressed in sentence-transformers. :func:`llm2vec.templ
 ``prefix(instruction) + text[:budget] + suffix``, tokenizing prefix and text separately and appending the
 suffix (the anchor token) after truncation. Here:
 
-1. the suffix goes into the tokenizer's post-processor (``TemplateProcessing("$A <suffix>")``); a
+1. text layout: the suffix goes into the tokenizer's post-processor (``TemplateProcessing("$A <suffix>")``); a
    tokenizer reserves room for the tokens its post-processor adds when it truncates, so a text longer
-   than ``max_seq_length`` still ends in the anchor;
-2. the prefix of each instruction is a sentence-transformers *prompt*: the prefix text followed by
-   :data:`TEXT_MARKER`. The exported tokenizer's pre-tokenizer first splits the input at the marker and
-   drops it, so prefix and text are tokenized as two separate pieces, exactly as ``templates.encode``
-   does, even where tokenizing ``prefix + text`` as one string would merge tokens across the boundary
-   (Mistral's ``"[INST] "`` followed by a word);
+   than ``max_seq_length`` still ends in the anchor (the chat layout renders the suffix itself, below, and
+   tokenizes without special tokens, so the post-processor adds nothing there);
+2. the instruction is a sentence-transformers *prompt*, and how it reaches the tokenizer depends on the layout:
+
+   - ``chat`` (the default; ``eos_token`` pooling): the folder declares sentence-transformers' ``message``
+     modality, so every text becomes a user message and a prompt becomes a system message before it; the
+     exported tokenizer's chat template (:func:`export_chat_template`, built from the template spec) renders
+     ``prefix(instruction) + text + closing``, joining the instruction as :func:`templates.join_instruction`
+     does. Any instruction passed as ``prompt=`` (an exported one or an ad-hoc one) therefore embeds as
+     ``LLM2Vec.encode([[instruction, text]])``, and the prompts written are the plain instructions. A
+     conversation the template cannot express (a text pair, an assistant turn, a system message of the
+     user's own next to a prompt) raises the template's error instead of embedding something else.
+     Truncation cuts the rendered closing, which sentence-transformers restores over the last tokens (its
+     ``restore_suffix``): the text is cut and the anchor ends the row, as in ``templates.encode``;
+   - ``text`` (``named_prompts_only``; required for ``mean`` pooling, which needs sentence-transformers' text
+     path to leave the prompt out of the mean): each prompt is the prefix text followed by
+     :data:`TEXT_MARKER`, prepended to the text as a string. Only the exported prompts embed exactly: an
+     ad-hoc ``prompt=`` string has no marker and no chat header and gives other vectors, which the text path
+     cannot detect, so this layout is written only when asked for;
+
+   in both, the rendered string carries :data:`TEXT_MARKER` between prefix and text (and, in the chat layout,
+   between text and closing); the exported tokenizer's pre-tokenizer splits the input there and drops the
+   marker, so the pieces are tokenized separately, exactly as ``templates.encode`` does, even where
+   tokenizing them as one string would merge tokens across a boundary (Mistral's ``"[INST] "`` followed by a
+   word);
 3. truncation is from the right at ``model_max_length = max_length``: the prompt is on the left, so only
    the text is cut; padding is on the right (position ids then equal LLM2Vec's).
 
-The prompts are derived from the template through ``templates.encode`` itself (the token ids before
-``text_start`` and after ``text_end``), not from per-family strings, so a change of a template is
-exported as it is. Prompts: ``document`` (no instruction, the default, as ``LLM2Vec.encode(text)``),
+The prefix and closing are derived from the template spec and checked against ``templates.encode`` itself
+(the token ids before ``text_start`` and after ``text_end``), not from per-family strings, so a change of a
+template is exported as it is. Prompts: ``document`` (no instruction, the default, as ``LLM2Vec.encode(text)``),
 ``query`` (``query_instruction``, empty by default), and for each instruction entry ``name`` both
 ``name`` (with the instruction) and ``name-document`` (without): mteb's sentence-transformers path picks
 ``<task>-document`` for a retrieval corpus and ``<task>`` for queries and symmetric tasks, which is the
@@ -35,13 +55,19 @@ routing of :mod:`llm2vec.evaluation.mteb_wrapper`.
 
 What cannot be exported (:class:`ExportError`, nothing is written): pooling modes sentence-transformers
 lacks (``last_token``: the token before the anchor; ``weighted_mean``: weights counted from the first text
-token), a ``max_length`` above the model's ``max_position_embeddings`` (sentence-transformers caps its
+token), ``mean`` pooling without ``named_prompts_only``, a ``max_length`` above the model's
+``max_position_embeddings`` (sentence-transformers caps its
 length there), a template whose suffix depends on the instruction, and a tokenizer for which the split
 at the marker does not reproduce separate tokenization (e.g. a SentencePiece ``Metaspace`` that prepends
 ``"▁"`` to the first piece only). Before the folder is renamed into place it is loaded with
 ``SentenceTransformer`` and checked on probe texts (short, starting with spaces, newlines, digits,
 special tokens, and longer than ``max_length``): the same token ids as ``templates.encode`` for every
-prompt, and embeddings with cosine >= :data:`MIN_COSINE` to ``LLM2Vec.encode``.
+prompt (and, in the chat layout, for the ad-hoc instructions of :data:`ADHOC_PROBES`), embeddings with cosine
+>= :data:`MIN_COSINE` to ``LLM2Vec.encode``, and (chat layout) that a conversation of two user turns is refused.
+
+What the chat layout cannot detect: an ad-hoc instruction so long that template, instruction and anchor fill
+``max_length`` (``templates.encode`` raises; sentence-transformers cuts the instruction, and a chat template
+cannot count tokens). The exported prompts are checked for this before anything is written.
 """
 
 from __future__ import annotations
@@ -70,6 +96,17 @@ STRIP_MARKER = "<|llm2vec_strip|>"
 """Ends every exported prompt (after the spaces ``templates.encode`` puts before a text); the exported tokenizer's
 normalizer removes it with the whitespace that follows, and the whitespace at the end of the input: the text is
 stripped, as ``templates.encode`` strips it."""
+
+ADHOC_PROBES = (
+    "Given a title, retrieve the abstract of the paper",
+    "  Retrieve passages that answer the question:  ",
+    "Find a sentence with the same meaning: ",
+)
+"""Instructions that are not exported prompts: the chat layout's check passes each as ``prompt=`` and requires
+``templates.encode``'s token ids (a plain one, one with spaces and its own colon, one ending in the separator)."""
+
+CHAT_LAYOUT = "chat"
+TEXT_LAYOUT = "text"
 
 ST_POOLING = {"eos_token": "lasttoken", "mean": "mean"}
 """LLM2Vec pooling mode -> sentence-transformers ``Pooling`` mode, for the modes it can express exactly."""
@@ -105,7 +142,20 @@ ST_TRANSFORMER_CONFIG = {
     "modality_config": {"text": {"method": "forward", "method_output_name": "last_hidden_state"}},
     "module_output_name": "token_embeddings",
 }
-"""``sentence_bert_config.json``: text only, so that sentence-transformers never renders a chat template."""
+"""``sentence_bert_config.json`` of the text layout: text only, so that sentence-transformers never renders a chat
+template."""
+
+ST_CHAT_TRANSFORMER_CONFIG = {
+    "transformer_task": "feature-extraction",
+    "modality_config": {
+        "text": {"method": "forward", "method_output_name": "last_hidden_state"},
+        "message": {"method": "forward", "method_output_name": "last_hidden_state", "format": "flat"},
+    },
+    "module_output_name": "token_embeddings",
+}
+"""``sentence_bert_config.json`` of the chat layout: with the ``message`` modality declared, sentence-transformers
+turns every text into a user message and a prompt into a system message, and renders them with the exported chat
+template; ``flat`` gives the template string contents."""
 
 
 class ExportError(ValueError):
@@ -118,7 +168,7 @@ class ExportedPrompt:
 
     name: str
     instruction: str
-    text: str  # the prompt string: decoded prefix, TEXT_MARKER, the lead spaces, STRIP_MARKER
+    text: str  # the prompt string: the instruction (chat layout), or prefix, TEXT_MARKER, lead spaces, STRIP_MARKER
     prefix_ids: tuple[int, ...]
     suffix_ids: tuple[int, ...]
 
@@ -126,12 +176,12 @@ class ExportedPrompt:
 # ---------------------------------------------------------------------------------------------- prompts
 
 
-def template_prompt(encoder: LLM2Vec, name: str, instruction: str) -> ExportedPrompt:
-    """The prompt of ``instruction``: the template's opening with the instruction (the string whose ids
-    ``templates.encode`` puts before the text), :data:`TEXT_MARKER`, the spaces that end that string (they
-    start the text piece, where a sentencepiece dummy prefix would otherwise be missing), :data:`STRIP_MARKER`.
-    Whether the exported tokenizer gives exactly the ids of ``templates.encode`` is checked by
-    :func:`verify_export` before anything is written."""
+def template_prompt(encoder: LLM2Vec, name: str, instruction: str, layout: str = CHAT_LAYOUT) -> ExportedPrompt:
+    """The prompt of ``instruction``. Chat layout: the instruction itself (the chat template adds the rest). Text
+    layout: the template's opening with the instruction (the string whose ids ``templates.encode`` puts before the
+    text), :data:`TEXT_MARKER`, the spaces that end that string (they start the text piece, where a sentencepiece
+    dummy prefix would otherwise be missing), :data:`STRIP_MARKER`. Whether the exported tokenizer gives exactly
+    the ids of ``templates.encode`` is checked by :func:`verify_export` before anything is written."""
     tokenizer = encoder.tokenizer
     (encoded,) = templates.encode(tokenizer, encoder.template, [(instruction, "x")], max_length=1 << 30)
     ids = list(encoded.input_ids)
@@ -141,6 +191,8 @@ def template_prompt(encoder: LLM2Vec, name: str, instruction: str) -> ExportedPr
             f"prompt {name!r}: template and instruction take {len(prefix) + len(suffix)} tokens, leaving no room "
             f"for text within max_length {encoder.max_length}; raise max_length or shorten the instruction"
         )
+    if layout == CHAT_LAYOUT:
+        return ExportedPrompt(name, instruction, instruction, tuple(prefix), tuple(suffix))
     opening = encoder.template.build(instruction)[0]
     body = opening.rstrip(" ")
     text = body + TEXT_MARKER + opening[len(body) :] + STRIP_MARKER
@@ -148,7 +200,10 @@ def template_prompt(encoder: LLM2Vec, name: str, instruction: str) -> ExportedPr
 
 
 def build_prompts(
-    encoder: LLM2Vec, instructions: Mapping[str, str] | None = None, query_instruction: str = ""
+    encoder: LLM2Vec,
+    instructions: Mapping[str, str] | None = None,
+    query_instruction: str = "",
+    layout: str = CHAT_LAYOUT,
 ) -> dict[str, ExportedPrompt]:
     """``document``, ``query`` and, per instruction entry, ``<name>`` and ``<name>-document``."""
     instructions = dict(instructions or {})
@@ -160,14 +215,14 @@ def build_prompts(
             "for the query prompt)"
         )
     prompts = {
-        DOCUMENT_PROMPT: template_prompt(encoder, DOCUMENT_PROMPT, ""),
-        QUERY_PROMPT: template_prompt(encoder, QUERY_PROMPT, query_instruction),
+        DOCUMENT_PROMPT: template_prompt(encoder, DOCUMENT_PROMPT, "", layout),
+        QUERY_PROMPT: template_prompt(encoder, QUERY_PROMPT, query_instruction, layout),
     }
     for name, instruction in instructions.items():
         if not isinstance(instruction, str):
             raise ExportError(f"instruction of {name!r}: expected a string, got {type(instruction).__name__}")
-        prompts[name] = template_prompt(encoder, name, instruction)
-        prompts[f"{name}-document"] = template_prompt(encoder, f"{name}-document", "")
+        prompts[name] = template_prompt(encoder, name, instruction, layout)
+        prompts[f"{name}-document"] = template_prompt(encoder, f"{name}-document", "", layout)
     suffixes = {p.suffix_ids for p in prompts.values()}
     if len(suffixes) > 1:
         raise ExportError(
@@ -177,12 +232,71 @@ def build_prompts(
     return prompts
 
 
+# ---------------------------------------------------------------------------------------------- chat template
+
+
+def _jinja_literal(text: str) -> str:
+    """``text`` as a Jinja string literal (JSON's escapes are Jinja's)."""
+    return json.dumps(text)
+
+
+def export_chat_template(spec: templates.TemplateSpec) -> str:
+    """A chat template that renders what :func:`templates.encode` tokenizes, for sentence-transformers' message path.
+
+    It accepts ``[user]`` (no instruction) or ``[system, user]`` (the system message is the instruction, which is
+    how sentence-transformers passes ``prompt=``), both with string contents, and renders
+    ``body + TEXT_MARKER + lead + text.strip() + TEXT_MARKER + closing``: ``body`` is ``opening +
+    join_instruction(instruction, separator)`` without its trailing spaces, ``lead`` those spaces (left out for an
+    empty text, as ``templates.encode`` does). Every other conversation raises, naming what it got. Opening,
+    separator and closing are read from ``spec``; no family is named here.
+    """
+    turn = spec.turn()
+    mark = spec.separator.strip()
+    after_mark = spec.separator[spec.separator.index(mark) + len(mark) :] if mark else ""
+    opening, closing, separator = (_jinja_literal(x) for x in (turn.opening, turn.closing, spec.separator))
+    marker = _jinja_literal(TEXT_MARKER)
+    refused = _jinja_literal(
+        "this anchor-embedding export embeds one text, with an optional instruction passed as prompt= (rendered as "
+        "a system message); it cannot embed a conversation of roles "
+    )
+    advice = _jinja_literal(
+        " (text pairs, other roles and a system message next to prompt= are refused: encode each text by itself)"
+    )
+    joined = (
+        f"{{%- elif instruction.endswith({_jinja_literal(mark)}) -%}}"
+        f"{{%- set prefix = {opening} ~ instruction ~ {_jinja_literal(after_mark)} -%}}"
+        if mark
+        else ""
+    )
+    return (
+        f"{{#- anchor-embedding export of template {spec.name!r}: LLM2Vec's prompt, text and anchor -#}}\n"
+        "{%- set roles = messages | map(attribute='role') | list -%}\n"
+        "{%- if roles == ['user'] -%}{%- set instruction = '' -%}\n"
+        "{%- elif roles == ['system', 'user'] -%}{%- set instruction = messages[0]['content'] -%}\n"
+        f"{{%- else -%}}{{{{- raise_exception({refused} ~ roles | join(', ') ~ {advice}) -}}}}\n"
+        "{%- endif -%}\n"
+        "{%- set content = messages[-1]['content'] -%}\n"
+        "{%- if instruction is not string or content is not string -%}\n"
+        f"{{{{- raise_exception({_jinja_literal('this anchor-embedding export embeds text only: the prompt and the input must be strings')}) -}}}}\n"
+        "{%- endif -%}\n"
+        "{%- set instruction = instruction | trim -%}\n"
+        f"{{%- if not instruction -%}}{{%- set prefix = {opening} -%}}\n"
+        f"{joined}"
+        f"{{%- else -%}}{{%- set prefix = {opening} ~ instruction ~ {separator} -%}}{{%- endif -%}}\n"
+        "{%- set body = prefix.rstrip(' ') -%}\n"
+        "{%- set text = content | trim -%}\n"
+        f"{{{{- body ~ {marker} -}}}}{{%- if text -%}}{{{{- prefix[body | length:] ~ text -}}}}{{%- endif -%}}"
+        f"{{{{- {marker} ~ {closing} -}}}}\n"
+    )
+
+
 # ---------------------------------------------------------------------------------------------- tokenizer
 
 
-def export_tokenizer(tokenizer, suffix_ids: Sequence[int], max_length: int):
+def export_tokenizer(tokenizer, suffix_ids: Sequence[int], max_length: int, chat_template: str | None = None):
     """A copy of ``tokenizer`` that strips the text (:data:`STRIP_MARKER`), splits at :data:`TEXT_MARKER`, appends
-    ``suffix_ids``, truncates and pads right."""
+    ``suffix_ids`` (when called with special tokens: the text layout), truncates and pads right, and carries
+    ``chat_template`` (the chat layout's, which renders the suffix itself) or none."""
     import copy
 
     from tokenizers import Regex, normalizers, pre_tokenizers, processors
@@ -213,7 +327,7 @@ def export_tokenizer(tokenizer, suffix_ids: Sequence[int], max_length: int):
     tok.model_max_length = max_length
     tok.padding_side = "right"
     tok.truncation_side = "right"
-    tok.chat_template = None  # the export embeds through its prompts; a chat template would be applied to messages
+    tok.chat_template = chat_template  # None in the text layout: the model's own would be applied to messages
     return tok
 
 
@@ -257,8 +371,9 @@ def tokenizer_loading_kwargs(folder: Path, saved) -> dict[str, Any]:
     )
 
 
-def _fix_tokenizer_config(folder: Path) -> None:
-    """Make every transformers version read ``tokenizer.json`` as it is (no class that rebuilds the pipeline)."""
+def _fix_tokenizer_config(folder: Path, chat_template: str | None = None) -> None:
+    """Make every transformers version read ``tokenizer.json`` as it is (no class that rebuilds the pipeline), with
+    ``chat_template`` as the only chat template (in ``chat_template.jinja``) or none."""
     path = folder / "tokenizer_config.json"
     config = json.loads(path.read_text(encoding="utf-8"))
     config["tokenizer_class"] = "PreTrainedTokenizerFast"
@@ -267,7 +382,9 @@ def _fix_tokenizer_config(folder: Path) -> None:
     config.update(padding_side="right", truncation_side="right")
     path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     template_file = folder / "chat_template.jinja"
-    if template_file.exists():
+    if chat_template is not None:
+        template_file.write_text(chat_template, encoding="utf-8")
+    elif template_file.exists():
         template_file.unlink()
 
 
@@ -309,30 +426,54 @@ def verify_export(
     texts: Sequence[str],
     normalize: bool,
     device: str | torch.device = "cpu",
+    adhoc: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Load ``folder`` with ``SentenceTransformer`` and compare token ids (every prompt) and embeddings.
 
-    ``encoder_ids``: prompt name -> the ids ``templates.encode`` gives for ``texts``; ``reference``: prompt
-    name -> ``LLM2Vec.encode`` embeddings of ``texts`` for the prompts whose embeddings are checked.
-    Returns the smallest cosine; raises :class:`ExportError` on any difference.
+    ``encoder_ids``: label -> the ids ``templates.encode`` gives for ``texts``; ``reference``: label ->
+    ``LLM2Vec.encode`` embeddings of ``texts`` for the labels whose embeddings are checked. A label is an exported
+    prompt's name, or a key of ``adhoc`` (label -> an instruction passed as ``prompt=`` as it is: the chat
+    layout's ad-hoc prompts), whose check also requires that a conversation of two user turns is refused. Returns the smallest cosine;
+    raises :class:`ExportError` on any difference.
     """
     from sentence_transformers import SentenceTransformer
 
+    adhoc = dict(adhoc or {})
     model = SentenceTransformer(str(folder), device=str(device), local_files_only=True)
-    for name, expected in encoder_ids.items():
-        features = model.preprocess(list(texts), prompt=model.prompts[name])
+
+    def encode_kwargs(label: str) -> dict[str, str]:
+        return {"prompt": adhoc[label]} if label in adhoc else {"prompt_name": label}
+
+    for label, expected in encoder_ids.items():
+        prompt = adhoc[label] if label in adhoc else model.prompts[label]
+        features = model.preprocess(list(texts), prompt=prompt)
         got = _real_ids(features)
         for text, a, b in zip(texts, got, expected):
             if a != b:
                 raise ExportError(
-                    f"prompt {name!r}: sentence-transformers tokenizes {text[:40]!r} to {len(a)} ids that differ "
+                    f"prompt {label!r}: sentence-transformers tokenizes {text[:40]!r} to {len(a)} ids that differ "
                     f"from LLM2Vec's {len(b)} (first difference at position "
                     f"{next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))}); "
                     "this tokenizer cannot be exported exactly"
                 )
+    if adhoc:  # the chat layout refuses what its template cannot express, rather than embed something else
+        two_turns = [{"role": "user", "content": text} for text in texts[:2]]
+        try:
+            model.encode([two_turns], show_progress_bar=False)
+        except Exception as e:  # jinja2's TemplateError, raised by the exported chat template
+            if "anchor-embedding export" not in str(e):
+                raise ExportError(
+                    f"two user turns failed with an unexpected error ({e}); the export was not written"
+                ) from None
+        else:
+            raise ExportError(
+                "the exported chat template embeds two user turns instead of refusing them; the export was not written"
+            )
     worst = 1.0
-    for name, ref in reference.items():
-        raw = model.encode(list(texts), prompt_name=name, convert_to_tensor=True, show_progress_bar=False, batch_size=1)
+    for label, ref in reference.items():
+        raw = model.encode(
+            list(texts), convert_to_tensor=True, show_progress_bar=False, batch_size=1, **encode_kwargs(label)
+        )
         emb = raw.float().cpu()
         cos = torch.nn.functional.cosine_similarity(emb, ref.float(), dim=-1)
         worst = min(worst, cos.min().item())
@@ -340,7 +481,7 @@ def verify_export(
         if cos.min().item() < needed:
             i = int(cos.argmin())
             raise ExportError(
-                f"prompt {name!r}: the exported model embeds {texts[i][:40]!r} with cosine {cos[i].item():.6f} "
+                f"prompt {label!r}: the exported model embeds {texts[i][:40]!r} with cosine {cos[i].item():.6f} "
                 f"to LLM2Vec.encode (needed >= {needed}); the export was not written"
             )
         tolerance = 1e-4 if raw.dtype == torch.float32 else 1e-2  # a 16-bit vector is normalised to 16 bits
@@ -410,6 +551,7 @@ def export_sentence_transformers(
     verify_embeddings: bool = True,
     device: str | torch.device | None = None,
     overwrite: bool = False,
+    named_prompts_only: bool = False,
 ) -> dict[str, Any]:
     """Write a sentence-transformers folder to ``output_dir`` (see the module docstring); returns a summary.
 
@@ -428,6 +570,9 @@ def export_sentence_transformers(
             compared.
         device: where the check embeds (both models); default the GPU when there is one.
         overwrite: replace an existing ``output_dir``.
+        named_prompts_only: write the text layout (module docstring), where only the exported prompts embed
+            exactly and an ad-hoc ``prompt=`` string silently gives other vectors; required for ``mean`` pooling.
+            Default: the chat layout, where any instruction passed as ``prompt=`` embeds as ``LLM2Vec.encode``.
     """
     output_dir = Path(output_dir)
     if output_dir.exists() and not overwrite:
@@ -449,8 +594,16 @@ def export_sentence_transformers(
         dtype=torch.float32,
     )
     check_exportable(encoder)
-    prompts = build_prompts(encoder, given, query_instruction)
+    layout = TEXT_LAYOUT if named_prompts_only else CHAT_LAYOUT
+    if layout == CHAT_LAYOUT and encoder.pooling_mode != "eos_token":
+        raise ExportError(
+            f"pooling_mode {encoder.pooling_mode!r}: sentence-transformers' chat path, which maps an ad-hoc prompt= "
+            "onto the template, cannot leave the prompt out of the mean; export with named_prompts_only "
+            "(--named_prompts_only), where only the exported prompts embed exactly"
+        )
+    prompts = build_prompts(encoder, given, query_instruction, layout)
     suffix_ids = next(iter(prompts.values())).suffix_ids
+    chat_template = export_chat_template(encoder.template) if layout == CHAT_LAYOUT else None
     body = decoder_body(encoder.model).eval()  # saved from the CPU below
     for parameter in body.parameters():  # parameters only: buffers such as RoPE's inv_freq stay float32, as
         parameter.data = parameter.data.to(save_dtype)  # from_pretrained(dtype=...) leaves them
@@ -458,16 +611,21 @@ def export_sentence_transformers(
 
     device = torch.device(device) if device is not None else default_device()
     texts = probe_texts(encoder.tokenizer, encoder.max_length)
+    instruction_of = {name: p.instruction for name, p in prompts.items()}
+    adhoc = {}
+    if layout == CHAT_LAYOUT:  # instructions that are no exported prompt, passed as prompt= as they are
+        adhoc = {f"prompt={text!r}": text for text in ADHOC_PROBES}
+        instruction_of.update(adhoc)
     encoder_ids = {
-        name: [list(e.input_ids) for e in encoder.encode_ids([(p.instruction, t) for t in texts])]
-        for name, p in prompts.items()
+        label: [list(e.input_ids) for e in encoder.encode_ids([(instruction, t) for t in texts])]
+        for label, instruction in instruction_of.items()
     }
     reference = {}
-    if verify_embeddings:  # the plain prompt and one with an instruction (token ids are checked for all)
+    if verify_embeddings:  # the plain prompt, one with an instruction, one ad-hoc (token ids are checked for all)
         encoder.to(device)
-        for name in [DOCUMENT_PROMPT, *[n for n in given][:1]]:
-            items = [[prompts[name].instruction, t] for t in texts]
-            reference[name] = encoder.encode(
+        for label in [DOCUMENT_PROMPT, *[n for n in given][:1], *list(adhoc)[:1]]:
+            items = [[instruction_of[label], t] for t in texts]
+            reference[label] = encoder.encode(
                 items,
                 batch_size=1,
                 show_progress_bar=False,
@@ -486,6 +644,7 @@ def export_sentence_transformers(
             prompts=list(prompts),
             normalize=normalize,
             dtype=save_dtype,
+            adhoc_prompts=layout == CHAT_LAYOUT,
             mteb_results=mteb_results,
             mteb_tasks_file=mteb_tasks_file,
             output_dir=output_dir,
@@ -494,21 +653,22 @@ def export_sentence_transformers(
     remove_stale_temporaries(output_dir)
     with atomic_dir(output_dir, replace=overwrite) as tmp:
         body.to("cpu").save_pretrained(tmp, safe_serialization=True)
-        exported_tokenizer = export_tokenizer(encoder.tokenizer, suffix_ids, encoder.max_length)
+        exported_tokenizer = export_tokenizer(encoder.tokenizer, suffix_ids, encoder.max_length, chat_template)
         exported_tokenizer.save_pretrained(tmp)
-        _fix_tokenizer_config(tmp)
+        _fix_tokenizer_config(tmp, chat_template)
         processor_kwargs = tokenizer_loading_kwargs(tmp, exported_tokenizer)
         llm2vec_settings = encoder.llm2vec_config()
         hidden = body.config.hidden_size
         del encoder, body
         gc.collect()
-        _write_st_files(tmp, prompts, hidden, llm2vec_settings, normalize, processor_kwargs)
+        _write_st_files(tmp, prompts, hidden, llm2vec_settings, normalize, processor_kwargs, layout)
         (tmp / "README.md").write_text(card, encoding="utf-8")
         for path in tmp.rglob("*"):  # some writers leave files private (0600); the folder is meant to be shared
             path.chmod(0o755 if path.is_dir() else 0o644)
-        report = verify_export(tmp, encoder_ids, reference, texts, normalize, device)
+        report = verify_export(tmp, encoder_ids, reference, texts, normalize, device, adhoc)
     report.update(
         output_dir=str(output_dir),
+        layout=layout,
         processor_kwargs=processor_kwargs,
         prompts=list(prompts),
         dtype=str(save_dtype).replace("torch.", ""),
@@ -530,6 +690,7 @@ def _write_st_files(
     settings: Mapping[str, Any],
     normalize: bool,
     processor_kwargs: Mapping[str, Any],
+    layout: str = CHAT_LAYOUT,
 ) -> None:
     """sentence-transformers' own configuration files (the layout ``SentenceTransformer.save`` writes)."""
     import sentence_transformers
@@ -560,7 +721,10 @@ def _write_st_files(
     _write_json(folder / "modules.json", modules)
     _write_json(
         folder / "sentence_bert_config.json",
-        {**ST_TRANSFORMER_CONFIG, **({"processor_kwargs": dict(processor_kwargs)} if processor_kwargs else {})},
+        {
+            **(ST_CHAT_TRANSFORMER_CONFIG if layout == CHAT_LAYOUT else ST_TRANSFORMER_CONFIG),
+            **({"processor_kwargs": dict(processor_kwargs)} if processor_kwargs else {}),
+        },
     )
     _write_json(
         folder / "1_Pooling" / "config.json",

@@ -65,6 +65,7 @@ class ModelCardInputs:
     embedding: dict[str, Any]  # pooling_mode, max_length, template, ...
     base_for_adapter: str | None = None  # an adapter's base model folder or id
     prompts: list[str] = field(default_factory=list)
+    adhoc_prompts: bool = False  # an export whose chat template maps any instruction passed as prompt=
     mteb_results: list[str] = field(default_factory=list)
     mteb_tasks_file: str | None = None  # the tasks file that groups the results into the paper's categories
     notes: list[str] = field(default_factory=list)
@@ -104,6 +105,7 @@ class ModelCardInputs:
         prompts: Sequence[str],
         normalize: bool,
         dtype,
+        adhoc_prompts: bool = False,
         mteb_results: Sequence[str | os.PathLike] = (),
         mteb_tasks_file: str | os.PathLike | None = None,
         output_dir: str | os.PathLike | None = None,
@@ -125,6 +127,7 @@ class ModelCardInputs:
             history=history,
             embedding=embedding,
             prompts=list(prompts),
+            adhoc_prompts=adhoc_prompts,
             mteb_results=[str(p) for p in mteb_results],
             mteb_tasks_file=str(mteb_tasks_file) if mteb_tasks_file else None,
             notes=notes,
@@ -360,9 +363,33 @@ def _usage(inputs: ModelCardInputs) -> list[str]:
         from .export import TEXT_MARKER
 
         query_prompt = first or "query"
+        if inputs.adhoc_prompts:
+            how = (
+                "With sentence-transformers (no custom code; the exported chat template puts the instruction given "
+                "as a prompt into the model's prompt format and ends the input with the anchor token):"
+            )
+            adhoc_line = [
+                "# any instruction works as a prompt, and embeds as LLM2Vec.encode([[instruction, text]]) does:",
+                'manual = model.encode(["list the files in a directory"], '
+                'prompt="Given a one-line summary of a command, retrieve its manual page")',
+            ]
+            prompt_note = (
+                "Each prompt is an instruction (the chat template joins it to the text with the model's separator); "
+                "text pairs and conversations are refused with an error."
+            )
+        else:
+            how = (
+                "With sentence-transformers (no custom code; the prompts hold the chat template and the instruction, "
+                "the tokenizer appends the anchor token after truncation):"
+            )
+            adhoc_line = []
+            prompt_note = (
+                f"Each prompt ends with `{TEXT_MARKER}`, where the tokenizer splits prompt from text (and drops the "
+                "marker) so that both are tokenized as in training; only these prompts embed exactly, an instruction "
+                "of your own passed as `prompt=` does not."
+            )
         lines += [
-            "With sentence-transformers (no custom code; the prompts hold the chat template and the instruction, "
-            "the tokenizer appends the anchor token after truncation):",
+            how,
             "",
             "```python",
             "from sentence_transformers import SentenceTransformer",
@@ -371,12 +398,11 @@ def _usage(inputs: ModelCardInputs) -> list[str]:
             f'queries = model.encode(["how do I read a file line by line?"], prompt_name="{query_prompt}")',
             'documents = model.encode(["Open the file and iterate over it."])  # default prompt: "document"',
             "scores = model.similarity(queries, documents)",
+            *adhoc_line,
             "```",
             "",
             f"Prompts: {', '.join(f'`{p}`' for p in inputs.prompts)}. `document` (the default) has no instruction; "
-            f"`query` is what `encode_query` uses. Each prompt ends with `{TEXT_MARKER}`, where the tokenizer "
-            "splits prompt from text (and drops the marker) so that both are tokenized as in training; end a prompt "
-            "of your own with it too."
+            f"`query` is what `encode_query` uses. {prompt_note}"
             + (
                 " `<task>` carries that task's instruction and `<task>-document` none, so mteb's sentence-transformers "
                 "path gives retrieval corpora no instruction, as this package's evaluation does."

@@ -1,9 +1,10 @@
 """sentence-transformers export, model cards, and mteb's sentence-transformers path.
 
 The reference everywhere is an :class:`LLM2Vec` loaded independently from the original checkpoint (and
-adapter): ``SentenceTransformer(export).encode(texts, prompt_name=...)`` must equal ``LLM2Vec.encode`` of
-``[instruction, text]`` pairs (cosine >= 0.99999 per text, and the same token ids), for every family, with
-and without instructions, for texts shorter and longer than the maximum length.
+adapter): ``SentenceTransformer(export).encode(texts, prompt_name=...)``, and ``prompt=`` with an instruction that
+is no exported prompt, must equal ``LLM2Vec.encode`` of ``[instruction, text]`` pairs (cosine >= 0.99999 per text,
+and the same token ids), for every family, with and without instructions, for texts shorter and longer than the
+maximum length.
 """
 
 import importlib
@@ -18,6 +19,7 @@ import torch
 
 from llm2vec import LLM2Vec
 from llm2vec.export import (
+    ADHOC_PROBES,
     MIN_COSINE,
     STRIP_MARKER,
     TEXT_MARKER,
@@ -34,6 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 INSTRUCTIONS_FILE = ROOT / "test_configs" / "mteb" / "task_to_instructions.json"
 MAX_LENGTH = 64
 INSTRUCTION = "Retrieve passages that answer the question"
+ADHOC = "Given a one-line summary of a command, retrieve its manual page"  # issue #24's instruction
+assert ADHOC not in ADHOC_PROBES  # the export's own check does not see it
 SHORT = [
     "The quick brown fox jumps over the lazy dog.",
     " starts with a space",
@@ -110,6 +114,11 @@ def test_export_embeds_like_llm2vec(exports, tiny_checkpoints, family):
     assert_same_embeddings(st_model, ref, TEXTS, "Find similar text", prompt_name="Similar")
     assert_same_embeddings(st_model, ref, TEXTS, "", prompt_name="Similar-document")
     assert_same_embeddings(st_model, ref, TEXTS, INSTRUCTION, prompt=st_model.prompts["Questions"])
+    # an instruction that is no exported prompt, passed as a new user would: bare, with the separator, with spaces
+    assert_same_embeddings(st_model, ref, TEXTS, ADHOC, prompt=ADHOC)
+    assert_same_embeddings(st_model, ref, TEXTS, ADHOC, prompt=ADHOC + ": ")
+    assert_same_embeddings(st_model, ref, TEXTS, ADHOC, prompt=f"  {ADHOC}:\n")
+    assert_same_embeddings(st_model, ref, TEXTS, "", prompt="")
     # encode_query / encode_document use the "query" and "document" prompts
     query = st_model.encode_query(TEXTS, convert_to_tensor=True, show_progress_bar=False)
     document = st_model.encode_document(TEXTS, convert_to_tensor=True, show_progress_bar=False)
@@ -146,16 +155,47 @@ def test_export_loads_in_llm2vec_too(exports, tiny_checkpoints):
     )
 
 
-def test_prompt_layout_and_stripped_text_with_a_dummy_prefix_tokenizer(exports, tiny_checkpoints):
-    """Mistral's sentencepiece-style tokenizer prepends "▁" to the whole input only; the prompt's trailing space
-    after TEXT_MARKER gives the text piece its word start, and the normalizer strips the text as LLM2Vec does."""
-    st_model = SentenceTransformer(str(exports["mistral"]), device="cpu", local_files_only=True)
+@pytest.mark.parametrize("named_prompts_only", [False, True], ids=["chat", "text"])
+def test_prompt_layout_and_stripped_text_with_a_dummy_prefix_tokenizer(tiny_checkpoints, tmp_path, named_prompts_only):
+    """Mistral's sentencepiece-style tokenizer prepends "▁" to the whole input only; the space after TEXT_MARKER
+    gives the text piece (and, in the chat layout, the closing piece) its word start, and the text is stripped as
+    LLM2Vec strips it."""
+    export_sentence_transformers(
+        str(tiny_checkpoints["mistral"]),
+        tmp_path / "st",
+        max_length=MAX_LENGTH,
+        named_prompts_only=named_prompts_only,
+        verify_embeddings=False,
+    )
+    st_model = SentenceTransformer(str(tmp_path / "st"), device="cpu", local_files_only=True)
     ref = reference(tiny_checkpoints["mistral"])
     prompt = st_model.prompts["document"]
-    assert prompt == "<s>[INST]" + TEXT_MARKER + " " + STRIP_MARKER
+    assert prompt == ("<s>[INST]" + TEXT_MARKER + " " + STRIP_MARKER if named_prompts_only else "")
     for text in ("the fox", "  the fox \n", "\tthe  fox", "", "   "):
         assert real_ids(st_model.preprocess([text], prompt=prompt))[0] == real_ids(ref.tokenize([text]))[0], text
+        if not named_prompts_only:
+            got = real_ids(st_model.preprocess([text], prompt=f" {ADHOC} "))[0]
+            assert got == real_ids(ref.tokenize([[ADHOC, text]]))[0], text
     assert real_ids(ref.tokenize(["  the fox \n"]))[0] == real_ids(ref.tokenize(["the fox"]))[0]
+
+
+def test_chat_template_refuses_what_it_cannot_embed(exports, tiny_checkpoints):
+    """A text pair, an assistant turn, or a system message of the user's own next to prompt= raise the export's
+    one-line message instead of being embedded as something LLM2Vec never computes."""
+    st_model = SentenceTransformer(str(exports["qwen2"]), device="cpu", local_files_only=True)
+    own_system = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "a text"}]
+    two_turns = [{"role": "user", "content": "a text"}, {"role": "user", "content": "another"}]
+    for inputs in ([[{"role": "assistant", "content": "a text"}]], [two_turns], [own_system]):
+        with pytest.raises(Exception, match="this anchor-embedding export embeds one text") as err:
+            st_model.encode(inputs, prompt=ADHOC, show_progress_bar=False)
+        assert "encode each text by itself" in str(err.value)
+    with pytest.raises(ValueError, match="cannot carry a 'query'/'document' pair"):  # sentence-transformers' check
+        st_model.encode([("a query", "a document")], show_progress_bar=False)
+    # a system message is how sentence-transformers passes prompt=; given directly it is the instruction as well
+    ref = reference(tiny_checkpoints["qwen2"])
+    direct = st_model.encode([own_system], show_progress_bar=False, convert_to_tensor=True)
+    want = ref.encode([["be brief", "a text"]], convert_to_tensor=True, normalize_embeddings=True)
+    torch.testing.assert_close(direct, want, rtol=0, atol=1e-5)
 
 
 def test_qwen2_tokenizer_is_read_as_saved(exports):
@@ -180,7 +220,11 @@ def test_export_folder_layout(exports):
         "Similar",
         "Similar-document",
     }
-    assert not (folder / "chat_template.jinja").exists()
+    assert config["prompts"]["Questions"] == INSTRUCTION and config["prompts"]["Questions-document"] == ""
+    # the chat layout: the message modality, and the export's own chat template (not the model's)
+    st_config = json.loads((folder / "sentence_bert_config.json").read_text())
+    assert st_config["modality_config"]["message"]["format"] == "flat"
+    assert (folder / "chat_template.jinja").read_text().startswith("{#- anchor-embedding export of template 'llama3'")
     assert json.loads((folder / "config.json").read_text())["architectures"] == ["LlamaModel"]  # no LM head
     card = (folder / "README.md").read_text()
     assert card.startswith("---\n") and "library_name: sentence-transformers" in card
@@ -229,9 +273,11 @@ def test_export_mean_pooling_leaves_the_prompt_out(tiny_checkpoints, tmp_path):
         pooling_mode="mean",
         instructions={"Questions": INSTRUCTION},
         normalize=False,
+        named_prompts_only=True,
     )
     st_model = SentenceTransformer(str(tmp_path / "st"), device="cpu", local_files_only=True)
     assert [type(m).__name__ for m in st_model] == ["Transformer", "Pooling"]
+    assert not (tmp_path / "st" / "chat_template.jinja").exists()  # the text layout: no message path
     ref = reference(checkpoint, pooling_mode="mean")
     for name, instruction in (("Questions", INSTRUCTION), ("document", "")):
         got = st_model.encode(TEXTS, prompt_name=name, convert_to_tensor=True, show_progress_bar=False)
@@ -264,6 +310,7 @@ def test_bfloat16_export(tiny_checkpoints, tmp_path):
     [
         ({"pooling_mode": "last_token"}, "pooling_mode 'last_token' cannot be exported"),
         ({"pooling_mode": "weighted_mean"}, "pooling_mode 'weighted_mean' cannot be exported"),
+        ({"pooling_mode": "mean"}, "cannot leave the prompt out of the mean; export with named_prompts_only"),
         ({"max_length": 512}, "exceeds the model's max_position_embeddings 256"),
         ({"max_length": 16, "instructions": {"Long": INSTRUCTION * 3}}, "prompt 'Long': template and instruction take"),
         ({"instructions": {"query": "x"}}, "clash with the prompts the export writes itself"),
@@ -284,12 +331,25 @@ def test_what_cannot_be_exported_is_refused(tiny_checkpoints, tmp_path, settings
 
 
 def test_a_failed_check_writes_nothing(tiny_checkpoints, tmp_path, monkeypatch):
-    """If the saved folder embeds differently (here: a broken post-processor), the export is refused."""
+    """If the saved folder embeds differently, the export is refused: a broken post-processor (text layout), a chat
+    template with another separator (the ad-hoc prompts differ), one that embeds a conversation."""
     import llm2vec.export as export
 
-    real = export.export_tokenizer
-    monkeypatch.setattr(export, "export_tokenizer", lambda tok, suffix, n: real(tok, list(suffix) * 2, n))
+    real_tokenizer, real_template = export.export_tokenizer, export.export_chat_template
+    monkeypatch.setattr(
+        export, "export_tokenizer", lambda tok, suffix, n, t: real_tokenizer(tok, list(suffix) * 2, n, t)
+    )
     with pytest.raises(ExportError, match="differ from LLM2Vec's"):
+        export_sentence_transformers(
+            str(tiny_checkpoints["llama3"]), tmp_path / "st", max_length=MAX_LENGTH, named_prompts_only=True
+        )
+    monkeypatch.setattr(export, "export_tokenizer", real_tokenizer)
+    monkeypatch.setattr(export, "export_chat_template", lambda spec: real_template(spec.with_separator("; ")))
+    with pytest.raises(ExportError, match=r"prompt \"prompt=.*differ from LLM2Vec's"):
+        export_sentence_transformers(str(tiny_checkpoints["llama3"]), tmp_path / "st", max_length=MAX_LENGTH)
+    lenient = real_template(export.templates.get_template("llama3")).replace("raise_exception(", "(")
+    monkeypatch.setattr(export, "export_chat_template", lambda spec: lenient)
+    with pytest.raises(ExportError, match="embeds two user turns instead of refusing them"):
         export_sentence_transformers(str(tiny_checkpoints["llama3"]), tmp_path / "st", max_length=MAX_LENGTH)
     assert not (tmp_path / "st").exists() and not list(tmp_path.glob(".st.*"))
 
@@ -359,6 +419,8 @@ def test_smollm2_export_loads_offline_and_embeds_like_llm2vec(tmp_path_factory, 
     instruction = read_instructions(INSTRUCTIONS_FILE)["SciFact"]
     assert_same_embeddings(st_model, ref, TEXTS, instruction, prompt_name="SciFact")
     assert_same_embeddings(st_model, ref, TEXTS, "", prompt_name="SciFact-document")
+    assert_same_embeddings(st_model, ref, TEXTS, ADHOC, prompt=ADHOC)  # issue #24: a new user's prompt=
+    assert_same_embeddings(st_model, ref, TEXTS, ADHOC, prompt=ADHOC + ": ")
 
 
 # ----------------------------------------------------------------------------------------------- mteb
@@ -415,8 +477,11 @@ def mteb_runs(tiny_checkpoints, tmp_path_factory):
     ours = evaluate(encoder, [task()], root / "project", show_progress_bar=False, raise_error=True, overwrite=True)
     export_sentence_transformers(str(checkpoint), root / "st", max_length=MAX_LENGTH, instructions=instructions)
 
-    def st_run(out, **wrapper_kwargs):
-        wrapper = SentenceTransformerEncoderWrapper(str(root / "st"), device="cpu", **wrapper_kwargs)
+    # an export with no task prompts at all: mteb is given the task's instruction itself (below)
+    export_sentence_transformers(str(checkpoint), root / "st-plain", max_length=MAX_LENGTH)
+
+    def st_run(out, folder="st", **wrapper_kwargs):
+        wrapper = SentenceTransformerEncoderWrapper(str(root / folder), device="cpu", **wrapper_kwargs)
         return mteb.evaluate(
             wrapper,
             [task()],
@@ -428,7 +493,14 @@ def mteb_runs(tiny_checkpoints, tmp_path_factory):
         )
 
     theirs = st_run(root / "st_results")
-    return {"project": ours, "st": theirs, "st_run": st_run, "root": root, "folder": root / "st_results"}
+    return {
+        "project": ours,
+        "st": theirs,
+        "st_run": st_run,
+        "root": root,
+        "folder": root / "st_results",
+        "instruction": instructions["SciFact"],
+    }
 
 
 def scores_of(results):
@@ -447,6 +519,22 @@ def test_mteb_sentence_transformers_path_scores_like_the_project_encoder(mteb_ru
     both = mteb_runs["st_run"](mteb_runs["root"] / "control", model_prompts={"SciFact": st_model.prompts["SciFact"]})
     control = scores_of(both)
     assert any(abs(control[k] - ours[k]) > 1e-6 for k in ours if not (np.isnan(ours[k]) or np.isnan(control[k])))
+
+
+def test_mteb_sentence_transformers_path_with_the_task_instruction_as_prompt(mteb_runs):
+    """mteb's own way to give a task an instruction (``model_prompts`` with the plain instruction text) on an export
+    without task prompts scores as the project's encoder with that task's instruction."""
+    instruction = mteb_runs["instruction"]
+    run = mteb_runs["st_run"](
+        mteb_runs["root"] / "st_instruction", folder="st-plain", model_prompts={"SciFact-query": instruction}
+    )
+    ours, theirs = scores_of(mteb_runs["project"]), scores_of(run)
+    assert ours.keys() == theirs.keys()
+    for key in ours:
+        assert theirs[key] == pytest.approx(ours[key], abs=1e-6, nan_ok=True), key
+    # control: the same export without the instruction scores differently
+    plain = scores_of(mteb_runs["st_run"](mteb_runs["root"] / "st_no_instruction", folder="st-plain"))
+    assert any(abs(plain[k] - ours[k]) > 1e-6 for k in ours if not (np.isnan(ours[k]) or np.isnan(plain[k])))
 
 
 # ----------------------------------------------------------------------------------------------- model cards
