@@ -64,6 +64,7 @@ def main(argv=None) -> int:
     parser.add_argument("--alpha", type=float, default=0.2)
     parser.add_argument("--input_dropout", type=float, default=0.0)
     parser.add_argument("--prefix", default="", help="reconstruction_prefix (text read before the anchor)")
+    parser.add_argument("--stop_decoder_gradient", action="store_true")
     parser.add_argument("--train_pairs", type=int, default=0, help="keep this many train pairs (0: all)")
     parser.add_argument("--val_pairs", type=int, default=64)
     parser.add_argument("--eval_every", type=int, default=20)
@@ -81,6 +82,7 @@ def main(argv=None) -> int:
         alpha=args.alpha,
         reconstruction_input_dropout=args.input_dropout,
         reconstruction_prefix=args.prefix,
+        stop_decoder_gradient=args.stop_decoder_gradient,
     )
     collator = TrainCollator.for_encoder(model, reconstruction="text")
     data_dir = Path(args.data_dir)

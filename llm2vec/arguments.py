@@ -347,6 +347,15 @@ class StageIArguments(_StageArguments):
         },
     )
 
+    stop_decoder_gradient: bool = field(
+        default=False,
+        metadata={
+            "help": "An option, not the paper's (false): the reconstruction pass runs the decoder with its weights "
+            "detached, so the reconstruction losses train only the encoding pass, through the anchor; the decoder "
+            "cannot lower them by predicting the targets without it (docs/demo.md: the sweep). Not with FSDP."
+        },
+    )
+
     def __post_init__(self):
         super().__post_init__()
         if not 0.0 <= self.reconstruction_input_dropout < 1.0:
@@ -547,6 +556,11 @@ class RunConfig:
                 f"{self.source}: embedding_token_budget {budget} is below max_seq_length "
                 f"{self.model.max_seq_length}: one text alone could exceed it; give at least "
                 f"{self.model.max_seq_length} (or 0 for no gradient cache)"
+            )
+        if getattr(self.stage, "stop_decoder_gradient", False) and args.fsdp:
+            raise ConfigError(
+                f"{self.source}: stop_decoder_gradient cannot run under FSDP (it calls the decoder with detached "
+                "weights, which FSDP's sharded parameters do not allow); use DDP or drop the option"
             )
         if str(args.eval_strategy) not in ("no", "IntervalStrategy.NO") and not (
             self.data.validation_file or self.data.validation_size

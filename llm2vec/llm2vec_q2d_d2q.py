@@ -104,6 +104,9 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
             (an option, not the paper's; :func:`llm2vec.loss.reconstruction.drop_target_inputs`).
         reconstruction_prefix: a text whose tokens are read before the anchor in the reconstruction pass, so
             the anchor is not at position 0 (an option, not the paper's; ``""``: none).
+        stop_decoder_gradient: the reconstruction pass reads the decoder's weights without gradient, so only the
+            encoding pass learns from it (an option, not the paper's; :class:`llm2vec.loss.reconstruction.
+            WithoutWeightGradient`).
     """
 
     backbone_class = AutoModelForCausalLM
@@ -117,6 +120,7 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
         logit_chunk_rows: int = 0,
         reconstruction_input_dropout: float = 0.0,
         reconstruction_prefix: str = "",
+        stop_decoder_gradient: bool = False,
         **kwargs,
     ):
         super().__init__(model, tokenizer, **kwargs)
@@ -133,6 +137,7 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
             packed=self.packing,
             input_dropout=reconstruction_input_dropout,
             prefix_ids=prefix_ids,
+            stop_decoder_gradient=stop_decoder_gradient,
         )
         self.token_budget = int(token_budget)
 
@@ -151,6 +156,7 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
             logit_chunk_rows=stage_args.logit_chunk_rows,
             reconstruction_input_dropout=stage_args.reconstruction_input_dropout,
             reconstruction_prefix=stage_args.reconstruction_prefix,
+            stop_decoder_gradient=stage_args.stop_decoder_gradient,
             packing=model_args.use_packing,
         )
 
@@ -165,6 +171,8 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
             text += ", packed decoder calls (2 per chunk: encoding, both reconstructions)"
         if self.loss_fn.input_dropout:
             text += f", reconstruction input dropout {self.loss_fn.input_dropout:g} (an option, not the paper's)"
+        if self.loss_fn.stop_decoder_gradient:
+            text += ", decoder weights detached in the reconstruction pass (an option, not the paper's)"
         if self.loss_fn.prefix_ids:
             text += f", {len(self.loss_fn.prefix_ids)} prefix token(s) before the anchor (an option, not the paper's)"
         return text

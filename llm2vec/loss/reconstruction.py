@@ -152,6 +152,25 @@ def drop_target_inputs(target_embeds: torch.Tensor, p: float) -> torch.Tensor:
     return target_embeds * keep[..., None].to(target_embeds.dtype)
 
 
+class WithoutWeightGradient(nn.Module):
+    """``module`` run with its parameters detached (``torch.func.functional_call``): gradients reach its inputs,
+    never its weights. The reconstruction pass under ``stop_decoder_gradient`` (an option, not the paper's):
+    the decoder cannot lower the reconstruction loss by learning to predict the targets without the anchor,
+    only the encoding pass can, by what it puts into the anchor. The weights are shared, so the decoder still
+    changes as the encoder does. Not for FSDP-sharded modules (their parameters are gathered by hooks)."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.inner = module
+
+    def forward(self, *args, **kwargs):
+        params = {name: p.detach() for name, p in self.inner.named_parameters()}
+        return torch.func.functional_call(self.inner, params, args, kwargs)
+
+    def get_input_embeddings(self) -> nn.Module:
+        return WithoutWeightGradient(self.inner.get_input_embeddings())
+
+
 def target_counts(query_targets: dict, positive_targets: dict) -> dict[str, torch.Tensor]:
     """Target tokens per direction of one batch: q2d predicts the documents, d2q the queries."""
     return {"q2d": positive_targets["attention_mask"].sum(), "d2q": query_targets["attention_mask"].sum()}
@@ -169,6 +188,8 @@ class ReconstructionLoss(nn.Module):
             (:func:`drop_target_inputs`); an option, 0 (the paper) by default; never applied in eval mode.
         prefix_ids: token ids read before the anchor in every reconstruction pass (:func:`anchor_block`);
             an option, none (the paper) by default.
+        stop_decoder_gradient: run the reconstruction pass with the decoder's weights detached
+            (:class:`WithoutWeightGradient`); an option, off (the paper) by default.
 
     ``forward(decoder, lm_head, query_embedding, document_embedding, query_targets, positive_targets,
     counts)`` returns ``(loss, parts)`` with ``parts = {"q2d": L_Q2D, "d2q": L_D2Q}`` (the directions
@@ -182,6 +203,7 @@ class ReconstructionLoss(nn.Module):
         packed: bool = False,
         input_dropout: float = 0.0,
         prefix_ids: tuple[int, ...] = (),
+        stop_decoder_gradient: bool = False,
     ):
         super().__init__()
         if not 0.0 <= alpha <= 1.0:
@@ -195,6 +217,7 @@ class ReconstructionLoss(nn.Module):
             raise ValueError(f"reconstruction_input_dropout must be in [0, 1), got {input_dropout}")
         self.input_dropout = float(input_dropout)
         self.prefix_ids = tuple(int(i) for i in prefix_ids)
+        self.stop_decoder_gradient = bool(stop_decoder_gradient)
 
     def directions(self) -> tuple[str, ...]:
         """The directions computed: those whose weight in Eq. 5 is not 0."""
@@ -220,6 +243,8 @@ class ReconstructionLoss(nn.Module):
         args = [(anchor, targets["input_ids"], targets["attention_mask"]) for anchor, targets in passes]
         dropout = self.input_dropout if self.training else 0.0
         prefix = self.prefix_tensor()
+        if self.stop_decoder_gradient:
+            decoder, lm_head = WithoutWeightGradient(decoder), WithoutWeightGradient(lm_head)
         if self.packed:
             sums = packed_reconstruction_nll(decoder, lm_head, args, self.logit_chunk_rows, dropout, prefix)
         else:
@@ -237,4 +262,5 @@ class ReconstructionLoss(nn.Module):
     def extra_repr(self) -> str:
         text = f"alpha={self.alpha}, logit_chunk_rows={self.logit_chunk_rows}, packed={self.packed}"
         text += f", input_dropout={self.input_dropout}" if self.input_dropout else ""
-        return text + (f", prefix_ids={self.prefix_ids}" if self.prefix_ids else "")
+        text += f", prefix_ids={self.prefix_ids}" if self.prefix_ids else ""
+        return text + (", stop_decoder_gradient=True" if self.stop_decoder_gradient else "")
