@@ -23,7 +23,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "llm2vec"
-FORBIDDEN = ("test_configs", "experiments", "parents[2]")
+FORBIDDEN = ("cache/", "test_configs", "experiments", "parents[2]")
 
 # Runs with the environment's interpreter, in a folder outside the repository. argv: the folders that must
 # not provide any imported module (the checkout, its copy), the working folder.

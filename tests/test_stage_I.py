@@ -373,6 +373,20 @@ def test_stage_I_model_still_encodes(tiny_models):
     assert (abs(trained - plain) < 1e-6).all()
 
 
+def test_driver_without_a_data_path_says_so_in_one_line(tiny_checkpoints, tmp_path, capsys):
+    """The package names no data folder of the repository (the configs do): a run without one stops with one line
+    naming the field, before any model is built."""
+    from llm2vec.training import main
+
+    flags = ["--model_name_or_path", str(tiny_checkpoints["llama3"]), "--output_dir", str(tmp_path / "out")]
+    assert main("I", [*flags, "--use_cpu", "true", "--per_device_train_batch_size", "2"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert error == [
+        "error: dataset_file_path is not set: give the folder of the E5 <source>.jsonl files in the config or as "
+        "--dataset_file_path"
+    ]
+
+
 def test_driver_reads_user_jsonl_with_default_instruction(tmp_path):
     from llm2vec.arguments import DataArguments
     from llm2vec.training import load_training_data
