@@ -221,9 +221,9 @@ def test_two_node_rendezvous_equals_one_process(setup):
 
 def test_shipped_configs():
     """train_configs/fsdp/fsdp2_full_shard.json is the FSDP setting tested above and turns into an FSDP2 full-shard
-    plugin; train_configs/deepspeed/zero3.json is ZeRO-3 with a gathered 16-bit save (what ``_save`` needs) and
-    leaves batch sizes to the Trainer (so total_batch_size is still checked). DeepSpeed itself is not run here:
-    it is not installed and needs a GPU."""
+    plugin; train_configs/deepspeed/zero3.json, as accelerate's DeepSpeed plugin reads it, is ZeRO-3 with a
+    gathered 16-bit save (what ``_save`` needs) and leaves batch sizes to the Trainer (so total_batch_size is still
+    checked). DeepSpeed itself is not run here: it is not installed and needs a GPU."""
     from transformers import TrainingArguments
 
     fsdp_file = ROOT / "train_configs" / "fsdp" / "fsdp2_full_shard.json"
@@ -232,9 +232,13 @@ def test_shipped_configs():
     assert args.fsdp_plugin_args["fsdp_version"] == 2 and args.fsdp_plugin_args["reshard_after_forward"] is True
     assert args.fsdp_plugin_args["state_dict_type"] == "FULL_STATE_DICT"
 
-    zero3 = json.loads((ROOT / "train_configs" / "deepspeed" / "zero3.json").read_text())
-    assert zero3["zero_optimization"]["stage"] == 3
-    assert zero3["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
+    # ZeRO-3 as accelerate reads the file (the plugin the Trainer builds from --deepspeed; it needs no DeepSpeed)
+    from accelerate.utils import DeepSpeedPlugin
+
+    zero3 = DeepSpeedPlugin(hf_ds_config=str(ROOT / "train_configs" / "deepspeed" / "zero3.json"))
+    assert zero3.zero_stage == 3 and zero3.hf_ds_config.is_zero3()
+    assert zero3.zero3_save_16bit_model  # accelerate gathers the full 16-bit weights for the save
     for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
-        assert zero3[key] == "auto", key
-    assert "optimizer" not in zero3 and "scheduler" not in zero3  # the Trainer's AdamW and schedule, as without it
+        assert zero3.hf_ds_config.get_value(key) == "auto", key  # filled in by the Trainer from its arguments
+    # the Trainer's AdamW and schedule, as without DeepSpeed
+    assert zero3.deepspeed_config.get("optimizer") is None and zero3.deepspeed_config.get("scheduler") is None

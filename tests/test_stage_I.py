@@ -364,13 +364,17 @@ def test_stage_I_ablation_configs():
 
 
 def test_stage_I_model_still_encodes(tiny_models):
-    """The training subclass keeps the encoder API: encode() pools like a plain LLM2Vec on the same body."""
+    """The training subclass keeps the encoder API: encode() gives each text's Eq. 1 embedding, the final state of
+    the anchor closing its user turn (SmolLM2's chat format written out), the text run alone through the decoder."""
     causal_lm, tokenizer = tiny_models["smollm2"]
     texts = ["Paris is the capital of France.", "fox"]
     trained = LLM2Vec_q2d_d2q(causal_lm, tokenizer).encode(texts, show_progress_bar=False)
-    plain = LLM2Vec(causal_lm.model, tokenizer).encode(texts, show_progress_bar=False)
     assert trained.shape == (2, 32)
-    assert (abs(trained - plain) < 1e-6).all()
+    for row, text in zip(trained, texts):
+        prompt = tokenizer(f"<|im_start|>user\n{text}<|im_end|>", add_special_tokens=False, return_tensors="pt")
+        with torch.no_grad():
+            alone = causal_lm.get_decoder()(input_ids=prompt["input_ids"]).last_hidden_state[0, -1]
+        assert (abs(row - alone.numpy()) < 1e-6).all()
 
 
 def test_driver_without_a_data_path_says_so_in_one_line(tiny_checkpoints, tmp_path, capsys):
