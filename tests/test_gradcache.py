@@ -10,6 +10,7 @@ import json
 
 import pytest
 import torch
+from _drivers import tiny_run_flags
 from _references import stage_II_loss_by_hand
 from _stage_II_dist_worker import build_encoder, run_gradcache_rank
 
@@ -368,38 +369,21 @@ def test_training_run_with_the_budget_equals_the_run_without(llama_checkpoint, t
 
     monkeypatch.setattr(LLM2VecContrastive, "step_in_parts", spy)
     data = write_tiny_e5(tmp_path / "data", n=16, sources=("nq",))
-    flags = [
-        "--stage",
-        "II",
-        "--model_name_or_path",
+    flags = tiny_run_flags(
         llama_checkpoint,
-        "--max_steps",
-        "2",
-        "--lora_dropout",
-        "0",
-        "--per_device_train_batch_size",
-        "4",
-        "--save_strategy",
-        "no",
-        "--dataset_file_path",
-        str(data),
-        "--e5_sources",
-        '["nq"]',
-        "--use_cpu",
-        "true",
-        "--max_seq_length",
-        "64",
-        "--logging_steps",
-        "1",
-        "--attn_implementation",
-        "sdpa",
-        "--optim",
-        "sgd",
-        "--learning_rate",
-        "0.5",
-        "--activation_checkpointing",
-        "true",
-    ]
+        data,
+        None,  # each run names its own output_dir
+        stage="II",
+        e5_sources='["nq"]',
+        max_steps=2,
+        lora_dropout=0,
+        save_strategy="no",
+        max_seq_length=64,
+        attn_implementation="sdpa",
+        optim="sgd",
+        learning_rate=0.5,
+        activation_checkpointing="true",
+    )
     plain = run("II", [*flags, "--output_dir", str(tmp_path / "plain")])
     assert used == [False, False]
     cached = run("II", [*flags, "--output_dir", str(tmp_path / "cached"), "--embedding_token_budget", "64"])

@@ -3,11 +3,11 @@
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from _drivers import launcher, subprocess_env, tiny_run_flags
 from safetensors.torch import load_file
 
 from llm2vec import LLM2Vec
@@ -147,51 +147,15 @@ def stage_I_setup(tmp_path_factory):
 
 
 def driver_args(model, data, out, **overrides):
-    args = {
-        "model_name_or_path": str(model),
-        "output_dir": str(out),
-        "dataset_file_path": str(data),
-        "e5_sources": '["nq","fever"]',
-        "learning_rate": "1e-3",
-        "warmup_steps": "0",
-        "max_steps": "1",
-        "per_device_train_batch_size": "4",
-        "use_cpu": "true",
-        "save_strategy": "no",
-        "seed": "7",
-        "logging_steps": "1",
-        "report_to": "none",
-        "dataloader_num_workers": "0",
-    }
-    args.update({k: str(v) for k, v in overrides.items()})
-    return [x for k, v in args.items() for x in (f"--{k}", v)]
-
-
-def free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return tiny_run_flags(
+        model, data, out, **{"learning_rate": 1e-3, "max_steps": 1, "save_strategy": "no", **overrides}
+    )
 
 
 def run_driver(argv, nproc=1):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    launcher = (
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            f"--nproc_per_node={nproc}",
-            "--master_addr=127.0.0.1",
-            f"--master_port={free_port()}",
-        ]
-        if nproc > 1
-        else [sys.executable]
-    )
     return subprocess.run(
-        launcher + [str(ROOT / "experiments/run_stage_I.py")] + argv,
-        env=env,
+        launcher(nproc) + [str(ROOT / "experiments/run_stage_I.py")] + argv,
+        env=subprocess_env(),
         cwd=ROOT,
         capture_output=True,
         text=True,
