@@ -150,8 +150,11 @@ class DataArguments:
         },
     )
     dataset_file_path: str = field(
-        default="cache/echo-data",
-        metadata={"help": "E5: the folder of <source>.jsonl files; jsonl: a file, or files joined by ','."},
+        default="",
+        metadata={
+            "help": "Required. E5: the folder of <source>.jsonl files; jsonl: a file, or files joined by ','. "
+            "The package has no default location; every shipped config names one."
+        },
     )
     max_examples_per_source: int | None = field(
         default=None, metadata={"help": "Keep at most this many examples of each source (the first ones of its file)."}

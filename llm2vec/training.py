@@ -46,6 +46,9 @@ def model_class(stage: str):
 
 def load_training_data(data: DataArguments, global_batch_size: int, seed: int, require_negative: bool) -> TrainDataset:
     """The training data; with ``validation_size`` its ``held_out`` slice holds the validation pairs."""
+    if not data.dataset_file_path:
+        what = "the folder of the E5 <source>.jsonl files" if data.dataset_name == "E5" else "your .jsonl file(s)"
+        raise DataError(f"dataset_file_path is not set: give {what} in the config or as --dataset_file_path")
     if data.dataset_name == "E5":
         return load_e5(
             data.dataset_file_path,

@@ -10,6 +10,10 @@ the chosen point, writes ``FOLDER/rank<r>.pid`` and sleeps; the test then SIGKIL
 
 - ``after_checkpoint``: checkpoint-N is complete and step N + 1 has been trained (not saved);
 - ``during_save``: checkpoint-N is being written: its weights are on disk, its optimizer state is not.
+
+The helpers the tests share to start runs live here too: :func:`tiny_run_flags` (the flags of a tiny CPU run),
+:func:`launcher` (this interpreter, or ``torch.distributed.run`` over N local processes on a free port) and
+:func:`subprocess_env` (offline, one thread per process, the checkout importable).
 """
 
 from __future__ import annotations
@@ -22,6 +26,62 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# What every tiny CPU training run of the tests shares (tests/test_fsdp.py, test_stage_I.py, ...): the fixture data
+# of llm2vec.testing.write_tiny_e5, no warm-up, batches of 4, a fixed seed, a loss line per step, no reporting.
+TINY_RUN = {
+    "e5_sources": '["nq","fever"]',
+    "warmup_steps": 0,
+    "per_device_train_batch_size": 4,
+    "use_cpu": "true",
+    "seed": 7,
+    "logging_steps": 1,
+    "report_to": "none",
+    "dataloader_num_workers": 0,
+}
+
+
+def tiny_run_flags(model, data, out, **fields) -> list[str]:
+    """``--field value`` flags of a tiny CPU run of ``model`` on the E5-layout folder ``data`` into ``out``:
+    :data:`TINY_RUN` overridden by ``fields`` (a field given ``None`` is left out)."""
+    args = {"model_name_or_path": model, "output_dir": out, "dataset_file_path": data, **TINY_RUN, **fields}
+    return [item for key, value in args.items() if value is not None for item in (f"--{key}", str(value))]
+
+
+def free_port() -> int:
+    """A TCP port of this machine that nothing listens on now (for a torchrun rendezvous)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launcher(nproc: int = 1) -> list[str]:
+    """The command prefix that starts a script: this interpreter alone, or torchrun over ``nproc`` local processes."""
+    if nproc == 1:
+        return [sys.executable]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+    ]
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """The environment of a run the tests start: offline, one thread per process, the checkout importable."""
+    pythonpath = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    return dict(
+        os.environ,
+        PYTHONPATH=pythonpath,
+        HF_HUB_OFFLINE="1",
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        **extra,
+    )
 
 
 def stop_here(flag_dir: str) -> None:

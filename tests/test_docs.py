@@ -9,14 +9,37 @@ def test_configuration_reference_is_up_to_date():
     assert write_config_docs.main(["--check"]) == 0, "run python experiments/write_config_docs.py"
 
 
-def test_every_field_has_help_and_is_in_the_reference():
+def test_every_field_has_help_and_the_reference_says_what_the_command_line_accepts():
+    """docs/configuration.md read as a reader would: for each stage, its table rows (both stages' and the stage's
+    own) are exactly the options that the stage's parser adds to TrainingArguments' (transformers'
+    HfArgumentParser, which also prints the drivers' --help), each with argparse's help text and choices."""
+    import re
     from dataclasses import fields
+    from pathlib import Path
 
-    text = write_config_docs.render()
+    from transformers import HfArgumentParser, TrainingArguments
+
     for cls in (ModelArguments, DataArguments, *STAGE_ARGUMENTS.values()):
         for f in fields(cls):
             assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help text"
-            assert f"| `{f.name}` |" in text, f.name
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    documented = {}  # "both stages", "Stage I only", ... -> {field: (allowed, meaning)}
+    for section in re.split(r"^## ", text, flags=re.M)[1:]:
+        scope = re.match(r"`\w+` \((.+?)\)", section).group(1)
+        rows = re.findall(r"^\| `(\w+)` \| `.*?` \| (.*?) \| (.*) \|$", section, flags=re.M)
+        documented.setdefault(scope, {}).update({name: (allowed, meaning) for name, allowed, meaning in rows})
+    training = {action.dest for action in HfArgumentParser(TrainingArguments)._actions}
+    for stage, own in STAGE_ARGUMENTS.items():
+        actions = {}
+        for action in HfArgumentParser((ModelArguments, DataArguments, own, TrainingArguments))._actions:
+            if action.dest not in training:
+                actions.setdefault(action.dest, action)  # a boolean's --no_<field> shares the field's dest
+        rows = {**documented["both stages"], **documented[f"Stage {stage} only"]}
+        assert set(rows) == set(actions), f"Stage {stage}: documented but not accepted, or accepted but undocumented"
+        for name, (allowed, meaning) in rows.items():
+            assert meaning == actions[name].help, name
+            assert allowed == ", ".join(f"`{c}`" for c in actions[name].choices or ()), name
 
 
 def test_tests_named_by_the_readme_and_docs_exist():

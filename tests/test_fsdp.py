@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _drivers import free_port, launcher, subprocess_env, tiny_run_flags
 from safetensors.torch import load_file
 
 from llm2vec import LLM2Vec
@@ -36,47 +37,13 @@ FSDP_CONFIG = {  # built here; test_shipped_configs checks that train_configs/fs
 TEXTS = ["The quick brown fox.", ["Given a question, retrieve passages", "who jumps over the dog?"]]
 
 
-def free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def env():
-    pythonpath = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    return dict(
-        os.environ, PYTHONPATH=pythonpath, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false"
-    )
-
-
 # SGD with momentum, not AdamW: Adam's update lr * g / (|g| + eps) turns the rounding noise of near-zero
 # gradient entries (summed in another order by two processes) into weight differences of up to lr, so equal
 # weights could not be asserted tightly (it failed on one CI machine). SGD's update is linear in the gradient,
 # and momentum still gives the sharded optimizer a state to save and restore.
 def flags(model, data, out, **overrides):
-    args = {
-        "model_name_or_path": str(model),
-        "output_dir": str(out),
-        "dataset_file_path": str(data),
-        "e5_sources": '["nq","fever"]',
-        "optim": "sgd",
-        "optim_args": "momentum=0.9",
-        "learning_rate": "0.1",
-        "warmup_steps": "0",
-        "max_steps": "3",
-        "per_device_train_batch_size": "4",
-        "use_cpu": "true",
-        "save_strategy": "steps",
-        "save_steps": "2",
-        "seed": "7",
-        "logging_steps": "1",
-        "report_to": "none",
-        "dataloader_num_workers": "0",
-    }
-    args.update({k: str(v) for k, v in overrides.items()})
-    return [x for k, v in args.items() for x in (f"--{k}", v)]
+    fields = {"optim": "sgd", "optim_args": "momentum=0.9", "learning_rate": 0.1, "max_steps": 3, "save_steps": 2}
+    return tiny_run_flags(model, data, out, **{"save_strategy": "steps", **fields, **overrides})
 
 
 def check(result, what):
@@ -85,7 +52,7 @@ def check(result, what):
 
 def run_checked(command, what):
     """Run ``command`` from the repository root (offline environment, 5-minute limit); fail with its output."""
-    result = subprocess.run(command, env=env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(command, env=subprocess_env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
     check(result, what)
     return result
 
@@ -122,16 +89,8 @@ def test_fsdp_full_shard_two_processes_equal_one_process(setup):
         fsdp="true",
         fsdp_config=json.dumps(FSDP_CONFIG),
     )
-    launcher = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        "--master_addr=127.0.0.1",
-        f"--master_port={free_port()}",
-    ]
     run_checked(
-        [*launcher, str(ROOT / "tests/_fsdp_worker.py"), str(root / "reports"), *fsdp_flags],
+        [*launcher(2), str(ROOT / "tests/_fsdp_worker.py"), str(root / "reports"), *fsdp_flags],
         "FSDP on two gloo processes",
     )
 
@@ -208,7 +167,9 @@ def test_two_node_rendezvous_equals_one_process(setup):
             *stage_II,
         ]
         nodes.append(
-            subprocess.Popen(command, env=env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            subprocess.Popen(
+                command, env=subprocess_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
         )
     for node, process in enumerate(nodes):
         stdout, stderr = process.communicate(timeout=300)
@@ -221,9 +182,9 @@ def test_two_node_rendezvous_equals_one_process(setup):
 
 def test_shipped_configs():
     """train_configs/fsdp/fsdp2_full_shard.json is the FSDP setting tested above and turns into an FSDP2 full-shard
-    plugin; train_configs/deepspeed/zero3.json is ZeRO-3 with a gathered 16-bit save (what ``_save`` needs) and
-    leaves batch sizes to the Trainer (so total_batch_size is still checked). DeepSpeed itself is not run here:
-    it is not installed and needs a GPU."""
+    plugin; train_configs/deepspeed/zero3.json, as accelerate's DeepSpeed plugin reads it, is ZeRO-3 with a
+    gathered 16-bit save (what ``_save`` needs) and leaves batch sizes to the Trainer (so total_batch_size is still
+    checked). DeepSpeed itself is not run here: it is not installed and needs a GPU."""
     from transformers import TrainingArguments
 
     fsdp_file = ROOT / "train_configs" / "fsdp" / "fsdp2_full_shard.json"
@@ -232,9 +193,13 @@ def test_shipped_configs():
     assert args.fsdp_plugin_args["fsdp_version"] == 2 and args.fsdp_plugin_args["reshard_after_forward"] is True
     assert args.fsdp_plugin_args["state_dict_type"] == "FULL_STATE_DICT"
 
-    zero3 = json.loads((ROOT / "train_configs" / "deepspeed" / "zero3.json").read_text())
-    assert zero3["zero_optimization"]["stage"] == 3
-    assert zero3["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
+    # ZeRO-3 as accelerate reads the file (the plugin the Trainer builds from --deepspeed; it needs no DeepSpeed)
+    from accelerate.utils import DeepSpeedPlugin
+
+    zero3 = DeepSpeedPlugin(hf_ds_config=str(ROOT / "train_configs" / "deepspeed" / "zero3.json"))
+    assert zero3.zero_stage == 3 and zero3.hf_ds_config.is_zero3()
+    assert zero3.zero3_save_16bit_model  # accelerate gathers the full 16-bit weights for the save
     for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
-        assert zero3[key] == "auto", key
-    assert "optimizer" not in zero3 and "scheduler" not in zero3  # the Trainer's AdamW and schedule, as without it
+        assert zero3.hf_ds_config.get_value(key) == "auto", key  # filled in by the Trainer from its arguments
+    # the Trainer's AdamW and schedule, as without DeepSpeed
+    assert zero3.deepspeed_config.get("optimizer") is None and zero3.deepspeed_config.get("scheduler") is None

@@ -1,4 +1,6 @@
-"""Stage II gradient cache (embedding_token_budget): the chunk plan, and the cached step against the plain one.
+"""Stage II gradient cache (embedding_token_budget): the chunk plan, and the cached step against the plain one and
+against a reference that shares none of its code (tests/_references.py): every text run alone through the LoRA
+model, then InfoNCE (Eq. 6-7) query by query in float64, its LoRA gradients by autograd.
 
 Gradients are compared per LoRA parameter, relative to the parameter's largest gradient entry, in float32.
 """
@@ -8,6 +10,8 @@ import json
 
 import pytest
 import torch
+from _drivers import tiny_run_flags
+from _references import stage_II_loss_by_hand
 from _stage_II_dist_worker import build_encoder, run_gradcache_rank
 
 from llm2vec import gradcache
@@ -59,6 +63,14 @@ def cached_step(model, batch):
     out = model.step_in_parts(model, batch, lambda tensor, grad=None: tensor.backward(grad), contextlib.nullcontext)
     assert out is not None, "the cached step fell back to the plain step"
     return out, lora_grads(model)
+
+
+def by_hand(model, batch):
+    """The reference loss and LoRA gradients: texts alone, InfoNCE query by query in float64 (no dropout)."""
+    model.zero_grad(set_to_none=True)
+    loss = stage_II_loss_by_hand(model, batch)
+    loss.backward()
+    return loss.detach(), lora_grads(model)
 
 
 def assert_grads_close(got, expected, rel=1e-5):
@@ -152,6 +164,9 @@ def test_cached_step_equals_plain_step(llama_checkpoint, budget, with_negative):
             assert_grads_close({side: getattr(cached, side)}, {side: getattr(plain, side).detach()})
     assert not cached.loss.requires_grad
     assert_grads_close(got, expected)
+    reference, reference_grads = by_hand(model, batch)
+    torch.testing.assert_close(cached.loss.double(), reference, rtol=1e-5, atol=0)
+    assert_grads_close(got, reference_grads)
 
 
 def test_cached_step_on_a_collated_batch(llama_checkpoint):
@@ -166,6 +181,9 @@ def test_cached_step_on_a_collated_batch(llama_checkpoint):
     cached, got = cached_step(model, batch)
     torch.testing.assert_close(cached.loss, plain.loss.detach(), rtol=1e-5, atol=0)
     assert_grads_close(got, expected)
+    reference, reference_grads = by_hand(model, batch)
+    torch.testing.assert_close(cached.loss.double(), reference, rtol=1e-5, atol=0)
+    assert_grads_close(got, reference_grads)
 
 
 def test_one_chunk_graph_at_a_time_and_all_but_the_last_under_no_sync(llama_checkpoint):
@@ -316,8 +334,14 @@ def test_two_processes_cached_step_equals_plain_step(llama_checkpoint, tmp_path)
         nprocs=2,
         join=True,
     )
+    reference_model = build_encoder(llama_checkpoint)  # the workers' weights (no optimizer step between cases)
     for case, (_, chunks) in enumerate(cases):
         ranks = [torch.load(tmp_path / f"gradcache{case}_{r}.pt") for r in range(2)]
+        # the union of the ranks' rows as one batch, by hand: DDP's average is the gradient of its mean loss
+        reference, reference_grads = by_hand(reference_model, torch.load(files[case]))
+        average = (ranks[0]["cached_loss"] + ranks[1]["cached_loss"]).double() / 2
+        torch.testing.assert_close(average, reference, rtol=1e-5, atol=0)
+        assert_grads_close(ranks[0]["cached"], reference_grads)
         assert [r["own_plan"] for r in ranks] == chunks
         assert [r["forwards"] for r in ranks] == [2 * max(chunks)] * 2  # the ranks agree on the number of chunks
         for result in ranks:
@@ -345,38 +369,21 @@ def test_training_run_with_the_budget_equals_the_run_without(llama_checkpoint, t
 
     monkeypatch.setattr(LLM2VecContrastive, "step_in_parts", spy)
     data = write_tiny_e5(tmp_path / "data", n=16, sources=("nq",))
-    flags = [
-        "--stage",
-        "II",
-        "--model_name_or_path",
+    flags = tiny_run_flags(
         llama_checkpoint,
-        "--max_steps",
-        "2",
-        "--lora_dropout",
-        "0",
-        "--per_device_train_batch_size",
-        "4",
-        "--save_strategy",
-        "no",
-        "--dataset_file_path",
-        str(data),
-        "--e5_sources",
-        '["nq"]',
-        "--use_cpu",
-        "true",
-        "--max_seq_length",
-        "64",
-        "--logging_steps",
-        "1",
-        "--attn_implementation",
-        "sdpa",
-        "--optim",
-        "sgd",
-        "--learning_rate",
-        "0.5",
-        "--activation_checkpointing",
-        "true",
-    ]
+        data,
+        None,  # each run names its own output_dir
+        stage="II",
+        e5_sources='["nq"]',
+        max_steps=2,
+        lora_dropout=0,
+        save_strategy="no",
+        max_seq_length=64,
+        attn_implementation="sdpa",
+        optim="sgd",
+        learning_rate=0.5,
+        activation_checkpointing="true",
+    )
     plain = run("II", [*flags, "--output_dir", str(tmp_path / "plain")])
     assert used == [False, False]
     cached = run("II", [*flags, "--output_dir", str(tmp_path / "cached"), "--embedding_token_budget", "64"])

@@ -1,10 +1,14 @@
 """The package works installed, without the repository: a regular (not editable) install into a fresh
 virtual environment, used from another folder, evaluates a model through ``llm2vec.evaluation``.
 
-The environment is made with ``--system-site-packages``, so torch, transformers and mteb come from the
-system and nothing is downloaded; ``pip install --no-deps --no-build-isolation`` builds the package with
-the system's setuptools. The install is made from a copy of the repository in ``tmp_path``, because
-building writes ``build/`` and ``*.egg-info`` next to ``setup.py`` and the checkout must stay untouched.
+The wheel is built with the running environment's own pip and setuptools (``pip wheel --no-build-isolation``:
+nothing is downloaded), so the test behaves alike in a fresh ``python -m venv`` set up as the README says and
+in a system interpreter. It is installed into a new, empty virtual environment, which reaches the running
+environment's dependencies (torch, transformers, mteb) through a ``.pth`` file that lists its site-packages
+folders. Those folders are added as plain paths: their own ``.pth`` files, an editable install of the
+checkout among them, are not run, so only the wheel can provide ``llm2vec``. The wheel is built from a copy of
+the repository in ``tmp_path``, because building writes ``build/`` and ``*.egg-info`` next to ``setup.py`` and
+the checkout must stay untouched.
 
 Also the issue's acceptance check: no file of the package names the repository's folders (or finds the
 repository root as ``Path(__file__).parents[2]``).
@@ -17,13 +21,14 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "llm2vec"
-FORBIDDEN = ("test_configs", "experiments", "parents[2]")
+FORBIDDEN = ("cache/", "test_configs", "experiments", "parents[2]")
 
 # Runs with the environment's interpreter, in a folder outside the repository. argv: the folders that must
 # not provide any imported module (the checkout, its copy), the working folder.
@@ -138,20 +143,46 @@ def test_no_package_file_names_the_repository_folders():
     assert not offenders, "the package must not name the repository's folders:\n" + "\n".join(offenders)
 
 
+def _site_folders() -> list[str]:
+    """The running environment's site-packages folders (a venv's own, or a system interpreter's several)."""
+    import site
+
+    folders = [*site.getsitepackages(), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+    return [f for f in dict.fromkeys(folders) if Path(f).is_dir() and not Path(f).resolve().is_relative_to(REPO)]
+
+
 def test_non_editable_install_evaluates_outside_the_checkout(tmp_path):
     source = _copy_checkout(tmp_path / "source")
-    venv = tmp_path / "venv"
-    # --without-pip: the system's pip (and setuptools, for --no-build-isolation) are reachable through
-    # --system-site-packages; ensurepip would add 3 s and an older bundled setuptools
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
-    python = venv / "bin" / "python"
     work = tmp_path / "work"
     work.mkdir()
-    _run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", str(source)], work, 180)
+    # the wheel, with this environment's pip and setuptools (no isolated build environment to download);
+    # setuptools has bdist_wheel built in since 70.1, and torch 2.13 requires setuptools >= 77.0.3
+    import importlib.util
+
+    assert importlib.util.find_spec("wheel") or importlib.util.find_spec("setuptools.command.bdist_wheel"), (
+        f"{sys.executable} cannot build wheels: pip install 'setuptools>=70.1' (or wheel) in this environment"
+    )
+    wheels = tmp_path / "wheels"
+    build = ["wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(wheels), str(source)]
+    _run([sys.executable, "-m", "pip", *build], work, 180)
+    (wheel,) = wheels.glob("llm2vec-*.whl")
+
+    # a new, empty environment (no pip of its own) that sees this one's dependencies, not their .pth files
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
     site_packages = Path(
         _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], work, 60).strip()
     )
     assert site_packages.is_relative_to(venv)
+    (site_packages / "running_environment.pth").write_text("".join(f + "\n" for f in _site_folders()))
+    # pip itself comes from the running environment; --ignore-installed: its llm2vec (an editable install of
+    # the checkout, say) is neither uninstalled nor taken as already satisfying the wheel
+    _run(
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed", str(wheel)],
+        work,
+        180,
+    )
     installed = site_packages / "llm2vec"
     # a regular install: every module of the package copied into the environment
     assert sorted(p.relative_to(installed) for p in installed.rglob("*.py")) == sorted(

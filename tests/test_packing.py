@@ -1,11 +1,18 @@
 """Packed decoder calls (#11, llm2vec.packing): the same embeddings, losses and gradients as padded calls,
 in fewer calls and with no padding. On CPU the packed row runs under sdpa's block-diagonal mask; with
-flash_attention_2 transformers takes the variable-length kernel from the same position ids (GPU only)."""
+flash_attention_2 transformers takes the variable-length kernel from the same position ids (GPU only).
+
+Besides the project's padded path, each packed result is checked against references that share none of its code
+(tests/_references.py): every text run alone through the model, the Stage I loss written out pair by pair
+(Eq. 3-5, float64), the Stage II loss query by query (Eq. 6-7, float64), with their gradients by autograd.
+"""
 
 import contextlib
 
 import pytest
 import torch
+from _references import embed_alone, stage_I_loss_by_hand, stage_II_loss_by_hand
+from _references import loss_and_grads as reference_loss_and_grads
 from test_performance import PAIRS, assert_same_gradients, chunked_step, examples, loss_and_grads
 
 from llm2vec import LLM2Vec
@@ -60,6 +67,9 @@ def test_packed_embeddings_equal_padded_ones(tiny_models, family, side):
         with torch.no_grad():
             ref = padded.embed(features)
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5, msg=f"{family} {mode}")
+        with torch.no_grad():
+            alone = embed_alone(causal_lm.get_decoder(), features, mode)  # each text on its own, no padding
+        torch.testing.assert_close(got, alone, rtol=1e-5, atol=1e-5, msg=f"{family} {mode}: texts run alone")
         assert all(torch.equal(features[k], before[k]) for k in features)  # the batch is not changed
 
 
@@ -74,7 +84,8 @@ def test_encode_with_packing_equals_encode_without(tiny_models):
 
 @pytest.mark.parametrize("alpha", [0.2, 1.0])
 def test_packed_stage_I_step_equals_padded_step_in_two_calls(tiny_models, family, alpha):
-    """Queries and documents encoded in one call, both reconstruction directions in a second one."""
+    """Queries and documents encoded in one call, both reconstruction directions in a second one: the padded step's
+    loss and gradients, and those of the loss written out pair by pair (each text alone, float64)."""
     causal_lm, tokenizer = tiny_models[family]
     padded = LLM2Vec_q2d_d2q(causal_lm, tokenizer, alpha=alpha)
     packed = LLM2Vec_q2d_d2q(causal_lm, tokenizer, alpha=alpha, packing=True)
@@ -85,11 +96,19 @@ def test_packed_stage_I_step_equals_padded_step_in_two_calls(tiny_models, family
     assert len(calls) == 2
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=0)
     assert_same_gradients(grads, ref_grads, rtol=1e-5)
+    by_hand, hand_grads = reference_loss_and_grads(
+        lambda: stage_I_loss_by_hand(causal_lm, batch, alpha)["loss"], packed
+    )
+    torch.testing.assert_close(loss.double(), by_hand, rtol=1e-5, atol=0)
+    assert_same_gradients(grads, hand_grads, rtol=1e-5)
     with torch.no_grad():
         ref, out = padded(**batch), packed(**batch)
+        parts = stage_I_loss_by_hand(causal_lm, batch, alpha)
     torch.testing.assert_close(out.loss_q2d, ref.loss_q2d, rtol=1e-5, atol=0)
+    torch.testing.assert_close(out.loss_q2d.double(), parts["q2d"], rtol=1e-5, atol=0)
     if alpha < 1:
         torch.testing.assert_close(out.loss_d2q, ref.loss_d2q, rtol=1e-5, atol=0)
+        torch.testing.assert_close(out.loss_d2q.double(), parts["d2q"], rtol=1e-5, atol=0)
     assert ref.metrics["padding_fraction"] > 0 and out.metrics["padding_fraction"] == 0
 
 
@@ -113,6 +132,9 @@ def test_packed_token_budget_chunks_count_real_tokens(tiny_models, budget):
     assert len(calls) == 2 * len(chunks) and out.chunks == len(chunks)
     torch.testing.assert_close(out.loss, ref_loss, rtol=1e-5, atol=0)
     assert_same_gradients(grads, ref_grads, rtol=1e-5)
+    by_hand, hand_grads = reference_loss_and_grads(lambda: stage_I_loss_by_hand(causal_lm, batch, 0.2)["loss"], packed)
+    torch.testing.assert_close(out.loss.double(), by_hand, rtol=1e-5, atol=0)
+    assert_same_gradients(grads, hand_grads, rtol=1e-5)
     assert out.metrics["padding_fraction"] == 0
 
 
@@ -137,7 +159,7 @@ def test_packed_stage_II_step_equals_padded_step_in_one_call():
     triples = [(i, q, d, n) for (i, q, d), (_, _, n) in zip(PAIRS, PAIRS[1:] + PAIRS[:1])]
     from llm2vec.dataset import TrainExample
 
-    batch = TrainCollator.for_encoder(padded)(
+    batch = TrainCollator.for_encoder(padded, with_negative=True)(
         [TrainExample(query=q, positive=d, negative=n, query_instruction=i, source="t") for i, q, d, n in triples]
     )
 
@@ -150,10 +172,15 @@ def test_packed_stage_II_step_equals_padded_step_in_one_call():
     ref_loss, ref_grads = step(padded)
     with counted_calls(packed) as calls:
         loss, grads = step(packed)
-    assert len(calls) == 1  # queries, positives and negatives in one packed call
+    assert len(calls) == 1 and "negative" in batch  # queries, positives and negatives in one packed call
     assert any("lora_A" in n for n in ref_grads)
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=0)
     assert_same_gradients(grads, ref_grads, rtol=1e-5)
+
+    # each text alone through the LoRA model, InfoNCE query by query in float64
+    hand_loss, hand_grads = reference_loss_and_grads(lambda: stage_II_loss_by_hand(packed, batch), packed)
+    torch.testing.assert_close(loss.double(), hand_loss, rtol=1e-5, atol=0)
+    assert_same_gradients(grads, hand_grads, rtol=1e-5)
 
 
 def test_packing_setting():

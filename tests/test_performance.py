@@ -283,6 +283,7 @@ def test_a_batch_within_the_budget_takes_the_plain_step(tiny_models):
 def test_training_with_a_token_budget_equals_training_without(tmp_path):
     """Two optimizer steps (2 micro-batches each) of the Stage I driver, with and without chunks and LM-head
     blocks: the same weights; the padding fraction is logged, and one pair per chunk has no padding at all."""
+    from _drivers import tiny_run_flags
     from safetensors.torch import load_file
 
     from llm2vec.testing import save_tiny_model, write_tiny_e5
@@ -291,25 +292,8 @@ def test_training_with_a_token_budget_equals_training_without(tmp_path):
     model, data = save_tiny_model("llama3", tmp_path / "model"), write_tiny_e5(tmp_path / "data")
 
     def train(name, **extra):
-        args = {
-            "model_name_or_path": model,
-            "output_dir": tmp_path / name,
-            "dataset_file_path": data,
-            "e5_sources": '["nq","fever"]',
-            "learning_rate": "1e-3",
-            "warmup_steps": "0",
-            "max_steps": "2",
-            "per_device_train_batch_size": "4",
-            "gradient_accumulation_steps": "2",
-            "optim": "sgd",
-            "use_cpu": "true",
-            "save_strategy": "no",
-            "seed": "7",
-            "logging_steps": "1",
-            "dataloader_num_workers": "0",
-            **extra,
-        }
-        trainer = run("I", [x for k, v in args.items() for x in (f"--{k}", str(v))])
+        fields = {"learning_rate": 1e-3, "max_steps": 2, "gradient_accumulation_steps": 2, "optim": "sgd", **extra}
+        trainer = run("I", tiny_run_flags(model, data, tmp_path / name, **{"save_strategy": "no", **fields}))
         logs = [h for h in trainer.state.log_history if "loss" in h]
         return load_file(tmp_path / name / "model.safetensors"), logs
 
@@ -333,7 +317,8 @@ def test_token_budget_under_ddp_and_fsdp_equals_one_plain_process(tmp_path):
     import subprocess
     import sys
 
-    from test_fsdp import FSDP_CONFIG, ROOT, check, env, flags, free_port, run_checked, weights
+    from _drivers import launcher, subprocess_env
+    from test_fsdp import FSDP_CONFIG, ROOT, check, flags, run_checked, weights
 
     from llm2vec.testing import save_tiny_model, write_tiny_e5
 
@@ -376,16 +361,13 @@ def test_token_budget_under_ddp_and_fsdp_equals_one_plain_process(tmp_path):
         ],
     }
     for name, (script, *argv) in runs.items():
-        launcher = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            "--master_addr=127.0.0.1",
-            f"--master_port={free_port()}",
-        ]
         result = subprocess.run(
-            [*launcher, str(ROOT / script), *argv], env=env(), cwd=ROOT, capture_output=True, text=True, timeout=300
+            [*launcher(2), str(ROOT / script), *argv],
+            env=subprocess_env(),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         check(result, name)
         got = weights(tmp_path / name)

@@ -2,13 +2,12 @@
 the query instructions and their separator. Each test has an independent reference."""
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from _drivers import launcher, subprocess_env, tiny_run_flags
 from safetensors.torch import load_file
 
 from llm2vec.arguments import ConfigError, DataArguments, parse_config
@@ -25,25 +24,9 @@ def setup(tmp_path_factory):
 
 
 def flags(model, data, out, **overrides):
-    args = {
-        "model_name_or_path": model,
-        "output_dir": out,
-        "dataset_file_path": data,
-        "e5_sources": '["nq","fever"]',
-        "learning_rate": "1e-3",
-        "warmup_steps": "3",
-        "num_train_epochs": "3",
-        "per_device_train_batch_size": BATCH,
-        "use_cpu": "true",
-        "save_strategy": "no",
-        "seed": "7",
-        "logging_steps": "1",
-        "report_to": "none",
-        "dataloader_num_workers": "0",
-        "max_seq_length": "64",
-    }
-    args.update(overrides)
-    return [x for k, v in args.items() for x in (f"--{k}", str(v))]
+    fields = {"learning_rate": 1e-3, "warmup_steps": 3, "num_train_epochs": 3, "per_device_train_batch_size": BATCH}
+    fields.update(save_strategy="no", max_seq_length=64)
+    return tiny_run_flags(model, data, out, **{**fields, **overrides})
 
 
 def run_stage_I(argv):
@@ -212,14 +195,6 @@ def test_precision_policy():
         parsed("--master_weights", "fp16")
 
 
-def free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("master_weights,dtype", [("bf16", torch.bfloat16), ("fp32", torch.float32)])
 def test_fsdp_keeps_the_chosen_master_weights(setup, master_weights, dtype):
     """Two CPU processes under FSDP2 with bf16: the trained weights stay bf16 with master_weights bf16 (accelerate
@@ -239,19 +214,9 @@ def test_fsdp_keeps_the_chosen_master_weights(setup, master_weights, dtype):
         fsdp="true",
         fsdp_config='{"version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}',
     )
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            "--master_addr=127.0.0.1",
-            f"--master_port={free_port()}",
-            str(ROOT / "experiments/run_stage_I.py"),
-            *argv,
-        ],
-        env=env,
+        [*launcher(2), str(ROOT / "experiments/run_stage_I.py"), *argv],
+        env=subprocess_env(),
         cwd=ROOT,
         capture_output=True,
         text=True,

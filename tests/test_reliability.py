@@ -11,9 +11,7 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections import namedtuple
 from dataclasses import dataclass, field
@@ -21,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _drivers import launcher, subprocess_env, tiny_run_flags
 from safetensors.torch import load_file
 
 from llm2vec import checkpoints
@@ -43,29 +42,10 @@ def assets(tmp_path_factory):
 def flags(assets, out, stage="I", **overrides) -> list[str]:
     """A 6-step run saving every 2 steps; Stage II has LoRA dropout (0.05), so its RNG state matters."""
     model, data = assets
-    args = {
-        "model_name_or_path": model,
-        "output_dir": out,
-        "dataset_file_path": data,
-        "e5_sources": '["nq","fever"]',
-        "learning_rate": 1e-3,
-        "warmup_steps": 0,
-        "max_steps": 6,
-        "save_steps": 2,
-        "per_device_train_batch_size": 4,
-        "use_cpu": "true",
-        "seed": 7,
-        "logging_steps": 1,
-        "report_to": "none",
-        "dataloader_num_workers": 0,
-        "num_threads": 1,
-        "disable_tqdm": "true",
-        "max_seq_length": 96,
-    }
+    fields = {"learning_rate": 1e-3, "max_steps": 6, "save_steps": 2, "num_threads": 1, "disable_tqdm": "true"}
     if stage == "II":
-        args.update(stage="II", learning_rate=1e-2, lora_r=4, lora_alpha=8)
-    args.update(overrides)
-    return [x for k, v in args.items() for x in (f"--{k}", str(v))]
+        fields.update(stage="II", learning_rate=1e-2, lora_r=4, lora_alpha=8)
+    return tiny_run_flags(model, data, out, **{"max_seq_length": 96, **fields, **overrides})
 
 
 RESUME = ["--resume_from_checkpoint", "true"]
@@ -347,12 +327,6 @@ def test_disk_estimate_matches_what_a_run_writes(references, stage):
 # ---------------------------------------------------------------------------------------------- 4. and 5. processes
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
 class Launch:
     proc: subprocess.Popen
@@ -370,29 +344,11 @@ def launch(tmp_path: Path, name: str, runs: list[dict], nproc: int = 1, hash_see
     flag_dir.mkdir()
     spec = tmp_path / f"{name}.json"
     spec.write_text(json.dumps({"flag_dir": str(flag_dir), "runs": runs}))
-    env = dict(
-        os.environ,
-        HF_HUB_OFFLINE="1",
-        OMP_NUM_THREADS="1",
-        TOKENIZERS_PARALLELISM="false",
-        PYTHONHASHSEED=str(hash_seed),
-    )
-    launcher = [sys.executable] + (
-        [
-            "-m",
-            "torch.distributed.run",
-            f"--nproc_per_node={nproc}",
-            "--master_addr=127.0.0.1",
-            f"--master_port={free_port()}",
-        ]
-        if nproc > 1
-        else []
-    )
     log = tmp_path / f"{name}.log"
     with open(log, "w") as handle:
         proc = subprocess.Popen(
-            launcher + [str(ROOT / "tests" / "_drivers.py"), str(spec)],
-            env=env,
+            launcher(nproc) + [str(ROOT / "tests" / "_drivers.py"), str(spec)],
+            env=subprocess_env(PYTHONHASHSEED=str(hash_seed)),
             cwd=ROOT,
             stdout=handle,
             stderr=subprocess.STDOUT,

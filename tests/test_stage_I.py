@@ -3,11 +3,11 @@
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from _drivers import launcher, subprocess_env, tiny_run_flags
 from safetensors.torch import load_file
 
 from llm2vec import LLM2Vec
@@ -147,51 +147,15 @@ def stage_I_setup(tmp_path_factory):
 
 
 def driver_args(model, data, out, **overrides):
-    args = {
-        "model_name_or_path": str(model),
-        "output_dir": str(out),
-        "dataset_file_path": str(data),
-        "e5_sources": '["nq","fever"]',
-        "learning_rate": "1e-3",
-        "warmup_steps": "0",
-        "max_steps": "1",
-        "per_device_train_batch_size": "4",
-        "use_cpu": "true",
-        "save_strategy": "no",
-        "seed": "7",
-        "logging_steps": "1",
-        "report_to": "none",
-        "dataloader_num_workers": "0",
-    }
-    args.update({k: str(v) for k, v in overrides.items()})
-    return [x for k, v in args.items() for x in (f"--{k}", v)]
-
-
-def free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return tiny_run_flags(
+        model, data, out, **{"learning_rate": 1e-3, "max_steps": 1, "save_strategy": "no", **overrides}
+    )
 
 
 def run_driver(argv, nproc=1):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    launcher = (
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            f"--nproc_per_node={nproc}",
-            "--master_addr=127.0.0.1",
-            f"--master_port={free_port()}",
-        ]
-        if nproc > 1
-        else [sys.executable]
-    )
     return subprocess.run(
-        launcher + [str(ROOT / "experiments/run_stage_I.py")] + argv,
-        env=env,
+        launcher(nproc) + [str(ROOT / "experiments/run_stage_I.py")] + argv,
+        env=subprocess_env(),
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -364,13 +328,31 @@ def test_stage_I_ablation_configs():
 
 
 def test_stage_I_model_still_encodes(tiny_models):
-    """The training subclass keeps the encoder API: encode() pools like a plain LLM2Vec on the same body."""
+    """The training subclass keeps the encoder API: encode() gives each text's Eq. 1 embedding, the final state of
+    the anchor closing its user turn (SmolLM2's chat format written out), the text run alone through the decoder."""
     causal_lm, tokenizer = tiny_models["smollm2"]
     texts = ["Paris is the capital of France.", "fox"]
     trained = LLM2Vec_q2d_d2q(causal_lm, tokenizer).encode(texts, show_progress_bar=False)
-    plain = LLM2Vec(causal_lm.model, tokenizer).encode(texts, show_progress_bar=False)
     assert trained.shape == (2, 32)
-    assert (abs(trained - plain) < 1e-6).all()
+    for row, text in zip(trained, texts):
+        prompt = tokenizer(f"<|im_start|>user\n{text}<|im_end|>", add_special_tokens=False, return_tensors="pt")
+        with torch.no_grad():
+            alone = causal_lm.get_decoder()(input_ids=prompt["input_ids"]).last_hidden_state[0, -1]
+        assert (abs(row - alone.numpy()) < 1e-6).all()
+
+
+def test_driver_without_a_data_path_says_so_in_one_line(tiny_checkpoints, tmp_path, capsys):
+    """The package names no data folder of the repository (the configs do): a run without one stops with one line
+    naming the field, before any model is built."""
+    from llm2vec.training import main
+
+    flags = ["--model_name_or_path", str(tiny_checkpoints["llama3"]), "--output_dir", str(tmp_path / "out")]
+    assert main("I", [*flags, "--use_cpu", "true", "--per_device_train_batch_size", "2"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert error == [
+        "error: dataset_file_path is not set: give the folder of the E5 <source>.jsonl files in the config or as "
+        "--dataset_file_path"
+    ]
 
 
 def test_driver_reads_user_jsonl_with_default_instruction(tmp_path):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from _references import stage_II_loss_by_hand
 from _stage_II_dist_worker import LR, build_encoder, lora_state, run_gather_rank, run_rank, sgd_step
 
 from llm2vec.arguments import StageIIArguments, load_config, parse_config
@@ -123,6 +124,9 @@ def test_gather_backward_equals_a_loop_over_per_rank_losses(tmp_path):
 
 
 def test_two_processes_match_one_process_on_the_union_batch(llama_checkpoint, tmp_path):
+    """Per-device batches on two processes are one InfoNCE loss over their union (what makes 64 per device x 8
+    GPUs one loss of 512): the ranks' mean loss is the union's, written out query by query, and one SGD step
+    gives both ranks the weights of one process stepping on the union."""
     import torch.multiprocessing as mp
 
     single = build_encoder(llama_checkpoint)
@@ -136,6 +140,10 @@ def test_two_processes_match_one_process_on_the_union_batch(llama_checkpoint, tm
     )
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
 
+    # the union batch by hand: every text alone, InfoNCE query by query in float64 over all 4 positives and negatives
+    with torch.no_grad():
+        by_hand = stage_II_loss_by_hand(single, batch)
+    assert torch.allclose((ranks[0]["loss"] + ranks[1]["loss"]).double() / 2, by_hand, rtol=1e-5, atol=0)
     # one process, the whole batch: per-query losses, the mean loss, one SGD step
     before = lora_state(single)
     out = single(**batch)

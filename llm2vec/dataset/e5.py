@@ -1,9 +1,10 @@
 """The public E5 training data, as curated by the echo-embeddings authors.
 
-One JSON-lines file per source in ``data_dir`` (default ``cache/echo-data``),
-each line ``{"query": ..., "positive": ..., "negative": ...}``. The files are
-used as they are (no further sampling). Queries get their source's instruction
-from Table 6 of the paper; documents get none.
+One JSON-lines file per source in ``data_dir`` (named by the caller: the
+package has no default location), each line ``{"query": ..., "positive": ...,
+"negative": ...}``. The files are used as they are (no further sampling).
+Queries get their source's instruction from Table 6 of the paper; documents
+get none.
 
 NLI and Quora duplicates have two instructions each. As in LLM2Vec (since
 v0.1.6, which reads ``allnli.jsonl`` and ``quora_duplicates.jsonl`` rather than
@@ -131,7 +132,7 @@ def e5_instruction(source: str, position: int) -> str:
 
 
 def load_e5(
-    data_dir: str = "cache/echo-data",
+    data_dir: str,
     global_batch_size: int = 512,
     seed: int = 42,
     sources: list[str] | None = None,
