@@ -180,3 +180,93 @@ def test_evaluation_without_validation_pairs_is_refused(tmp_path):
         config.validate()
     with pytest.raises(ConfigError, match="validation_size"):
         parse_config("I", driver_args(tmp_path / "m", tmp_path / "d", tmp_path / "o", validation_size=2.5))
+
+
+def test_stop_decoder_gradient_trains_only_through_the_anchor(tiny_models):
+    """With stop_decoder_gradient the Stage I gradient is that of a loss whose reconstruction pass runs a frozen copy
+    of the model (the reference: another module, no weight shared), fed the live model's anchors."""
+    import copy
+
+    from llm2vec.loss.reconstruction import reconstruction_nll
+
+    lm, tokenizer = tiny_models["qwen2"]
+    live = LLM2Vec_q2d_d2q(copy.deepcopy(lm), tokenizer, alpha=0.3, stop_decoder_gradient=True)
+    batch = TrainCollator.for_encoder(live, reconstruction="text")(examples(PAIRS))
+    live(**batch).loss.backward()
+
+    reference = LLM2Vec_q2d_d2q(copy.deepcopy(lm), tokenizer)
+    frozen = copy.deepcopy(lm).requires_grad_(False)
+    e_q, e_d = reference.embed(batch["query"]), reference.embed(batch["positive"])
+    loss = 0
+    for weight, anchor, targets in ((0.3, e_q, batch["positive_targets"]), (0.7, e_d, batch["query_targets"])):
+        nll = reconstruction_nll(frozen.model, frozen.lm_head, anchor, targets["input_ids"], targets["attention_mask"])
+        loss = loss + weight * nll / targets["attention_mask"].sum()
+    loss.backward()
+    grads = dict(reference.named_parameters())
+    changed = 0
+    for name, p in live.named_parameters():
+        expected = grads[name].grad
+        if expected is None:
+            assert p.grad is None or not p.grad.any(), name
+            continue
+        torch.testing.assert_close(p.grad, expected, rtol=1e-4, atol=1e-6, msg=name)
+        changed += 1
+    assert changed > 0
+    # the LM head is used by the reconstruction pass only: with the option it gets no gradient, without it does
+    assert dict(live.named_parameters())["model.lm_head.weight"].grad is None
+    plain = LLM2Vec_q2d_d2q(copy.deepcopy(lm), tokenizer, alpha=0.3)
+    plain(**batch).loss.backward()
+    assert dict(plain.named_parameters())["model.lm_head.weight"].grad.abs().sum() > 0
+
+
+def _by_hand(lm, anchor, prefix_ids, target_ids, dropped=()):
+    """-sum log P(y_t | prefix, anchor, y_<t) of one pair from one unpadded forward in float64 logits; the target
+    inputs at positions ``dropped`` are zero vectors."""
+    embed = lm.get_input_embeddings()
+    inputs = [embed(torch.tensor(prefix_ids, dtype=torch.long)), anchor[None]]
+    targets = embed(torch.tensor(target_ids))
+    for t in dropped:
+        targets = targets.clone()
+        targets[t] = 0
+    hidden = lm.model(inputs_embeds=torch.cat(inputs + [targets])[None]).last_hidden_state[0]
+    logp = torch.log_softmax(lm.lm_head(hidden).double(), -1)
+    k = len(prefix_ids)
+    return -sum(logp[k + t, y] for t, y in enumerate(target_ids))
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_reconstruction_prefix_and_input_dropout_equal_a_per_pair_reference(tiny_models, packed):
+    """The options of the sweep: tokens read before the anchor, and teacher-forced inputs zeroed in training mode
+    (never in eval mode), against one unpadded forward per pair."""
+    from llm2vec.loss.reconstruction import packed_reconstruction_nll, reconstruction_nll
+
+    lm, tokenizer = tiny_models["llama3"]
+    model = LLM2Vec_q2d_d2q(lm, tokenizer)
+    batch = TrainCollator.for_encoder(model, reconstruction="text")(examples(PAIRS))
+    prefix = torch.tensor(tokenizer("ab", add_special_tokens=False)["input_ids"])
+    with torch.no_grad():
+        anchors = model.embed(batch["positive"])
+        ids, mask = batch["query_targets"]["input_ids"], batch["query_targets"]["attention_mask"]
+        for p in (0.0, 0.5):
+            torch.manual_seed(11)
+            if packed:
+                (got,) = packed_reconstruction_nll(model.model.model, lm.lm_head, [(anchors, ids, mask)], 0, p, prefix)
+            else:
+                got = reconstruction_nll(model.model.model, lm.lm_head, anchors, ids, mask, 0, p, prefix)
+            torch.manual_seed(11)
+            keep = torch.rand(ids.shape) >= p if p else torch.ones(ids.shape, dtype=torch.bool)
+            expected = 0.0
+            for b in range(len(ids)):
+                n = int(mask[b].sum())
+                dropped = [t for t in range(n) if not keep[b, t]]
+                expected += float(_by_hand(lm, anchors[b], prefix.tolist(), ids[b, :n].tolist(), dropped))
+            assert float(got) == pytest.approx(expected, rel=1e-5)
+            if p:
+                assert not keep[mask.bool()].all()  # some inputs were dropped in this draw
+    # the loss module drops only in training mode
+    loss_fn = LLM2Vec_q2d_d2q(lm, tokenizer, reconstruction_input_dropout=0.5).loss_fn
+    plain = LLM2Vec_q2d_d2q(lm, tokenizer).loss_fn
+    args = (model.model.model, lm.lm_head, anchors, anchors, batch["query_targets"], batch["positive_targets"])
+    with torch.no_grad():
+        assert float(loss_fn.eval()(*args)[0]) == pytest.approx(float(plain.eval()(*args)[0]), rel=1e-6)
+        assert float(loss_fn.train()(*args)[0]) != float(plain.train()(*args)[0])
