@@ -44,6 +44,7 @@ the weights in every forward, so every process must run the same number of them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -149,7 +150,11 @@ class LLM2VecContrastive(LLM2Vec):
     def validation_metrics(self, model, triples, collate, args) -> dict[str, float]:
         """What the trainer logs at each evaluation (``model``: this model as the trainer wraps it): the validation
         InfoNCE loss over batches of the training loss's size (per-device batch x processes) and the retrieval
-        metrics of the validation queries against all validation positives (:mod:`llm2vec.validation`)."""
+        metrics of the validation queries against all validation positives (:mod:`llm2vec.validation`). Hard
+        negatives join the loss when every validation triple has one; otherwise it uses in-batch negatives only."""
+        with_negative = all(t.negative for t in triples)
+        if getattr(collate, "with_negative", with_negative) != with_negative:
+            collate = dataclasses.replace(collate, with_negative=with_negative)
         return contrastive_validation(
             model,
             triples,

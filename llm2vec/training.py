@@ -70,7 +70,7 @@ def load_training_data(data: DataArguments, global_batch_size: int, seed: int, r
     )
 
 
-def validation_pairs(data: DataArguments, dataset: TrainDataset, require_negative: bool) -> list:
+def validation_pairs(data: DataArguments, dataset: TrainDataset) -> list:
     """The held-out pairs evaluated during training: ``validation_file`` (read and checked like training data, in
     one fixed shuffled order whatever the run's seed, so that runs of different seeds are measured on the same
     batches) or the slice carved by ``validation_size``; empty without either."""
@@ -80,7 +80,7 @@ def validation_pairs(data: DataArguments, dataset: TrainDataset, require_negativ
             global_batch_size=1,
             seed=0,
             default_instruction=data.default_instruction,
-            require_negative=require_negative,
+            require_negative=False,  # Stage II's validation loss uses the hard negatives the file has
         ).examples
     return dataset.held_out
 
@@ -151,7 +151,7 @@ def _train(config: RunConfig):
         config.global_batch_size,
         dataset.summary(),
     )
-    validation = validation_pairs(config.data, dataset, config.stage.require_negative)
+    validation = validation_pairs(config.data, dataset)
     if validation:
         logger.info(
             "Stage %s validation: %d held-out pairs, evaluated every %s steps", stage, len(validation), args.eval_steps

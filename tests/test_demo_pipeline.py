@@ -268,6 +268,13 @@ def test_loss_plot_draws_the_histories(tmp_path):
     assert (tmp_path / "same.png").read_bytes() == (tmp_path / "a.png").read_bytes()
     report.plot_losses({"Anchor": baseline, "Baseline": anchor}, tmp_path / "swapped.png", "t")
     assert (tmp_path / "swapped.png").read_bytes() != (tmp_path / "a.png").read_bytes()
+    # validation nDCG@10 beside the loss: the points given, on the right axis
+    scores = {"Anchor": [(0, 0.1), (5, 0.4), (10, 0.55)], "Baseline": [(0, 0.1), (5, 0.2)]}
+    drawn = report.plot_losses({"Anchor": anchor, "Baseline": baseline}, tmp_path / "s.png", "t", scores)
+    for label, points in scores.items():
+        assert drawn[label]["score_steps"] == [s for s, _ in points]
+        assert drawn[label]["score"] == pytest.approx([v for _, v in points])
+    assert (tmp_path / "s.png").read_bytes() != (tmp_path / "a.png").read_bytes()
 
 
 # ------------------------------------------------------------------------------ the whole pipeline
@@ -391,6 +398,12 @@ def test_smoke_run_trains_each_seed_with_its_seed_and_plots_every_loss(smoke_run
         for s in SEEDS
     }
     assert summary["stage_II_loss"] == histories
+    for s in SEEDS:  # each Stage II run's validation nDCG@10 at the start and at its end, from its own log
+        for run, folder in ((report.ANCHOR_RUN, "stage_II_anchor"), (report.BASELINE_RUN, "stage_II_baseline")):
+            logged = json.loads((out / f"seed{s}" / folder / "trainer_state.json").read_text())["log_history"]
+            expected = [[h["step"], h["eval_ndcg_at_10"]] for h in logged if "eval_ndcg_at_10" in h]
+            assert [e[0] for e in expected] == [0, 2]
+            assert summary["stage_II_validation_ndcg_at_10"][str(s)][run] == expected
     assert all([s for s, _ in h] == [1, 2] for runs in histories.values() for h in runs.values())
     for s in SEEDS:
         for run in ("stage_I", "stage_II_anchor", "stage_II_baseline"):
@@ -408,7 +421,12 @@ def test_smoke_run_trains_each_seed_with_its_seed_and_plots_every_loss(smoke_run
     drawn = {
         f"{r.split(' ')[0]}, seed {s}": [tuple(p) for p in h] for s, runs in histories.items() for r, h in runs.items()
     }
-    report.plot_losses(drawn, tmp_path / "again.png", report.loss_plot_title("smoke"))
+    scores = {
+        f"{r.split(' ')[0]}, seed {s}": [tuple(p) for p in h]
+        for s, runs in summary["stage_II_validation_ndcg_at_10"].items()
+        for r, h in runs.items()
+    }
+    report.plot_losses(drawn, tmp_path / "again.png", report.loss_plot_title("smoke"), scores)
     assert (tmp_path / "again.png").read_bytes() == plot.read_bytes()
     assert f"loss plot: {plot}" in stdout
 

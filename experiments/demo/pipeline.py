@@ -59,6 +59,7 @@ from .settings import (
     STAGE_I_CONFIG,
     STAGE_I_EVAL,
     STAGE_I_SCRIPT,
+    STAGE_II_EVAL,
     STAGE_II_SCRIPT,
     TABLE_10_ROWS,
     TRAIN_SOURCE,
@@ -127,7 +128,7 @@ def run_demo(
     validation = steps.run(
         Step(
             "validation_file",
-            "the validation split's (query, relevant document) pairs, for Stage I's anchor gain",
+            "the validation split's (query, relevant document) pairs, evaluated while each run trains",
             out / "validation",
             {"data": data.run_id, "instruction": INSTRUCTION},
             functools.partial(write_validation_file, data.folder / SPLIT_DIRS["validation"]),
@@ -207,15 +208,15 @@ def run_seed(
     evaluation: EvalSettings,
 ) -> SeedRuns:
     """Stage I, Stage II of Anchor and of the Baseline with ``seed``, in ``<out>/seed<seed>/``, and their rows.
-    Stage I evaluates the anchor gain on the pairs of ``validation`` as it trains."""
+    Every run evaluates the pairs of ``validation`` as it trains: Stage I the anchor gain, Stage II the validation
+    InfoNCE and retrieval."""
     folder, hardware = out / f"seed{seed}", evaluation.hardware
     prefix = f"seed{seed}/"
 
     def train_run(name, title, script, config, stage, base):
         overrides = {**size.training_overrides(stage), "seed": seed}
-        if stage == "I":
-            validation_file = validation.folder / f"{VALIDATION_SOURCE}.jsonl"
-            overrides.update(validation_file=rel(validation_file), **STAGE_I_EVAL)
+        validation_file = validation.folder / f"{VALIDATION_SOURCE}.jsonl"
+        overrides.update(validation_file=rel(validation_file), **(STAGE_I_EVAL if stage == "I" else STAGE_II_EVAL))
         return steps.run(
             training_step(prefix + name, folder / name, title, script, config, overrides, base, train, hardware)
         )

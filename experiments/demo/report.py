@@ -84,15 +84,27 @@ def anchor_gain_table(evaluations: dict[str, list[dict[str, float]]]) -> str:
     return "\n".join(lines)
 
 
+def validation_history(folder: Path, metric: str = "eval_ndcg_at_10") -> list[tuple[int, float]]:
+    """``(step, value)`` of each evaluation of a run on its validation pairs, from ``trainer_state.json``."""
+    state = json.loads((Path(folder) / "trainer_state.json").read_text())
+    return [(int(h["step"]), float(h[metric])) for h in state["log_history"] if metric in h]
+
+
 def loss_plot_title(size_name: str) -> str:
     return f"Stage II training loss, Anchor vs Baseline (paper Fig. 4; demo: {size_name} size)"
 
 
-def plot_losses(histories: dict[str, list[tuple[int, float]]], path: Path, title: str) -> dict[str, dict[str, Any]]:
-    """Training loss per step of each run (thin line) and its moving average (thick), as a PNG.
+def plot_losses(
+    histories: dict[str, list[tuple[int, float]]],
+    path: Path,
+    title: str,
+    scores: dict[str, list[tuple[int, float]]] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Training loss per step of each run (thin line) and its moving average (thick), as a PNG; with ``scores``,
+    each run's validation nDCG@10 at its evaluations (dashed, right axis), as the paper plots scores by step.
 
     Returns what was drawn, read back from the figure's lines: for each run its ``steps``, ``loss``, the
-    moving ``mean`` and its ``window``.
+    moving ``mean`` and its ``window``, and with scores ``score_steps`` and ``score``.
     """
     import matplotlib
 
@@ -135,7 +147,19 @@ def plot_losses(histories: dict[str, list[tuple[int, float]]], path: Path, title
     ax.set_ylabel("InfoNCE training loss")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper left", fontsize=7)
+    if scores:
+        right = ax.twinx()
+        for label, points in scores.items():
+            color = next((c for name, c in colors.items() if label.startswith(name)), None)
+            (line,) = right.plot(
+                [s for s, _ in points], [100 * v for _, v in points], color=color, linestyle="--", marker="s",
+                markersize=3, linewidth=1.2,
+            )  # fmt: skip
+            drawn.setdefault(label, {}).update(
+                score_steps=[int(x) for x in line.get_xdata()], score=[float(y) / 100 for y in line.get_ydata()]
+            )
+        right.set_ylabel("validation nDCG@10 (dashed)")
     fig.tight_layout()
     with atomic_write(path, mode="wb", encoding=None) as f:
         fig.savefig(f, format="png")
@@ -281,7 +305,12 @@ def write_report(
         for s, v in seeds.items()
     }
     drawn = {f"{run.split(' ')[0]}, seed {s}": points for s, runs in histories.items() for run, points in runs.items()}
-    plot_losses(drawn, folder / LOSS_PLOT, loss_plot_title(size.name))
+    validation = {
+        str(s): {ANCHOR_RUN: validation_history(v["anchor_dir"]), BASELINE_RUN: validation_history(v["baseline_dir"])}
+        for s, v in seeds.items()
+    }
+    scores = {f"{run.split(' ')[0]}, seed {s}": pts for s, runs in validation.items() for run, pts in runs.items()}
+    plot_losses(drawn, folder / LOSS_PLOT, loss_plot_title(size.name), scores if any(scores.values()) else None)
     stage_II = json.loads(ANCHOR_CONFIG.read_text())
     batch = size.batch_size or stage_II["per_device_train_batch_size"]
     chance = math.log(2 * batch)  # a uniform softmax over the batch's positives and hard negatives
@@ -340,6 +369,7 @@ def write_report(
         "anchor_minus_baseline": difference,
         "stage_I_validation": gains,
         "stage_II_loss": histories,
+        "stage_II_validation_ndcg_at_10": validation,
         "stage_II_final_loss": final,
         f"stage_II_mean_loss_of_the_last_{END_STEPS}_steps": end,
         "stage_II_chance_loss": chance,

@@ -47,6 +47,8 @@ TABLE_10_ROWS = {
 VALIDATION_SOURCE = "validation"  # the file stem, hence the source name, of the validation pairs
 VALIDATION_PAIRS = 64  # a fixed random subset of the validation split's 204 pairs (a Stage I evaluation: ~20 s)
 STAGE_I_EVAL = {"eval_steps": 5, "eval_on_start": True, "per_device_eval_batch_size": 16}
+# Stage II's evaluation on the same pairs: validation InfoNCE and retrieval (nDCG@10 ...), drawn beside the loss
+STAGE_II_EVAL = {"eval_steps": 5, "eval_on_start": True, "per_device_eval_batch_size": 32}
 
 # warm-up as a share of the run, as in the paper's configs: 300 of 2000 Stage I steps, 300 of 1000 Stage II steps
 WARMUP_SHARE = {"I": 0.15, "II": 0.3}
