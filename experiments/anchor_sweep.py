@@ -7,6 +7,7 @@ at ``--steps``, gradient clipping at 1.0, float32. Every ``--eval_every`` steps 
 line goes to ``--out``: the step, the training loss parts since the last line, and the gain measurement.
 
     python experiments/anchor_sweep.py --name lr1e-4 --lr 1e-4 --steps 120 --out cache/sweep/runs.jsonl
+    python experiments/anchor_sweep.py --table cache/sweep/runs.jsonl      # the measurements as a Markdown table
 
 Needs the demo's data and model (``python experiments/run_demo.py`` makes both, or
 ``experiments/demo/stdlib_data.py`` and ``experiments/demo/smollm2.py``).
@@ -52,7 +53,26 @@ def validation_examples(data_dir: Path, limit: int) -> list[TrainExample]:
     return examples[:limit]
 
 
+def markdown_table(path: Path) -> str:
+    """The measurements of a runs file as the Markdown table of docs/demo.md: one row per run and evaluation."""
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    lines = [
+        "| run | step | train loss q2d / d2q | val loss q2d / d2q | gain EBQ2D | gain EBD2Q |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        train = f"{r['train_q2d']:.2f} / {r['train_d2q']:.2f}" if "train_q2d" in r else "-"
+        lines.append(
+            f"| {r['name']} | {r['step']} | {train} | {r['loss_q2d']:.3f} / {r['loss_d2q']:.3f} | "
+            f"{r['anchor_gain_q2d']:+.3f} | {r['anchor_gain_d2q']:+.3f} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
+    if argv is None and len(sys.argv) == 3 and sys.argv[1] == "--table":
+        print(markdown_table(Path(sys.argv[2])))
+        return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--name", required=True)
     parser.add_argument("--out", required=True, help="JSON-lines file the measurements are appended to")
