@@ -34,6 +34,14 @@ setup(
         "demo": ["gguf>=0.19.0", "matplotlib>=3.10"],
         # sentence-transformers export (experiments/export_sentence_transformers.py)
         "st": ["sentence-transformers>=6.2.0"],
-        "test": ["pytest>=9.0", "gguf>=0.19.0", "matplotlib>=3.10", "sentence-transformers>=6.2.0"],
+        # TensorBoard logs when report_to says tensorboard (the Trainer's own callback writes them)
+        "tensorboard": ["tensorboard>=2.20"],
+        "test": [
+            "pytest>=9.0",
+            "gguf>=0.19.0",
+            "matplotlib>=3.10",
+            "sentence-transformers>=6.2.0",
+            "tensorboard>=2.20",
+        ],
     },
 )

@@ -264,6 +264,24 @@ def render_loss_curve(log_history: Sequence[Mapping[str, Any]]) -> list[str]:
     return lines
 
 
+def render_validation_curve(log_history: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Every evaluation on the held-out pairs (``eval_*`` entries of the log history: Stage I's validation losses
+    and anchor gain, Stage II's validation InfoNCE and retrieval), one row per evaluation; empty without any."""
+    evals = [e for e in log_history if "step" in e and any(k.startswith("eval_") for k in e)]
+    skip = {"eval_pairs", "eval_queries", "eval_documents", "eval_runtime"}
+    columns = sorted({k for e in evals for k in e if k.startswith("eval_") and k not in skip and "per_second" not in k})
+    if not evals or not columns:
+        return []
+    return [
+        "Validation (held-out pairs, every `eval_steps`):",
+        "",
+        "| step | " + " | ".join(c.removeprefix("eval_") for c in columns) + " |",
+        "|" + "---:|" * (len(columns) + 1),
+        *("| " + " | ".join(_fmt(v) for v in [e["step"], *(e.get(c) for c in columns)]) + " |" for e in evals),
+        "",
+    ]
+
+
 # ---------------------------------------------------------------------------------------------- MTEB
 
 
@@ -499,6 +517,7 @@ def render_model_card(inputs: ModelCardInputs) -> str:
         if record.global_step is not None:
             lines.append(f"- optimizer steps done: {record.global_step}")
         lines += ["", "Loss curve:", ""] + render_loss_curve(record.log_history) + [""]
+        lines += render_validation_curve(record.log_history)
         lines += [
             "<details><summary>Resolved run configuration (run_config.json)</summary>",
             "",

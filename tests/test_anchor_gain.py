@@ -270,3 +270,36 @@ def test_reconstruction_prefix_and_input_dropout_equal_a_per_pair_reference(tiny
     with torch.no_grad():
         assert float(loss_fn.eval()(*args)[0]) == pytest.approx(float(plain.eval()(*args)[0]), rel=1e-6)
         assert float(loss_fn.train()(*args)[0]) != float(plain.train()(*args)[0])
+
+
+def test_evaluations_reach_tensorboard_and_the_model_card(tmp_path):
+    """With report_to tensorboard the Trainer's callback writes every evaluation; read back from the event file,
+    the scalars are the log history's; the model card lists each evaluation."""
+    import json
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from test_stage_I import driver_args, run_stage_I
+
+    from llm2vec.testing import save_tiny_model, write_tiny_e5
+
+    model = save_tiny_model("llama3", tmp_path / "model")
+    data = write_tiny_e5(tmp_path / "data")
+    out = tmp_path / "run"
+    argv = driver_args(
+        model, data, out, max_steps=2, validation_size=6, eval_steps=1, per_device_eval_batch_size=3,
+        report_to="tensorboard",
+    )  # fmt: skip
+    run_stage_I(argv)
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    evals = [h for h in history if "eval_anchor_gain_d2q" in h]
+    (event_dir,) = {p.parent for p in out.rglob("events.out.tfevents.*")}  # the Trainer's: output_dir/runs/...
+    events = EventAccumulator(str(event_dir))
+    events.Reload()
+    for name in ("anchor_gain_d2q", "loss_q2d", "rolled_d2q"):
+        scalars = events.Scalars(f"eval/{name}")
+        assert [s.step for s in scalars] == [h["step"] for h in evals]
+        assert [s.value for s in scalars] == pytest.approx([h[f"eval_{name}"] for h in evals], rel=1e-6)
+    card = (out / "README.md").read_text()
+    assert "Validation (held-out pairs" in card
+    for h in evals:
+        assert f"| {h['step']} | " in card.split("Validation (held-out pairs")[1]
