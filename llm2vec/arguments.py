@@ -312,13 +312,15 @@ class StageIArguments(_StageArguments):
     token_budget: int = field(
         default=0,
         metadata={
-            "help": "Most padded decoder positions of one forward/backward pass (0: off, the whole per-device batch at "
-            "once). The per-device batch is split into chunks of pairs, longest first and greedily under the "
-            "budget, where a chunk costs its pairs times the summed widths of its four decoder calls (query "
-            "and document encoding, q2d and d2q reconstruction), each padded to the chunk's longest row; the "
-            "chunks are back-propagated one by one. Exact: the same loss and gradient as without it (each "
-            "pair's terms depend on that pair only, and all chunks divide by the step-wide token counts). "
-            "It bounds activation memory and cuts padding; the padding fraction is logged either way."
+            "help": "Most decoder positions of one forward/backward pass, padded (real ones with packing); 0: off, "
+            "the whole per-device batch at once. The per-device batch is split into chunks of pairs, longest first "
+            "and greedily under the budget, where a chunk costs its pairs times the summed widths of its four "
+            "decoder calls (query and document encoding, q2d and d2q reconstruction), each padded to the chunk's "
+            "longest row (packed: the sum of its pairs' real lengths); the chunks are back-propagated one by one, "
+            "and all processes run as many chunks as the largest plan among them (llm2vec.chunked_steps). Exact: "
+            "the same loss and gradient as without it (each pair's terms depend on that pair only, and all "
+            "chunks divide by the step-wide token counts). It bounds activation memory and cuts padding; the "
+            "padding fraction is logged either way."
         },
     )
     logit_chunk_rows: int = field(
@@ -395,13 +397,13 @@ class StageIIArguments(_StageArguments):
         default=0,
         metadata={
             "help": "Gradient cache (GradCache): 0 (off) embeds the per-device batch in one graph. A positive number "
-            "is the most padded tokens (rows x longest row) of one chunk: the batch's queries, positives and "
-            "negatives are sorted by length and cut into such chunks, embedded once without a graph for the "
-            "loss and its gradient with respect to the embeddings, then again one chunk at a time with a graph "
-            "to back-propagate it (dropout replayed), so activation memory is that of one chunk. Same loss "
-            "and gradient as the plain step (without dropout, up to float rounding), for two forward passes "
-            "instead of one (also for a batch that would fit one chunk: every process must run the same "
-            "collectives). Must be at least max_seq_length."
+            "is the most tokens of one chunk, padded (rows x longest row; real ones with packing): the batch's "
+            "queries, positives and negatives are sorted by length and cut into such chunks, embedded once "
+            "without a graph for the loss and its gradient with respect to the embeddings, then again one chunk "
+            "at a time with a graph to back-propagate it (dropout replayed), so activation memory is that of one "
+            "chunk (llm2vec.chunked_steps). Same loss and gradient as the plain step (without dropout, up to "
+            "float rounding), for two forward passes instead of one (also for a batch that would fit one chunk: "
+            "every process must run the same collectives, and all run as many chunks as the largest plan). Must be at least max_seq_length."
         },
     )
 

@@ -318,7 +318,7 @@ def _stage_settings(config: Mapping[str, Any]) -> list[str]:
         if get("embedding_token_budget"):
             lines.append(
                 f"- gradient cache: the per-device batch embedded in chunks of at most "
-                f"{get('embedding_token_budget')} padded tokens (the same gradient as one graph)"
+                f"{get('embedding_token_budget')} tokens, padded or, with packing, real (the same gradient as one graph)"
             )
     sources = get("e5_sources")
     lines.append(

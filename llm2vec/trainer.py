@@ -17,13 +17,11 @@ The contract with a model and its collator:
 - A batch without ``target_counts`` has a per-micro-batch mean loss, which is divided by the number of
   accumulation steps (the Trainer's usual behaviour).
 
-- A model may run its own forward and backward passes over parts of a micro-batch (memory-bounded
-  steps: Stage I's token-budget chunks, Stage II's gradient cache). It says so by a method
-  ``step_in_parts(model, inputs, backward, no_sync)`` returning the output (loss detached) or ``None``
-  when the batch needs no parts. ``model`` is the wrapped model (every forward whose graph is
-  back-propagated must go through it, for DDP/FSDP), ``backward(tensor, grad=None)`` back-propagates with
-  this trainer's loss weight and ``no_sync()`` defers the gradient all-reduce; the model must call
-  ``backward`` for its last part outside ``no_sync()``. See :meth:`training_step`.
+- A model may run its own forward and backward passes over parts of a micro-batch: the memory-bounded steps
+  of :mod:`llm2vec.chunked_steps` (Stage I's token-budget chunks, Stage II's gradient cache). It says so by a
+  method ``step_in_parts(model, inputs, backward, no_sync)`` returning the output (loss detached), or ``None``
+  for the plain step. ``model`` is the wrapped model, ``backward(tensor, grad=None)`` back-propagates with this
+  trainer's loss weight and ``no_sync()`` defers the gradient all-reduce. See :meth:`training_step`.
 
 Both scalings are done here, in :meth:`_loss_weight`, so the Trainer's own division is switched off
 (``loss_is_scaled_for_ga``, a documented Trainer attribute since transformers 5; a test checks that the
