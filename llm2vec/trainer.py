@@ -42,7 +42,7 @@ before every save.
 Checkpoints hold what :meth:`llm2vec.LLM2Vec.save` writes (a full model or a LoRA adapter, the tokenizer,
 ``llm2vec_config.json``), the resolved run config (``run_config.json``) and a model card (``README.md``,
 :mod:`llm2vec.model_card`). They are complete or absent: written under a temporary name and renamed when
-complete (:func:`llm2vec.checkpoints.staged_checkpoint`).
+complete (:func:`llm2vec.staged_saves.staged_checkpoint`).
 """
 
 from __future__ import annotations
@@ -58,8 +58,9 @@ from safetensors.torch import load_file
 from torch.utils.data import SequentialSampler
 from transformers import Trainer
 
-from .checkpoints import RUN_CONFIG_NAME, CheckpointError, RunFolder, staged_checkpoint
 from .model_card import write_training_card
+from .run_folder import RUN_CONFIG_NAME, CheckpointError, RunFolder
+from .staged_saves import staged_checkpoint
 
 COUNTS_KEY = "target_counts"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "llm2vec"
-SAVING_MODULES = ("llm2vec.trainer", "llm2vec.checkpoints")  # the trainer's _save / _save_checkpoint and the staging
+SAVING_MODULES = ("llm2vec.trainer", "llm2vec.staged_saves")  # the trainer's _save / _save_checkpoint; the staging
 FORBIDDEN = ("llm2vec.export", "llm2vec.evaluation")
 
 
