@@ -13,7 +13,8 @@ that override it (``config.json --max_steps 2``). The fields of a stage are thos
 Every value is checked in its dataclass's ``__post_init__``; what depends on several classes or on the
 machine (the global batch, FlashAttention) is checked once, in :meth:`RunConfig.validate`. A field that
 does not belong to the stage (say ``alpha`` in a Stage II config) is an error naming the file and the
-field. Allowed values are imported from the modules that define them, never copied.
+field. Allowed values are imported from the modules that define them, never copied. The field reference
+``docs/configuration.md`` is written from these classes by ``experiments/write_config_docs.py``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import importlib.util
 import json
 import logging
 import os
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import torch
@@ -668,38 +669,3 @@ def help_text(stage: str) -> str:
     parser.prog = f"run_stage_{stage}.py"
     parser.usage = f"run_stage_{stage}.py CONFIG.json [--field value ...]  |  run_stage_{stage}.py --field value ..."
     return parser.format_help()
-
-
-def markdown_reference() -> str:
-    """The field reference of both stages as Markdown (``docs/configuration.md`` is generated from this)."""
-    lines = [
-        "A config is a JSON object of these fields; the same fields work as command-line flags "
-        "(`--field value`), and flags after a JSON file override it. Any field of "
-        "[transformers' `TrainingArguments`](https://huggingface.co/docs/transformers/main_classes/trainer"
-        "#transformers.TrainingArguments) is accepted too (optimiser, schedule, batch, precision, saving).",
-        "",
-    ]
-    sections = [
-        (ModelArguments, "both stages"),
-        (DataArguments, "both stages"),
-        (StageIArguments, "Stage I only"),
-        (StageIIArguments, "Stage II only"),
-    ]
-    for cls, scope in sections:
-        lines += [
-            f"## `{cls.__name__}` ({scope})",
-            "",
-            (cls.__doc__ or "").strip(),
-            "",
-            "| field | default | allowed | meaning |",
-            "|---|---|---|---|",
-        ]
-        for f in fields(cls):
-            if f.name.startswith("_"):
-                continue
-            default = f.default if f.default_factory is MISSING else f.default_factory()
-            default = "required" if default is MISSING else json.dumps(default)
-            allowed = ", ".join(f"`{c}`" for c in f.metadata.get("choices", ()))
-            lines.append(f"| `{f.name}` | `{default}` | {allowed} | {f.metadata.get('help', '')} |")
-        lines.append("")
-    return "\n".join(lines)

@@ -168,7 +168,7 @@ def test_chunks_cover_every_pair_once_within_the_budget(budget):
 
 def test_select_pairs_trims_padding_on_either_side():
     from llm2vec.chunked_steps import select_pairs
-    from llm2vec.pooling import pad_batch
+    from llm2vec.collator import pad_batch
     from llm2vec.templates import EncodedText
 
     encoded = [EncodedText(input_ids=tuple(range(10, 10 + n)), text_start=1, text_end=n - 1) for n in (7, 3, 5)]
