@@ -243,7 +243,7 @@ def encode_step(args, variant: str, batch_size: int):
     import torch
 
     from llm2vec import LLM2Vec
-    from llm2vec.pooling import pad_batch
+    from llm2vec.collator import pad_batch
 
     causal, tokenizer = load_causal_lm(args)
     encoder = LLM2Vec(causal.model, tokenizer, max_length=args.max_length).eval()

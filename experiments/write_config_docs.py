@@ -5,16 +5,53 @@ python experiments/write_config_docs.py --check    # exit 1 if the file is out o
 """
 
 import argparse
+import json
 import sys
+from dataclasses import MISSING, fields
 from pathlib import Path
 
-from llm2vec.arguments import markdown_reference
+from llm2vec.arguments import DataArguments, ModelArguments, StageIArguments, StageIIArguments
 
 DOCS_FILE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 HEADER = (
     "# Configuration reference\n\nGenerated from the argument classes of `llm2vec/arguments.py` by "
     "`python experiments/write_config_docs.py`; do not edit by hand.\n\n"
 )
+
+
+def markdown_reference() -> str:
+    """The field reference of both stages as Markdown (``docs/configuration.md`` is generated from this)."""
+    lines = [
+        "A config is a JSON object of these fields; the same fields work as command-line flags "
+        "(`--field value`), and flags after a JSON file override it. Any field of "
+        "[transformers' `TrainingArguments`](https://huggingface.co/docs/transformers/main_classes/trainer"
+        "#transformers.TrainingArguments) is accepted too (optimiser, schedule, batch, precision, saving).",
+        "",
+    ]
+    sections = [
+        (ModelArguments, "both stages"),
+        (DataArguments, "both stages"),
+        (StageIArguments, "Stage I only"),
+        (StageIIArguments, "Stage II only"),
+    ]
+    for cls, scope in sections:
+        lines += [
+            f"## `{cls.__name__}` ({scope})",
+            "",
+            (cls.__doc__ or "").strip(),
+            "",
+            "| field | default | allowed | meaning |",
+            "|---|---|---|---|",
+        ]
+        for f in fields(cls):
+            if f.name.startswith("_"):
+                continue
+            default = f.default if f.default_factory is MISSING else f.default_factory()
+            default = "required" if default is MISSING else json.dumps(default)
+            allowed = ", ".join(f"`{c}`" for c in f.metadata.get("choices", ()))
+            lines.append(f"| `{f.name}` | `{default}` | {allowed} | {f.metadata.get('help', '')} |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def render() -> str:

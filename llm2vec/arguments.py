@@ -13,7 +13,8 @@ that override it (``config.json --max_steps 2``). The fields of a stage are thos
 Every value is checked in its dataclass's ``__post_init__``; what depends on several classes or on the
 machine (the global batch, FlashAttention) is checked once, in :meth:`RunConfig.validate`. A field that
 does not belong to the stage (say ``alpha`` in a Stage II config) is an error naming the file and the
-field. Allowed values are imported from the modules that define them, never copied.
+field. Allowed values are imported from the modules that define them, never copied. The field reference
+``docs/configuration.md`` is written from these classes by ``experiments/write_config_docs.py``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import importlib.util
 import json
 import logging
 import os
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import torch
@@ -315,13 +316,15 @@ class StageIArguments(_StageArguments):
     token_budget: int = field(
         default=0,
         metadata={
-            "help": "Most padded decoder positions of one forward/backward pass (0: off, the whole per-device batch at "
-            "once). The per-device batch is split into chunks of pairs, longest first and greedily under the "
-            "budget, where a chunk costs its pairs times the summed widths of its four decoder calls (query "
-            "and document encoding, q2d and d2q reconstruction), each padded to the chunk's longest row; the "
-            "chunks are back-propagated one by one. Exact: the same loss and gradient as without it (each "
-            "pair's terms depend on that pair only, and all chunks divide by the step-wide token counts). "
-            "It bounds activation memory and cuts padding; the padding fraction is logged either way."
+            "help": "Most decoder positions of one forward/backward pass, padded (real ones with packing); 0: off, "
+            "the whole per-device batch at once. The per-device batch is split into chunks of pairs, longest first "
+            "and greedily under the budget, where a chunk costs its pairs times the summed widths of its four "
+            "decoder calls (query and document encoding, q2d and d2q reconstruction), each padded to the chunk's "
+            "longest row (packed: the sum of its pairs' real lengths); the chunks are back-propagated one by one, "
+            "and all processes run as many chunks as the largest plan among them (llm2vec.chunked_steps). Exact: "
+            "the same loss and gradient as without it (each pair's terms depend on that pair only, and all "
+            "chunks divide by the step-wide token counts). It bounds activation memory and cuts padding; the "
+            "padding fraction is logged either way."
         },
     )
     logit_chunk_rows: int = field(
@@ -407,13 +410,13 @@ class StageIIArguments(_StageArguments):
         default=0,
         metadata={
             "help": "Gradient cache (GradCache): 0 (off) embeds the per-device batch in one graph. A positive number "
-            "is the most padded tokens (rows x longest row) of one chunk: the batch's queries, positives and "
-            "negatives are sorted by length and cut into such chunks, embedded once without a graph for the "
-            "loss and its gradient with respect to the embeddings, then again one chunk at a time with a graph "
-            "to back-propagate it (dropout replayed), so activation memory is that of one chunk. Same loss "
-            "and gradient as the plain step (without dropout, up to float rounding), for two forward passes "
-            "instead of one (also for a batch that would fit one chunk: every process must run the same "
-            "collectives). Must be at least max_seq_length."
+            "is the most tokens of one chunk, padded (rows x longest row; real ones with packing): the batch's "
+            "queries, positives and negatives are sorted by length and cut into such chunks, embedded once "
+            "without a graph for the loss and its gradient with respect to the embeddings, then again one chunk "
+            "at a time with a graph to back-propagate it (dropout replayed), so activation memory is that of one "
+            "chunk (llm2vec.chunked_steps). Same loss and gradient as the plain step (without dropout, up to "
+            "float rounding), for two forward passes instead of one (also for a batch that would fit one chunk: "
+            "every process must run the same collectives, and all run as many chunks as the largest plan). Must be at least max_seq_length."
         },
     )
 
@@ -683,38 +686,3 @@ def help_text(stage: str) -> str:
     parser.prog = f"run_stage_{stage}.py"
     parser.usage = f"run_stage_{stage}.py CONFIG.json [--field value ...]  |  run_stage_{stage}.py --field value ..."
     return parser.format_help()
-
-
-def markdown_reference() -> str:
-    """The field reference of both stages as Markdown (``docs/configuration.md`` is generated from this)."""
-    lines = [
-        "A config is a JSON object of these fields; the same fields work as command-line flags "
-        "(`--field value`), and flags after a JSON file override it. Any field of "
-        "[transformers' `TrainingArguments`](https://huggingface.co/docs/transformers/main_classes/trainer"
-        "#transformers.TrainingArguments) is accepted too (optimiser, schedule, batch, precision, saving).",
-        "",
-    ]
-    sections = [
-        (ModelArguments, "both stages"),
-        (DataArguments, "both stages"),
-        (StageIArguments, "Stage I only"),
-        (StageIIArguments, "Stage II only"),
-    ]
-    for cls, scope in sections:
-        lines += [
-            f"## `{cls.__name__}` ({scope})",
-            "",
-            (cls.__doc__ or "").strip(),
-            "",
-            "| field | default | allowed | meaning |",
-            "|---|---|---|---|",
-        ]
-        for f in fields(cls):
-            if f.name.startswith("_"):
-                continue
-            default = f.default if f.default_factory is MISSING else f.default_factory()
-            default = "required" if default is MISSING else json.dumps(default)
-            allowed = ", ".join(f"`{c}`" for c in f.metadata.get("choices", ()))
-            lines.append(f"| `{f.name}` | `{default}` | {allowed} | {f.metadata.get('help', '')} |")
-        lines.append("")
-    return "\n".join(lines)

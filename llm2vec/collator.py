@@ -1,6 +1,7 @@
-"""The training collator (Stage I and II): examples -> explicitly built, padded tensors.
+"""Padded batches: :func:`pad_batch` (token ids -> tensors and masks, used by training and ``LLM2Vec.tokenize``
+alike) and the training collator (Stage I and II): examples -> explicitly built, padded tensors.
 
-It tokenizes with the same template function and ``pad_batch`` as ``LLM2Vec.tokenize`` at evaluation
+The collator tokenizes with the same template function and :func:`pad_batch` as ``LLM2Vec.tokenize`` at evaluation
 time. In both stages a query gets its instruction (E5: its source's Table 6 instruction), joined to the
 text by ``instruction_separator`` (the authors' training data: ``"; "``), unless ``query_instructions`` is
 off; documents (positives, hard negatives) never get one. Stage I's ``text`` reconstruction targets are
@@ -11,13 +12,33 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from . import templates
-from .dataset import TrainExample
 from .loss.reconstruction import RECONSTRUCTION_TARGETS, target_counts
-from .pooling import pad_batch
+
+if TYPE_CHECKING:
+    from .dataset import TrainExample
+
+
+def pad_batch(
+    encoded: Sequence[templates.EncodedText], pad_token_id: int, padding_side: str = "right"
+) -> dict[str, torch.Tensor]:
+    """Pad token ids to one (B, T) tensor and build ``attention_mask`` and ``text_mask`` for them."""
+    if padding_side not in ("left", "right"):
+        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    width = max(len(e.input_ids) for e in encoded)
+    input_ids = torch.full((len(encoded), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(encoded), width), dtype=torch.long)
+    text_mask = torch.zeros((len(encoded), width), dtype=torch.long)
+    for row, e in enumerate(encoded):
+        offset = width - len(e.input_ids) if padding_side == "left" else 0
+        input_ids[row, offset : offset + len(e.input_ids)] = torch.tensor(e.input_ids)
+        attention_mask[row, offset : offset + len(e.input_ids)] = 1
+        text_mask[row, offset + e.text_start : offset + len(e.input_ids)] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "text_mask": text_mask}
 
 
 def pad_targets(sequences: Sequence[Sequence[int]], pad_token_id: int) -> dict[str, torch.Tensor]:

@@ -86,6 +86,7 @@ import torch
 from . import templates
 from .io import atomic_dir, remove_stale_temporaries
 from .llm2vec import CONFIG_NAME, LLM2Vec, decoder_body, default_device, resolve_dtype
+from .model_card import ModelCardInputs, render_model_card
 
 logger = logging.getLogger(__name__)
 
@@ -522,6 +523,23 @@ def read_instructions(path: str | os.PathLike, names: Sequence[str] | None = Non
     return {n: mapping[n] for n in names}
 
 
+def mteb_category_table(results_dirs: Sequence[str | os.PathLike], tasks_file: str | os.PathLike | None) -> str:
+    """Category averages in the layout of the paper's Table 1 for mteb result folders, the tasks grouped as
+    ``tasks_file`` says (the repository's MTEB ``tasks.json``), for the export's model card. Raises
+    :class:`llm2vec.evaluation.tables.TableError` for a folder without result files of those tasks."""
+    if not tasks_file:
+        raise ValueError(
+            "mteb_results given without mteb_tasks_file: the card needs the tasks file that groups "
+            "the results into categories (the repository's MTEB tasks.json)"
+        )
+    from .evaluation import tables
+    from .evaluation.benchmark import load_benchmark
+
+    benchmark = load_benchmark(tasks_file)
+    runs = [tables.read_run(folder, benchmark, label=Path(folder).name) for folder in results_dirs]
+    return tables.render_category_table(runs, benchmark, paper=None)
+
+
 def _default_dtype(path: str) -> torch.dtype:
     """The dtype in the checkpoint's config.json, float32 when it names none."""
     from transformers import AutoConfig
@@ -634,8 +652,6 @@ def export_sentence_transformers(
                 device=device,
             ).cpu()
 
-    from .model_card import ModelCardInputs, render_model_card
-
     card = render_model_card(
         ModelCardInputs.for_export(
             base_model_name_or_path,
@@ -645,8 +661,9 @@ def export_sentence_transformers(
             normalize=normalize,
             dtype=save_dtype,
             adhoc_prompts=layout == CHAT_LAYOUT,
+            text_marker=TEXT_MARKER,
             mteb_results=mteb_results,
-            mteb_tasks_file=mteb_tasks_file,
+            mteb_table=mteb_category_table(mteb_results, mteb_tasks_file) if mteb_results else "",
             output_dir=output_dir,
         )
     )

@@ -21,8 +21,9 @@ from tqdm.auto import tqdm
 from transformers import AutoModel, AutoTokenizer
 
 from . import templates
+from .collator import pad_batch
 from .packing import packed_hidden_states
-from .pooling import POOLING_MODES, pad_batch, pool, position_ids_from_mask
+from .pooling import POOLING_MODES, pool, position_ids_from_mask
 
 CONFIG_NAME = "llm2vec_config.json"
 DEFAULTS = {"pooling_mode": "eos_token", "max_length": 512, "template": None}

@@ -13,47 +13,23 @@ For a batch of (query Q, positive D+, hard negative D-) triples:
 - ``encode`` works on the training model too: it calls ``LLM2Vec.embed``, not this ``forward``.
 
 Gradient cache (``embedding_token_budget > 0``): :meth:`LLM2VecContrastive.step_in_parts` computes the same
-loss and gradient with the activations of one chunk of texts at a time (:mod:`llm2vec.gradcache`):
-
-1. the texts of the batch (queries, positives, negatives) are sorted by length and cut into chunks of at
-   most ``embedding_token_budget`` padded tokens (rows x longest row);
-2. pass 1, without a graph: each chunk is embedded through the wrapped model (``forward(features=...)``),
-   after recording its RNG state; the embeddings, put back in their original order, become leaf tensors
-   e, and L = InfoNCE(e) is computed exactly as in the plain step (candidates gathered over processes
-   with gradient) and back-propagated to them only: g = dL/de, which under DDP already holds, through
-   the gather's backward all-reduce, what every process's queries send to this process's documents;
-3. pass 2: each chunk is embedded again with a graph through the wrapped model, its RNG state restored
-   (LoRA dropout draws pass 1's masks), and ``backward(e_chunk, grad=g_chunk)`` adds
-   sum_rows <g_row, d e_row / d theta>, the chunk's share of dL/dtheta. All chunks but the last run under
-   ``no_sync()``, so DDP all-reduces (averages) the accumulated gradient once, as in the plain step.
-
-The RNG state after the step is the one after pass 1 (the state after the last chunk). The result equals the
-plain step's gradient up to float rounding when dropout is off; with dropout the masks are drawn for the
-chunks' shapes, so they differ from the plain step's draws (same distribution), and the step is exact for
-the masks it drew.
-
-With the budget on, every batch takes this step, even one that fits a single chunk: under DDP every process
-must run the same collectives in the same order, and a per-process fallback to the plain step would not (DDP
-rebuilds its gradient buckets, a broadcast, at the first forward with a graph of its second step: the plain
-step's first forward on one process would meet the loss's all-gathers, which come first in the cached step,
-on another; tested with two processes). The processes also agree on the number of chunks (the largest of
-their plans; a process with fewer halves its largest chunks): DDP would not need it, but FSDP and ZeRO-3 gather
-the weights in every forward, so every process must run the same number of them.
+loss and gradient with the activations of one chunk of texts at a time
+(:func:`llm2vec.chunked_steps.gradient_cache_step`, where the three passes, the chunk plan and the rule for
+several processes are documented). The chunks embed through ``forward(features=...)`` on the wrapped model,
+so DDP/FSDP see every forward. With the budget on, every batch takes this step, even one that fits a single
+chunk, and the processes agree on the number of chunks.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 
-from .distributed import world
-from .gradcache import RngState, collate_rows, plan_chunks, rows_of
+from .chunked_steps import gradient_cache_step
 from .llm2vec import LLM2Vec
-from .loss.infonce import InfoNCELoss, autocast_off
+from .loss.infonce import InfoNCELoss
 from .validation import contrastive_validation
 
 
@@ -72,8 +48,8 @@ class LLM2VecContrastive(LLM2Vec):
     Args:
         model, tokenizer, **kwargs: as for :class:`LLM2Vec` (the model is usually a ``peft.PeftModel``).
         loss_scale: InfoNCE scale = 1 / tau (paper: tau = 0.05, scale 20).
-        embedding_token_budget: 0 (the plain step), or the most padded tokens (rows x longest row) of one
-            chunk of the gradient cache (see the module docstring).
+        embedding_token_budget: 0 (the plain step), or the most tokens of one chunk of the gradient cache:
+            padded (rows x longest row), or real ones with packing (see the module docstring).
     """
 
     SIDES = ("query", "positive", "negative")
@@ -127,7 +103,8 @@ class LLM2VecContrastive(LLM2Vec):
                 f"({100.0 * trainable / total:.4f}%)"
             )
         if self.embedding_token_budget:
-            text += f"; gradient cache, chunks of at most {self.embedding_token_budget} padded tokens"
+            counted = "real" if self.packing else "padded"
+            text += f"; gradient cache, chunks of at most {self.embedding_token_budget} {counted} tokens"
         return text
 
     def forward(
@@ -166,54 +143,22 @@ class LLM2VecContrastive(LLM2Vec):
         )
 
     def step_in_parts(self, model, inputs: dict, backward, no_sync) -> ContrastiveOutput | None:
-        """One training step with the gradient cache (module docstring), or ``None`` (the trainer then takes the
-        plain step) when the budget is off.
+        """One training step with the gradient cache (:func:`llm2vec.chunked_steps.gradient_cache_step`), or
+        ``None`` (the trainer then takes the plain step) when the budget is off.
 
         ``model`` is the wrapped model (DDP/FSDP) whose ``forward(features=...)`` embeds a chunk; ``backward`` and
         ``no_sync`` are the trainer's (:mod:`llm2vec.trainer`). Returns the loss (detached) and the embeddings.
         """
         if self.embedding_token_budget <= 0:
             return None
-        sides = [s for s in self.SIDES if inputs.get(s) is not None]
-        rows = [row for side in sides for row in rows_of(inputs[side])]
-        lengths = [len(r["input_ids"]) for r in rows]
-        chunks = plan_chunks(lengths, self.embedding_token_budget)
-        device = inputs["query"]["input_ids"].device
-        if world()[1] > 1:  # the same number of forward passes on every process (FSDP gathers weights in each)
-            count = torch.tensor([len(chunks)], device=device)
-            dist.all_reduce(count, op=dist.ReduceOp.MAX)
-            chunks = plan_chunks(lengths, self.embedding_token_budget, min_chunks=int(count.item()))
-        batches = [collate_rows([rows[i] for i in chunk], self.pad_token_id) for chunk in chunks]
-        indices = [torch.tensor(chunk, device=device) for chunk in chunks]
-
-        # pass 1: every chunk's embeddings without a graph, each chunk's RNG state recorded first
-        states, parts = [], []
-        with torch.no_grad():
-            for batch in batches:
-                states.append(RngState.capture(device))
-                parts.append(model(features=batch))
-        after = RngState.capture(device)
-        embeddings = parts[0].new_empty((len(rows), parts[0].shape[-1]))
-        for index, part in zip(indices, parts):
-            embeddings[index] = part
-        # the loss over the whole (gathered) batch, back-propagated to the embeddings only: the cache dL/de
-        # (float32, autocast off for the loss and its backward: under an enclosing autocast a CPU backward would
-        # otherwise run its matmuls in bf16)
-        leaves = embeddings.detach().float().requires_grad_(True)
-        by_side = dict(zip(sides, leaves.split(inputs["query"]["input_ids"].shape[0])))
-        with autocast_off(device):
-            loss = self.loss_fn(by_side["query"], by_side["positive"], by_side.get("negative"))
-            loss.backward()
-        cache = leaves.grad
-
-        # pass 2: each chunk again with a graph and pass 1's RNG state; its rows' cached gradient back-propagated
-        for k, (batch, index) in enumerate(zip(batches, indices)):
-            last = k == len(batches) - 1
-            with contextlib.nullcontext() if last else no_sync():
-                states[k].restore()
-                chunk_embeddings = model(features=batch)
-                with autocast_off(device):  # forward under the caller's autocast, backward outside it
-                    backward(chunk_embeddings, grad=cache[index].to(chunk_embeddings.dtype))
-        after.restore()
-        detached = {side: e.detach() for side, e in by_side.items()}
-        return ContrastiveOutput(loss.detach(), detached["query"], detached["positive"], detached.get("negative"))
+        loss, by_side = gradient_cache_step(
+            model,
+            inputs,
+            self.embedding_token_budget,
+            self.packing,
+            self.loss_fn,
+            self.pad_token_id,
+            backward,
+            no_sync,
+        )
+        return ContrastiveOutput(loss, by_side["query"], by_side["positive"], by_side.get("negative"))

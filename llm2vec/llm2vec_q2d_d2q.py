@@ -12,10 +12,10 @@ not detached: the gradients of both reconstruction losses flow through them into
 Memory-bounded steps (both exact; off by default):
 
 - ``token_budget``: :meth:`LLM2Vec_q2d_d2q.step_in_parts` splits a batch into chunks of pairs of at most
-  that many padded decoder positions (:mod:`llm2vec.token_budget`) and runs forward and backward chunk by
-  chunk. Each pair's EBQ2D/EBD2Q terms depend on that pair only, and every chunk divides its token NLL
-  sums by the same step-wide ``target_counts``, so the chunks' losses add up to the batch's loss and their
-  gradients to its gradient.
+  that many decoder positions and runs forward and backward chunk by chunk (:mod:`llm2vec.chunked_steps`, which
+  also holds Stage II's gradient cache: one planner, one rule for several processes). Each pair's EBQ2D/EBD2Q
+  terms depend on that pair only, and every chunk divides its token NLL sums by the same step-wide
+  ``target_counts``, so the chunks' losses add up to the batch's loss and their gradients to its gradient.
 - ``logit_chunk_rows``: the LM head's logits are built that many target rows at a time
   (:mod:`llm2vec.loss.linear_cross_entropy`).
 
@@ -28,17 +28,16 @@ Every output also reports the padding fraction of its decoder calls (``metrics``
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
 from transformers import AutoModelForCausalLM
 
 from .anchor_gain import anchor_gain
+from .chunked_steps import COUNTS_KEY, decoder_call_lengths, decoder_positions, reconstruction_step
 from .llm2vec import LLM2Vec, decoder_body
 from .loss import ReconstructionLoss
 from .loss.reconstruction import target_counts as count_targets
-from .token_budget import COUNTS_KEY, decoder_call_lengths, decoder_positions, select_pairs, token_budget_chunks
 
 
 @dataclass
@@ -97,8 +96,8 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
     Args:
         model, tokenizer, **kwargs: as for :class:`LLM2Vec`; the model must keep its LM head.
         alpha: weight of EBQ2D in Eq. 5 (the paper's 0.2).
-        token_budget: most padded decoder positions of one forward/backward (0: the whole batch at once);
-            see :meth:`step_in_parts`.
+        token_budget: most decoder positions of one forward/backward, padded (real ones with packing); 0: the
+            whole batch at once. See :meth:`step_in_parts`.
         logit_chunk_rows: LM-head logits built this many target rows at a time (0: all at once).
         reconstruction_input_dropout: word dropout on the reconstruction pass's teacher-forced inputs
             (an option, not the paper's; :func:`llm2vec.loss.reconstruction.drop_target_inputs`).
@@ -236,27 +235,17 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
 
     def step_in_parts(self, model, inputs: dict, backward, no_sync) -> StageIOutput | None:
         """Forward and backward of a batch in token-budget chunks of pairs (the trainer's hook,
-        :mod:`llm2vec.trainer`); ``None`` (the plain step) without a budget or when one chunk holds the batch.
+        :func:`llm2vec.chunked_steps.reconstruction_step`); ``None`` (the plain step) without a budget. With a
+        budget every batch takes it, one that fits in one chunk too, so that all processes agree on the chunks.
 
-        The chunks (:func:`llm2vec.token_budget.token_budget_chunks`) each carry the step-wide
-        ``target_counts`` (the batch's own when it has none), so chunk losses add up to the batch's loss;
-        each goes through the wrapped ``model`` and is back-propagated at once, all but the last inside
-        ``no_sync()`` so that the gradient is all-reduced once. Returns the combined, detached output.
+        Every chunk carries the step-wide ``target_counts`` (the batch's own when it has none), so chunk losses
+        add up to the batch's loss. Returns the combined, detached output.
         """
         if not self.token_budget:
             return None
-        directions = self.loss_fn.directions()
-        lengths = decoder_call_lengths(inputs, directions).tolist()
-        chunks = token_budget_chunks(lengths, self.token_budget, packed=self.packing)
-        if len(chunks) == 1:
-            return None
         counts = inputs.get(COUNTS_KEY) or count_targets(inputs["query_targets"], inputs["positive_targets"])
-        batch = {**inputs, COUNTS_KEY: counts}
-        parts = []
-        for number, pairs in enumerate(chunks):
-            last = number == len(chunks) - 1
-            with contextlib.nullcontext() if last else no_sync():
-                out = model(**select_pairs(batch, pairs))
-                backward(out.loss)
-            parts.append(out)
+        directions = self.loss_fn.directions()
+        parts, chunks = reconstruction_step(
+            model, inputs, self.token_budget, self.packing, directions, counts, backward, no_sync
+        )
         return StageIOutput.combine(parts, chunks)

@@ -9,9 +9,12 @@ A card says what the model is and how it was made, from what the run left on dis
 - a summary of each stage's loss curve (``trainer_state.json``'s log history, or the trainer's history in
   memory for the run being saved): a few evenly spaced logged points, the minimum and the last value,
   with any loss parts (``loss_q2d``, ``loss_d2q``) beside the loss;
-- MTEB scores when result folders are given, in the layout of the paper's Table 1
-  (:mod:`llm2vec.evaluation.tables`);
+- MTEB scores when the caller hands in a rendered table (an export renders the paper's Table 1 layout with
+  :mod:`llm2vec.evaluation.tables`);
 - how to load the model with this package and, for an export, with sentence-transformers.
+
+The card receives everything it prints as data (:class:`ModelCardInputs`): it imports nothing of the export or
+the evaluation, so that saving a checkpoint, which writes a card, loads neither.
 
 The YAML header follows the hub's model-card metadata (``base_model`` only when it is a hub id,
 ``library_name``, ``pipeline_tag``, ``tags``). Missing or unreadable history files leave their section
@@ -66,8 +69,9 @@ class ModelCardInputs:
     base_for_adapter: str | None = None  # an adapter's base model folder or id
     prompts: list[str] = field(default_factory=list)
     adhoc_prompts: bool = False  # an export whose chat template maps any instruction passed as prompt=
-    mteb_results: list[str] = field(default_factory=list)
-    mteb_tasks_file: str | None = None  # the tasks file that groups the results into the paper's categories
+    text_marker: str = ""  # an export's marker between prompt and text (llm2vec.export.TEXT_MARKER)
+    mteb_results: list[str] = field(default_factory=list)  # the result folders the table was read from
+    mteb_table: str = ""  # their category table, rendered (Markdown); "" for none
     notes: list[str] = field(default_factory=list)
 
     @classmethod
@@ -106,11 +110,13 @@ class ModelCardInputs:
         normalize: bool,
         dtype,
         adhoc_prompts: bool = False,
+        text_marker: str = "",
         mteb_results: Sequence[str | os.PathLike] = (),
-        mteb_tasks_file: str | os.PathLike | None = None,
+        mteb_table: str = "",
         output_dir: str | os.PathLike | None = None,
     ) -> ModelCardInputs:
-        """The card of a sentence-transformers export of ``base`` (+ ``peft``)."""
+        """The card of a sentence-transformers export of ``base`` (+ ``peft``); ``text_marker`` and ``mteb_table``
+        (the rendered scores of ``mteb_results``) are the export's."""
         notes: list[str] = []
         history = history_of([p for p in (base_model_name_or_path, peft_model_name_or_path) if p], notes)
         embedding = dict(
@@ -128,8 +134,9 @@ class ModelCardInputs:
             embedding=embedding,
             prompts=list(prompts),
             adhoc_prompts=adhoc_prompts,
+            text_marker=text_marker,
             mteb_results=[str(p) for p in mteb_results],
-            mteb_tasks_file=str(mteb_tasks_file) if mteb_tasks_file else None,
+            mteb_table=mteb_table,
             notes=notes,
         )
 
@@ -282,21 +289,6 @@ def render_validation_curve(log_history: Sequence[Mapping[str, Any]]) -> list[st
     ]
 
 
-# ---------------------------------------------------------------------------------------------- MTEB
-
-
-def mteb_table(results_dirs: Sequence[str | os.PathLike], tasks_file: str | os.PathLike) -> str:
-    """Category averages in the layout of the paper's Table 1 for mteb result folders, the tasks grouped as
-    ``tasks_file`` says (the repository's MTEB ``tasks.json``). Raises
-    :class:`llm2vec.evaluation.tables.TableError` for a folder without result files of those tasks."""
-    from .evaluation import tables
-    from .evaluation.benchmark import load_benchmark
-
-    benchmark = load_benchmark(tasks_file)
-    runs = [tables.read_run(folder, benchmark, label=Path(folder).name) for folder in results_dirs]
-    return tables.render_category_table(runs, benchmark, paper=None)
-
-
 # ---------------------------------------------------------------------------------------------- rendering
 
 
@@ -336,7 +328,7 @@ def _stage_settings(config: Mapping[str, Any]) -> list[str]:
         if get("embedding_token_budget"):
             lines.append(
                 f"- gradient cache: the per-device batch embedded in chunks of at most "
-                f"{get('embedding_token_budget')} padded tokens (the same gradient as one graph)"
+                f"{get('embedding_token_budget')} tokens, padded or, with packing, real (the same gradient as one graph)"
             )
     sources = get("e5_sources")
     lines.append(
@@ -378,8 +370,6 @@ def _usage(inputs: ModelCardInputs) -> list[str]:
     first = next((p for p in inputs.prompts if p not in ("document", "query") and not p.endswith("-document")), None)
     lines = ["## How to use it", ""]
     if inputs.kind == "export":
-        from .export import TEXT_MARKER
-
         query_prompt = first or "query"
         if inputs.adhoc_prompts:
             how = (
@@ -402,7 +392,7 @@ def _usage(inputs: ModelCardInputs) -> list[str]:
             )
             adhoc_line = []
             prompt_note = (
-                f"Each prompt ends with `{TEXT_MARKER}`, where the tokenizer splits prompt from text (and drops the "
+                f"Each prompt ends with `{inputs.text_marker}`, where the tokenizer splits prompt from text (and drops the "
                 "marker) so that both are tokenized as in training; only these prompts embed exactly, an instruction "
                 "of your own passed as `prompt=` does not."
             )
@@ -528,12 +518,7 @@ def render_model_card(inputs: ModelCardInputs) -> str:
             "</details>",
             "",
         ]
-    if inputs.mteb_results:
-        if not inputs.mteb_tasks_file:
-            raise ValueError(
-                "mteb_results given without mteb_tasks_file: the card needs the tasks file that groups "
-                "the results into categories (the repository's MTEB tasks.json)"
-            )
+    if inputs.mteb_table:
         lines += [
             "## MTEB",
             "",
@@ -541,7 +526,7 @@ def render_model_card(inputs: ModelCardInputs) -> str:
             + ", ".join(f"`{p}`" for p in inputs.mteb_results)
             + " (the paper's Table 1 layout; `*`: fewer tasks than the category holds).",
             "",
-            mteb_table(inputs.mteb_results, inputs.mteb_tasks_file),
+            inputs.mteb_table,
             "",
         ]
     lines += _usage(inputs)

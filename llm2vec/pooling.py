@@ -1,6 +1,6 @@
-"""Batch construction and pooling: pure, vectorised functions over explicitly built masks.
+"""Pooling: pure, vectorised functions over explicitly built masks.
 
-Masks are built once here (by :func:`pad_batch`) and never modified afterwards:
+Masks are built once by :func:`llm2vec.collator.pad_batch` and never modified afterwards:
 
 - ``attention_mask`` (B, T): 1 on every real token (template prefix, instruction, text, anchor).
 - ``text_mask`` (B, T): 1 on the text tokens and the anchor; 0 on the template prefix and the
@@ -11,31 +11,9 @@ Padding may be on either side; pooling locates tokens through the masks, not thr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
-from .templates import EncodedText
-
 POOLING_MODES = ("eos_token", "last_token", "mean", "weighted_mean")
-
-
-def pad_batch(
-    encoded: Sequence[EncodedText], pad_token_id: int, padding_side: str = "right"
-) -> dict[str, torch.Tensor]:
-    """Pad token ids to one (B, T) tensor and build ``attention_mask`` and ``text_mask`` for them."""
-    if padding_side not in ("left", "right"):
-        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
-    width = max(len(e.input_ids) for e in encoded)
-    input_ids = torch.full((len(encoded), width), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(encoded), width), dtype=torch.long)
-    text_mask = torch.zeros((len(encoded), width), dtype=torch.long)
-    for row, e in enumerate(encoded):
-        offset = width - len(e.input_ids) if padding_side == "left" else 0
-        input_ids[row, offset : offset + len(e.input_ids)] = torch.tensor(e.input_ids)
-        attention_mask[row, offset : offset + len(e.input_ids)] = 1
-        text_mask[row, offset + e.text_start : offset + len(e.input_ids)] = 1
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "text_mask": text_mask}
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:

@@ -17,13 +17,11 @@ The contract with a model and its collator:
 - A batch without ``target_counts`` has a per-micro-batch mean loss, which is divided by the number of
   accumulation steps (the Trainer's usual behaviour).
 
-- A model may run its own forward and backward passes over parts of a micro-batch (memory-bounded
-  steps: Stage I's token-budget chunks, Stage II's gradient cache). It says so by a method
-  ``step_in_parts(model, inputs, backward, no_sync)`` returning the output (loss detached) or ``None``
-  when the batch needs no parts. ``model`` is the wrapped model (every forward whose graph is
-  back-propagated must go through it, for DDP/FSDP), ``backward(tensor, grad=None)`` back-propagates with
-  this trainer's loss weight and ``no_sync()`` defers the gradient all-reduce; the model must call
-  ``backward`` for its last part outside ``no_sync()``. See :meth:`training_step`.
+- A model may run its own forward and backward passes over parts of a micro-batch: the memory-bounded steps
+  of :mod:`llm2vec.chunked_steps` (Stage I's token-budget chunks, Stage II's gradient cache). It says so by a
+  method ``step_in_parts(model, inputs, backward, no_sync)`` returning the output (loss detached), or ``None``
+  for the plain step. ``model`` is the wrapped model, ``backward(tensor, grad=None)`` back-propagates with this
+  trainer's loss weight and ``no_sync()`` defers the gradient all-reduce. See :meth:`training_step`.
 
 Both scalings are done here, in :meth:`_loss_weight`, so the Trainer's own division is switched off
 (``loss_is_scaled_for_ga``, a documented Trainer attribute since transformers 5; a test checks that the
@@ -44,7 +42,7 @@ before every save.
 Checkpoints hold what :meth:`llm2vec.LLM2Vec.save` writes (a full model or a LoRA adapter, the tokenizer,
 ``llm2vec_config.json``), the resolved run config (``run_config.json``) and a model card (``README.md``,
 :mod:`llm2vec.model_card`). They are complete or absent: written under a temporary name and renamed when
-complete (:func:`llm2vec.checkpoints.staged_checkpoint`).
+complete (:func:`llm2vec.staged_saves.staged_checkpoint`).
 """
 
 from __future__ import annotations
@@ -60,8 +58,9 @@ from safetensors.torch import load_file
 from torch.utils.data import SequentialSampler
 from transformers import Trainer
 
-from .checkpoints import RUN_CONFIG_NAME, CheckpointError, RunFolder, staged_checkpoint
 from .model_card import write_training_card
+from .run_folder import RUN_CONFIG_NAME, CheckpointError, RunFolder
+from .staged_saves import staged_checkpoint
 
 COUNTS_KEY = "target_counts"
 

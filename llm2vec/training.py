@@ -23,7 +23,7 @@ import torch
 import transformers
 from safetensors import SafetensorError
 
-from . import checkpoints, run_inputs, run_lock
+from . import resume, run_folder, run_inputs, run_lock, startup_checks
 from .arguments import ConfigError, DataArguments, RunConfig, help_text, parse_config
 from .dataset import DataError, TrainDataset, load_e5, load_jsonl
 from .llm2vec import PackingRefused
@@ -95,12 +95,12 @@ def setup_logging(args: transformers.TrainingArguments) -> None:
 
 def train(config: RunConfig):
     """Train one stage as ``config`` says; returns the trainer (its model is the trained model), or ``None`` when
-    ``output_dir`` holds this run finished already (see :mod:`llm2vec.checkpoints`). The run holds the lock of
+    ``output_dir`` holds this run finished already (see :mod:`llm2vec.resume`). The run holds the lock of
     its ``output_dir`` from before it inspects the folder until it returns (:mod:`llm2vec.run_lock`)."""
     args = config.training
     setup_logging(args)
     config.validate()
-    checkpoints.check_writable(args.output_dir)
+    startup_checks.check_writable(args.output_dir)
     with run_lock.hold(args.output_dir, is_main=args.process_index == 0):
         return _train(config)
 
@@ -134,11 +134,11 @@ def _train(config: RunConfig):
     from .trainer import LLM2VecTrainer
 
     args, stage = config.training, config.stage.stage
-    plan = checkpoints.plan_run(config)  # refuses to replace a run in output_dir; a finished one: nothing to do
+    plan = resume.plan_run(config)  # refuses to replace a run in output_dir; a finished one: nothing to do
     if plan.finished:
         logger.info(plan.finished_message)
         return None
-    tokenizer, template = checkpoints.startup_checks(config)  # output_dir writable, the model's tokenizer, template
+    tokenizer, template = startup_checks.startup_checks(config)  # output_dir writable, the model's tokenizer, template
     if config.stage.num_threads:
         torch.set_num_threads(config.stage.num_threads)
     logger.info("Stage %s: %d CPU thread(s), seed %d", stage, torch.get_num_threads(), args.seed)
@@ -164,19 +164,19 @@ def _train(config: RunConfig):
     schedule = plan_schedule(args, dataset.num_global_batches, config.stage.stop_after_n_steps, config.source)
     check_resume(plan.resume_from, schedule, extending=plan.continue_past is not None)
     inputs, geometry = run_inputs.fingerprints(config, _data_files(dataset)), run_inputs.batch_geometry(config)
-    saved = checkpoints.saved_run_config(plan.resume_from)
+    saved = run_folder.saved_run_config(plan.resume_from)
     resumed = run_inputs.check_resume_inputs(
         plan.resume_from,
         saved,
         inputs,
         geometry,
         config.stage.accept_changed_inputs,
-        checkpoints.step_of(plan.resume_from) if plan.resume_from else 0,
+        run_folder.step_of(plan.resume_from) if plan.resume_from else 0,
     )
     logger.info("Stage %s %s", stage, schedule.describe())
     model = _build_model(config)
     logger.info("Stage %s: %s, %s", stage, config.model.model_name_or_path, model.describe())
-    checkpoints.prepare(plan, config, model, len(dataset))  # where training ends, free disk space, overwrite
+    resume.prepare(plan, config, model, len(dataset))  # where training ends, free disk space, overwrite
     collator = TrainCollator.for_encoder(model, **options)
     run_config = {
         **config.resolved(),
@@ -194,7 +194,7 @@ def _train(config: RunConfig):
         run_config=run_config,
         callbacks=[StopAfterNSteps(schedule)],
     )
-    checkpoints.train_and_save(trainer, plan)  # the final model, its completion marker last
+    resume.train_and_save(trainer, plan)  # the final model, its completion marker last
     return trainer
 
 

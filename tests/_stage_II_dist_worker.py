@@ -106,7 +106,7 @@ def run_gradcache_rank(
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from llm2vec.gradcache import plan_chunks, rows_of
+    from llm2vec.chunked_steps import plan_chunks, rows_of
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     try:
@@ -204,7 +204,7 @@ def autocast_cached_step(encoder, wrapped, batch: dict) -> dict:
     no_sync = getattr(wrapped, "no_sync", None) or __import__("contextlib").nullcontext
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = encoder.step_in_parts(wrapped, batch, backward, no_sync)
-    from llm2vec.gradcache import plan_chunks, rows_of
+    from llm2vec.chunked_steps import plan_chunks, rows_of
 
     sides = [side for side in SIDES if side in batch]
     lengths = [len(r["input_ids"]) for side in sides for r in rows_of(batch[side])]

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from llm2vec import LLM2Vec
-from llm2vec.pooling import POOLING_MODES, pad_batch, pool
+from llm2vec.collator import pad_batch
+from llm2vec.pooling import POOLING_MODES, pool
 from llm2vec.templates import EncodedText, resolve_template
 
 TEXTS = [

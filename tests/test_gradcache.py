@@ -14,9 +14,9 @@ from _drivers import tiny_run_flags
 from _references import stage_II_loss_by_hand
 from _stage_II_dist_worker import build_encoder, run_gradcache_rank
 
-from llm2vec import gradcache
+from llm2vec import chunked_steps
 from llm2vec.arguments import ConfigError, parse_config
-from llm2vec.gradcache import collate_rows, plan_chunks, rows_of
+from llm2vec.chunked_steps import collate_rows, plan_chunks, rows_of
 from llm2vec.llm2vec_contrastive import LLM2VecContrastive
 from llm2vec.testing import write_tiny_e5
 
@@ -111,7 +111,7 @@ def test_plan_chunks_by_hand():
 def test_plan_chunks_covers_every_row_once_within_the_budget(budget, min_chunks):
     lengths = torch.randint(1, 30, (40,), generator=torch.Generator().manual_seed(budget)).tolist()
     greedy = plan_chunks(lengths, budget)
-    chunks = plan_chunks(lengths, budget, min_chunks)
+    chunks = plan_chunks(lengths, budget, min_chunks=min_chunks)
     assert len(chunks) == max(len(greedy), min_chunks)
     if min_chunks == 1:
         # greedy: the next chunk's first row would not have fitted into the previous chunk
@@ -238,7 +238,7 @@ def test_budget_off_takes_the_plain_step(llama_checkpoint):
 
 
 def no_replay(monkeypatch):
-    monkeypatch.setattr(gradcache.RngState, "restore", lambda self: None)
+    monkeypatch.setattr(chunked_steps.RngState, "restore", lambda self: None)
 
 
 @pytest.mark.parametrize("replay", [True, False])
@@ -389,7 +389,7 @@ def test_training_run_with_the_budget_equals_the_run_without(llama_checkpoint, t
     cached = run("II", [*flags, "--output_dir", str(tmp_path / "cached"), "--embedding_token_budget", "64"])
     assert used[2:] == [True, True]
     assert json.loads((tmp_path / "cached" / "run_config.json").read_text())["embedding_token_budget"] == 64
-    assert "chunks of at most 64 padded tokens" in (tmp_path / "cached" / "README.md").read_text()  # the model card
+    assert "chunks of at most 64 tokens, padded" in (tmp_path / "cached" / "README.md").read_text()  # the model card
     assert "gradient cache" not in (tmp_path / "plain" / "README.md").read_text()
     losses = [[h["loss"] for h in t.state.log_history if "loss" in h] for t in (plain, cached)]
     assert len(losses[0]) == 2 and losses[0] == pytest.approx(losses[1], rel=1e-5)

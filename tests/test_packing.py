@@ -114,14 +114,14 @@ def test_packed_stage_I_step_equals_padded_step_in_two_calls(tiny_models, family
 
 @pytest.mark.parametrize("budget", [1, 120])
 def test_packed_token_budget_chunks_count_real_tokens(tiny_models, budget):
-    from llm2vec.token_budget import chunk_cost, decoder_call_lengths, token_budget_chunks
+    from llm2vec.chunked_steps import chunk_cost, decoder_call_lengths, plan_chunks
 
     causal_lm, tokenizer = tiny_models["mistral"]
     plain = LLM2Vec_q2d_d2q(causal_lm, tokenizer, alpha=0.2)
     packed = LLM2Vec_q2d_d2q(causal_lm, tokenizer, alpha=0.2, token_budget=budget, packing=True)
     batch = TrainCollator.for_encoder(plain, reconstruction="text")(examples())
     lengths = decoder_call_lengths(batch, ("q2d", "d2q")).tolist()
-    chunks = token_budget_chunks(lengths, budget, packed=True)
+    chunks = plan_chunks(lengths, budget, packed=True)
     assert len(chunks) > 1
     for rows in chunks:  # a packed chunk costs its real tokens: within the budget unless a pair alone exceeds it
         assert chunk_cost(lengths, rows, packed=True) == sum(sum(lengths[i]) for i in rows)

@@ -145,11 +145,11 @@ def loop_cost(lengths, pairs):
 
 @pytest.mark.parametrize("budget", [1, 40, 90, 150, 10_000])
 def test_chunks_cover_every_pair_once_within_the_budget(budget):
-    from llm2vec.token_budget import chunk_cost, token_budget_chunks
+    from llm2vec.chunked_steps import chunk_cost, plan_chunks
 
     generator = torch.Generator().manual_seed(budget)
     lengths = torch.randint(1, 20, (13, 4), generator=generator).tolist()
-    chunks = token_budget_chunks(lengths, budget)
+    chunks = plan_chunks(lengths, budget)
     assert sorted(i for rows in chunks for i in rows) == list(range(13))
     for rows in chunks:
         assert chunk_cost(lengths, rows) == loop_cost(lengths, rows)
@@ -163,13 +163,13 @@ def test_chunks_cover_every_pair_once_within_the_budget(budget):
     if budget == 1:
         assert all(len(rows) == 1 for rows in chunks)
     if budget == 10_000:
-        assert chunks == [list(range(13))]
+        assert chunks == [order]  # one chunk, longest first
 
 
 def test_select_pairs_trims_padding_on_either_side():
-    from llm2vec.pooling import pad_batch
+    from llm2vec.chunked_steps import select_pairs
+    from llm2vec.collator import pad_batch
     from llm2vec.templates import EncodedText
-    from llm2vec.token_budget import select_pairs
 
     encoded = [EncodedText(input_ids=tuple(range(10, 10 + n)), text_start=1, text_end=n - 1) for n in (7, 3, 5)]
     for side in ("right", "left"):
@@ -217,9 +217,9 @@ def chunked_step(model, batch):
 @pytest.mark.parametrize("family", ["llama3", "mistral"])
 @pytest.mark.parametrize("budget", [1, 150, 260])
 def test_token_budget_step_equals_plain_step(tiny_models, family, budget):
+    from llm2vec.chunked_steps import decoder_call_lengths, plan_chunks
     from llm2vec.collator import TrainCollator
     from llm2vec.llm2vec_q2d_d2q import LLM2Vec_q2d_d2q
-    from llm2vec.token_budget import decoder_call_lengths, token_budget_chunks
 
     causal_lm, tokenizer = tiny_models[family]
     plain = LLM2Vec_q2d_d2q(causal_lm, tokenizer, alpha=0.2)
@@ -227,7 +227,7 @@ def test_token_budget_step_equals_plain_step(tiny_models, family, budget):
     batch = TrainCollator.for_encoder(plain, reconstruction="text")(examples())
     # step-wide counts as the trainer hands them (say, this batch is half of the step's targets)
     batch = {**batch, "target_counts": {k: 2 * v for k, v in batch["target_counts"].items()}}
-    chunks = token_budget_chunks(decoder_call_lengths(batch, ("q2d", "d2q")).tolist(), budget)
+    chunks = plan_chunks(decoder_call_lengths(batch, ("q2d", "d2q")).tolist(), budget)
     assert len(chunks) > 1 and (budget != 1 or len(chunks) == len(PAIRS))
 
     plain.zero_grad()
@@ -266,15 +266,22 @@ def test_token_budget_with_one_direction_and_logit_blocks(tiny_models):
     assert_same_gradients(grads, ref_grads, rtol=1e-5)
 
 
-def test_a_batch_within_the_budget_takes_the_plain_step(tiny_models):
+def test_budget_off_takes_the_plain_step_and_a_batch_within_it_one_chunk(tiny_models):
+    """Budget 0: ``None`` (the trainer's plain step). A budget the whole batch fits: still the chunked step (so that
+    every process takes the same step), one chunk whose loss and gradients are the plain forward's."""
     from llm2vec.collator import TrainCollator
     from llm2vec.llm2vec_q2d_d2q import LLM2Vec_q2d_d2q
 
     causal_lm, tokenizer = tiny_models["llama3"]
-    for budget in (0, 10**6):
-        model = LLM2Vec_q2d_d2q(causal_lm, tokenizer, token_budget=budget)
-        batch = TrainCollator.for_encoder(model, reconstruction="text")(examples())
-        assert model.step_in_parts(model, batch, None, None) is None
+    off = LLM2Vec_q2d_d2q(causal_lm, tokenizer, token_budget=0)
+    batch = TrainCollator.for_encoder(off, reconstruction="text")(examples())
+    assert off.step_in_parts(off, batch, None, None) is None
+    ref_loss, ref_grads = loss_and_grads(off, batch)
+    within = LLM2Vec_q2d_d2q(causal_lm, tokenizer, token_budget=10**6)
+    out, grads, synced = chunked_step(within, batch)
+    assert out.chunks == 1 and synced == [True]
+    torch.testing.assert_close(out.loss, ref_loss, rtol=1e-6, atol=0)
+    assert_same_gradients(grads, ref_grads, rtol=1e-6)
 
 
 # ---------------------------------------------------------------------------------------------- end to end

@@ -22,9 +22,9 @@ import torch
 from _drivers import launcher, subprocess_env, tiny_run_flags
 from safetensors.torch import load_file
 
-from llm2vec import checkpoints
+from llm2vec import resume, run_folder, startup_checks
 from llm2vec.arguments import ConfigError, argument_classes
-from llm2vec.checkpoints import COMPLETE_MARKER
+from llm2vec.run_folder import COMPLETE_MARKER
 from llm2vec.testing import build_tokenizer, save_tiny_model, write_tiny_e5
 from llm2vec.trainer import LLM2VecTrainer
 from llm2vec.training import main, run
@@ -179,11 +179,11 @@ def test_training_end_fields_are_found_by_name_or_metadata(monkeypatch):
     class Recipe:
         stop_at: int | None = field(default=None, metadata={"help": "", "ends_training": True})
 
-    monkeypatch.setattr(checkpoints, "argument_classes", lambda stage: (*argument_classes(stage), Recipe))
-    assert {"max_steps", "num_train_epochs", "stop_at"} <= set(checkpoints.training_end_fields("I"))
+    monkeypatch.setattr(run_folder, "argument_classes", lambda stage: (*argument_classes(stage), Recipe))
+    assert {"max_steps", "num_train_epochs", "stop_at"} <= set(run_folder.training_end_fields("I"))
     saved_by_older_version = {"max_steps": 40, "num_train_epochs": 3.0}
-    assert checkpoints.end_values(saved_by_older_version, "I")["stop_at"] is None
-    end = checkpoints.planned_end_step
+    assert run_folder.end_values(saved_by_older_version, "I")["stop_at"] is None
+    end = resume.planned_end_step
     assert end({"max_steps": -1, "num_train_epochs": 3.0, "stop_at": None}, 12) == 36  # 3 epochs of 12 steps
     assert end({"max_steps": -1, "num_train_epochs": 3.0, "stop_at": 20}, 12) == 20  # a longer schedule, cut
     assert end({"max_steps": 40, "num_train_epochs": 3.0, "stop_at": 50}, 12) == 40
@@ -309,7 +309,7 @@ def tensor_bytes(safetensors_file: Path) -> int:
 def test_disk_estimate_matches_what_a_run_writes(references, stage):
     folders, trainers = references
     trainer = trainers[stage]
-    estimate = checkpoints.estimate_disk(trainer.args, trainer.model, 0, 6, STEPS_PER_EPOCH)
+    estimate = startup_checks.estimate_disk(trainer.args, trainer.model, 0, 6, STEPS_PER_EPOCH)
     assert estimate.checkpoints == 3  # checkpoint-2, -4, -6
     ckpt = folders[stage] / "checkpoint-6"
     assert sum(tensor_bytes(p) for p in ckpt.glob("*.safetensors")) == estimate.weights
@@ -318,8 +318,8 @@ def test_disk_estimate_matches_what_a_run_writes(references, stage):
     assert estimate.optimizer <= (ckpt / "optimizer.pt").stat().st_size <= estimate.optimizer + 1024 * moments
     trainer.args.save_total_limit = 1
     try:
-        assert checkpoints.estimate_disk(trainer.args, trainer.model, 0, 6, STEPS_PER_EPOCH).checkpoints == 2
-        assert checkpoints.estimate_disk(trainer.args, trainer.model, 4, 6, STEPS_PER_EPOCH).checkpoints == 1
+        assert startup_checks.estimate_disk(trainer.args, trainer.model, 0, 6, STEPS_PER_EPOCH).checkpoints == 2
+        assert startup_checks.estimate_disk(trainer.args, trainer.model, 4, 6, STEPS_PER_EPOCH).checkpoints == 1
     finally:
         trainer.args.save_total_limit = None
 

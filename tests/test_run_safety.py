@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 
 from llm2vec import training
 from llm2vec.arguments import ConfigError, parse_config
-from llm2vec.checkpoints import CHECKPOINT_MANIFEST, COMPLETE_MARKER
+from llm2vec.run_folder import CHECKPOINT_MANIFEST, COMPLETE_MARKER
 from llm2vec.run_lock import LOCK_NAME
 from llm2vec.testing import save_tiny_model, write_tiny_e5
 from llm2vec.trainer import LLM2VecTrainer, TrainingDiverged

@@ -1,0 +1,285 @@
+"""Memory-bounded training steps of both stages: a batch run in chunks, with the gradient of the whole batch.
+
+A training step's activations grow with the batch. Both stages can bound them by a token budget and run a
+micro-batch in chunks, each chunk's forward and backward within the budget; both steps are exact (the
+gradient is the plain step's up to float rounding).
+
+- **Stage I** (``token_budget``, :func:`reconstruction_step`). Each (query, document) pair's EBQ2D/EBD2Q terms
+  depend on that pair only, and every chunk divides its token NLL sums by the same step-wide
+  ``target_counts``; so the chunks' losses add up to the batch's loss and their gradients to its gradient.
+  A chunk is a set of pairs; each pair takes up to four decoder calls (query and document encoding,
+  q2d and d2q reconstruction: :func:`decoder_call_lengths`).
+- **Stage II** (``embedding_token_budget``, :func:`gradient_cache_step`: GradCache, Gao et al. 2021). The
+  InfoNCE loss couples every text of the batch, so the batch cannot be split like gradient accumulation:
+
+  1. embed every chunk without a graph (``torch.no_grad``), recording the RNG state before each chunk;
+  2. compute the loss over all embeddings, made leaf tensors, and back-propagate it to them only:
+     ``g = dL/de`` (the cache; no parameter is touched; under DDP the gather's backward all-reduce already
+     puts into ``g`` what every process's queries send to this process's documents);
+  3. embed each chunk again, with a graph, restoring its RNG state (dropout draws pass 1's masks), and
+     back-propagate ``g`` of its rows through it: ``sum_rows <g_row, de_row/dtheta>`` summed over the chunks
+     is ``dL/dtheta`` by the chain rule.
+
+  The RNG state after the step is the one after pass 1. With dropout, the masks are drawn for the chunks'
+  shapes, so they differ from the plain step's draws (same distribution); the step is exact for the masks it
+  drew. A chunk is a set of texts (queries, positives, negatives alike), each one decoder call.
+
+**One planner** (:func:`plan_chunks`). Items (pairs or texts) are taken longest first (by total length, ties by
+index) and added greedily to the current chunk while its cost stays within the budget; an item that alone
+exceeds it is a chunk of its own. A chunk's cost (:func:`chunk_cost`) is the positions its decoder calls
+process: padded, ``|chunk| x sum over calls of the longest item in that call``; with packing
+(:mod:`llm2vec.packing`, no padding) the sum of its items' real lengths.
+
+**One rule for several processes** (:func:`agreed_plan`). With a budget, every micro-batch takes the chunked
+step, even one that fits in one chunk, and the processes agree on the number of chunks: the largest of their
+plans; a process with fewer cuts its costliest chunk in two halves until it has as many. So every process runs
+the same forward passes, which FSDP and ZeRO-3 need (they gather the weights in each forward), and the same
+collectives in the same order, which DDP needs (it rebuilds its gradient buckets, a broadcast, at the first
+forward with a graph of its second step; Stage II's loss all-gathers come first in the cached step, so a
+process falling back to the plain step there would meet another process's all-gather). Tested with two gloo
+processes whose own plans differ, for both stages.
+
+**The trainer's hook** (:mod:`llm2vec.trainer`): a model with a budget defines ``step_in_parts(model, inputs,
+backward, no_sync)``, which calls one of the steps here. ``model`` is the wrapped model (DDP/FSDP): every forward
+whose graph is back-propagated goes through it; ``backward(tensor, grad=None)`` back-propagates with the
+trainer's loss weight; ``no_sync()`` defers the gradient all-reduce, so every chunk's backward but the last
+runs inside it and the gradient is all-reduced once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .distributed import world
+from .loss.infonce import autocast_off
+
+COUNTS_KEY = "target_counts"
+FEATURE_KEYS = ("input_ids", "attention_mask", "text_mask")
+TARGETS_OF = {"q2d": "positive_targets", "d2q": "query_targets"}  # the targets each reconstruction pass reads
+
+Lengths = Sequence[int] | Sequence[Sequence[int]]
+
+# ---------------------------------------------------------------------------------------------- the planner
+
+
+def _per_call(lengths: Lengths) -> list[tuple[int, ...]]:
+    """Every item's lengths as a tuple over its decoder calls (an int: an item of one call)."""
+    return [tuple(int(n) for n in x) if isinstance(x, Sequence) else (int(x),) for x in lengths]
+
+
+def chunk_cost(lengths: Lengths, items: Sequence[int], packed: bool = False) -> int:
+    """Positions the decoder calls of ``items`` run together process: padded, ``|items| x sum over calls of the
+    longest item in that call``; ``packed``, the sum of the items' real lengths."""
+    if not items:
+        return 0
+    rows = _per_call(lengths)
+    if packed:
+        return sum(sum(rows[i]) for i in items)
+    return len(items) * sum(max(rows[i][c] for i in items) for c in range(len(rows[items[0]])))
+
+
+def plan_chunks(lengths: Lengths, budget: int, *, packed: bool = False, min_chunks: int = 1) -> list[list[int]]:
+    """Chunks of item indices, each costing at most ``budget`` positions (:func:`chunk_cost`).
+
+    ``lengths[i]`` is item i's real length, or a sequence of its lengths in each decoder call. Items are taken
+    longest first (total length; ties by index) and added greedily to the current chunk while it stays within
+    the budget; an item that alone exceeds the budget is a chunk by itself. While there are fewer than
+    ``min_chunks`` chunks, the costliest chunk of more than one item is cut into two halves (its longer items
+    first). Every index appears once; within a chunk, longest first.
+    """
+    if budget < 1:
+        raise ValueError(f"budget must be a positive number of positions, got {budget}")
+    if not 1 <= min_chunks <= max(1, len(lengths)):
+        raise ValueError(f"min_chunks must be between 1 and the number of items ({len(lengths)}), got {min_chunks}")
+    rows = _per_call(lengths)
+    order = sorted(range(len(rows)), key=lambda i: (-sum(rows[i]), i))
+    chunks: list[list[int]] = []
+    for i in order:
+        if chunks and chunk_cost(rows, chunks[-1] + [i], packed) <= budget:
+            chunks[-1].append(i)
+        else:
+            chunks.append([i])
+    while len(chunks) < min_chunks:
+        k = max(
+            (k for k in range(len(chunks)) if len(chunks[k]) > 1), key=lambda k: chunk_cost(rows, chunks[k], packed)
+        )
+        half = (len(chunks[k]) + 1) // 2
+        chunks[k : k + 1] = [chunks[k][:half], chunks[k][half:]]
+    return chunks
+
+
+def agreed_plan(lengths: Lengths, budget: int, packed: bool, device: torch.device) -> list[list[int]]:
+    """This process's :func:`plan_chunks`, with as many chunks as the largest plan of all processes (the module
+    docstring's rule; one process: its own plan)."""
+    chunks = plan_chunks(lengths, budget, packed=packed)
+    if world()[1] > 1:
+        count = torch.tensor([len(chunks)], device=device)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        if int(count.item()) > len(lengths):
+            raise ValueError(
+                f"another process's batch needs {int(count.item())} chunks, more than this process's {len(lengths)} "
+                "items: every process must hold the same number of examples"
+            )
+        chunks = plan_chunks(lengths, budget, packed=packed, min_chunks=int(count.item()))
+    return chunks
+
+
+def _run_chunks(chunks: Sequence, step: Callable, no_sync) -> list:
+    """``step(k, chunk)`` for each chunk in turn, all but the last under ``no_sync()``; their results."""
+    results = []
+    for k, chunk in enumerate(chunks):
+        with contextlib.nullcontext() if k == len(chunks) - 1 else no_sync():
+            results.append(step(k, chunk))
+    return results
+
+
+# ---------------------------------------------------------------------------------------------- Stage I
+
+
+def decoder_call_lengths(batch: dict, directions: Sequence[str]) -> torch.Tensor:
+    """(B, C) real positions of each pair in each decoder call: the query and document encoding passes, then
+    for each direction computed (``"q2d"``, ``"d2q"``) its reconstruction pass (the anchor + the targets)."""
+    columns = [batch["query"]["attention_mask"].sum(1), batch["positive"]["attention_mask"].sum(1)]
+    columns += [1 + batch[TARGETS_OF[d]]["attention_mask"].sum(1) for d in directions]
+    return torch.stack(columns, dim=1)
+
+
+def decoder_positions(batch: dict, directions: Sequence[str], packed: bool = False) -> int:
+    """Positions the decoder calls of ``batch`` process, padding included: B times the sum of the widths
+    (packed: the real positions, there being no padding)."""
+    if packed:
+        return int(decoder_call_lengths(batch, directions).sum())
+    widths = [batch["query"]["input_ids"].shape[1], batch["positive"]["input_ids"].shape[1]]
+    widths += [1 + batch[TARGETS_OF[d]]["input_ids"].shape[1] for d in directions]
+    return batch["query"]["input_ids"].shape[0] * sum(widths)
+
+
+def _select_rows(features: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Rows of a padded ``{"input_ids", "attention_mask", ...}`` dict, cut to the columns where one of them
+    has a real token. That works for either padding side (the kept columns are a prefix for right padding,
+    a suffix for left padding); every tensor is new, the batch's own are not changed."""
+    mask = features["attention_mask"].index_select(0, rows)
+    keep = mask.bool().any(dim=0).nonzero().squeeze(1)
+    return {name: value.index_select(0, rows).index_select(1, keep) for name, value in features.items()}
+
+
+def select_pairs(batch: dict, pairs: Sequence[int]) -> dict:
+    """The sub-batch of ``pairs``, each padded tensor trimmed to the sub-batch's longest row; the step-wide
+    ``target_counts`` are kept as they are (every chunk divides by the same counts)."""
+    rows = torch.tensor(list(pairs), dtype=torch.long, device=batch["query"]["input_ids"].device)
+    return {name: value if name == COUNTS_KEY else _select_rows(value, rows) for name, value in batch.items()}
+
+
+def reconstruction_step(
+    model, inputs: dict, budget: int, packed: bool, directions: Sequence[str], counts: dict, backward, no_sync
+) -> tuple[list, list[list[int]]]:
+    """Stage I's step in chunks of pairs: each chunk's sub-batch (:func:`select_pairs`, carrying the step-wide
+    ``counts``) goes through the wrapped ``model`` and its loss is back-propagated at once. Returns the chunks'
+    outputs and the chunks (pair indices) for the model to combine."""
+    chunks = agreed_plan(decoder_call_lengths(inputs, directions).tolist(), budget, packed, _device(inputs))
+    batch = {**inputs, COUNTS_KEY: counts}
+
+    def step(_, pairs):
+        out = model(**select_pairs(batch, pairs))
+        backward(out.loss)
+        return out
+
+    return _run_chunks(chunks, step, no_sync), chunks
+
+
+# ---------------------------------------------------------------------------------------------- Stage II
+
+
+def rows_of(features: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    """The rows of a padded batch (``pad_batch``'s keys), each cut to its real tokens (``attention_mask == 1``,
+    contiguous on either padding side): a list of dicts of 1-D tensors."""
+    mask = features["attention_mask"].bool()
+    return [{k: features[k][row][mask[row]] for k in FEATURE_KEYS} for row in range(mask.shape[0])]
+
+
+def collate_rows(rows: Sequence[dict[str, torch.Tensor]], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad rows from :func:`rows_of` into one batch (the masks are 0 on the padding)."""
+    width = max(len(r["input_ids"]) for r in rows)
+    first = rows[0]
+    ids = first["input_ids"]
+    out = {"input_ids": torch.full((len(rows), width), pad_token_id, dtype=ids.dtype, device=ids.device)}
+    for k in ("attention_mask", "text_mask"):
+        out[k] = torch.zeros((len(rows), width), dtype=first[k].dtype, device=first[k].device)
+    for i, r in enumerate(rows):
+        for k in FEATURE_KEYS:
+            out[k][i, : len(r[k])] = r[k]
+    return out
+
+
+@dataclass
+class RngState:
+    """The RNG state dropout draws from: torch's CPU generator and, on a CUDA device, that device's generator."""
+
+    cpu: torch.Tensor
+    cuda: torch.Tensor | None
+    device: torch.device
+
+    @classmethod
+    def capture(cls, device: torch.device) -> RngState:
+        cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+        return cls(torch.get_rng_state(), cuda, device)
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state(self.cuda, self.device)
+
+
+def gradient_cache_step(
+    model, inputs: dict, budget: int, packed: bool, loss_fn, pad_token_id: int, backward, no_sync
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Stage II's step with the gradient cache (the module docstring's three passes) over the texts of ``inputs``
+    (``query``, ``positive`` and an optional ``negative``). ``model`` is the wrapped model, whose
+    ``forward(features=...)`` embeds a chunk; ``loss_fn(e_q, e_p, e_n)`` is the InfoNCE loss. Returns the loss
+    (detached) and the embeddings of each side (detached, in the batch's order)."""
+    sides = [s for s in ("query", "positive", "negative") if inputs.get(s) is not None]
+    rows = [row for side in sides for row in rows_of(inputs[side])]
+    device = _device(inputs)
+    chunks = agreed_plan([len(r["input_ids"]) for r in rows], budget, packed, device)
+    batches = [collate_rows([rows[i] for i in chunk], pad_token_id) for chunk in chunks]
+    indices = [torch.tensor(chunk, device=device) for chunk in chunks]
+
+    # pass 1: every chunk's embeddings without a graph, each chunk's RNG state recorded first
+    states, parts = [], []
+    with torch.no_grad():
+        for batch in batches:
+            states.append(RngState.capture(device))
+            parts.append(model(features=batch))
+    after = RngState.capture(device)
+    embeddings = parts[0].new_empty((len(rows), parts[0].shape[-1]))
+    for index, part in zip(indices, parts):
+        embeddings[index] = part
+    # pass 2: the loss over the whole (gathered) batch, back-propagated to the embeddings only: the cache dL/de
+    # (float32, autocast off for the loss and its backward: under an enclosing autocast a CPU backward would
+    # otherwise run its matmuls in bf16)
+    leaves = embeddings.detach().float().requires_grad_(True)
+    by_side = dict(zip(sides, leaves.split(inputs["query"]["input_ids"].shape[0])))
+    with autocast_off(device):
+        loss = loss_fn(by_side["query"], by_side["positive"], by_side.get("negative"))
+        loss.backward()
+    cache = leaves.grad
+
+    # pass 3: each chunk again with a graph and pass 1's RNG state; its rows' cached gradient back-propagated
+    def step(k, batch):
+        states[k].restore()
+        chunk_embeddings = model(features=batch)
+        with autocast_off(device):  # forward under the caller's autocast, backward outside it
+            backward(chunk_embeddings, grad=cache[indices[k]].to(chunk_embeddings.dtype))
+
+    _run_chunks(batches, step, no_sync)
+    after.restore()
+    return loss.detach(), {side: e.detach() for side, e in by_side.items()}
+
+
+def _device(inputs: dict) -> torch.device:
+    return inputs["query"]["input_ids"].device

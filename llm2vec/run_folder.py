@@ -1,0 +1,386 @@
+"""What a run's ``output_dir`` holds: the final model and its completion marker, the checkpoints, whether each
+is complete, and the saved run config.
+
+A finished run's ``output_dir`` holds the final model (what :meth:`llm2vec.LLM2Vec.save` writes),
+``run_config.json``, ``trainer_state.json``, the ``checkpoint-<step>`` folders the config asked for, and,
+written last, the completion marker :data:`COMPLETE_MARKER` (the files of the final model with their sizes, the
+step, and the training-length fields :func:`end_values`). A checkpoint written by this version holds
+:data:`CHECKPOINT_MANIFEST` (each file's size). :class:`RunFolder` reads all of that without changing anything:
+which checkpoints are complete (:func:`checkpoint_problem`), whether the final model matches its marker
+(:func:`marker_problem`), which files no run of this package wrote. What a new run then does with the folder is
+:mod:`llm2vec.resume`; how the files are written complete-or-absent is :mod:`llm2vec.staged_saves`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from dataclasses import MISSING, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from .arguments import ConfigError, argument_classes
+
+logger = logging.getLogger("llm2vec")
+
+COMPLETE_MARKER = "training_complete.json"  # written last by the final save: its presence marks a finished run
+RUN_CONFIG_NAME = "run_config.json"
+TRAINER_STATE_NAME = "trainer_state.json"
+CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
+
+# The fields that decide at which optimizer step training ends. A field added later that stops training
+# (e.g. after N steps of a longer schedule) is found by its metadata ``{"ends_training": True}`` or by
+# being named here; its value is read as "stop after this many optimizer steps" when it is a positive int.
+TRAINING_END_FIELDS = ("max_steps", "num_train_epochs", "stop_after_n_steps")
+# Fields that say where or how a run is launched, not what it trains: left out of config comparisons.
+NOT_COMPARED = (
+    "output_dir",
+    "resume_from_checkpoint",
+    "overwrite_output_dir",
+    "accept_changed_inputs",
+    "config_file",
+    "lr_schedule",
+    "inputs",
+    "batch_geometry",
+    "resumed_with_changes",
+)  # lr_schedule: derived from the compared fields and the data; inputs and batch: llm2vec.run_inputs
+# Files of a final model that an interrupted final save may leave without a marker (removed on overwrite).
+MODEL_FILE_PATTERNS = (
+    "*.safetensors",
+    "*.safetensors.index.json",
+    "adapter_config.json",
+    "llm2vec_config.json",
+    RUN_CONFIG_NAME,
+    TRAINER_STATE_NAME,
+)
+# What a checkpoint holds beyond the model: not part of a final model built from a checkpoint.
+TRAINING_STATE_FILES = ("optimizer.pt", "scheduler.pt", "scaler.pt", "rng_state*.pth", "checkpoint_files.json")
+# Written last into every checkpoint (before it is renamed into place): each file's path and size.
+CHECKPOINT_MANIFEST = "checkpoint_files.json"
+# Names a saved model may have at the top of output_dir besides MODEL_FILE_PATTERNS (LLM2Vec.save, the card).
+OWN_FILE_PATTERNS = (
+    *MODEL_FILE_PATTERNS,
+    COMPLETE_MARKER,
+    "README.md",
+    "config.json",
+    "generation_config.json",
+    "tokenizer*",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+)
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint or finished model that cannot be read back; the message names the file and what to do."""
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    step: int
+    problem: str | None = None  # why it cannot be resumed from; None: complete
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why the safetensors file ``path`` is damaged (its header unreadable, or its size not the one its header
+    implies: a truncated file), else ``None``. Reads only the header."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if size < 8 or n > size - 8:
+                return f"{path.name} is truncated ({size} bytes)"
+            header = json.loads(f.read(n))
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
+        return f"{path.name} has an unreadable header"
+    if 8 + n + end != size:
+        return f"{path.name} is {size} bytes but its header says {8 + n + end}"
+    return None
+
+
+def _torch_file_problem(path: Path) -> str | None:
+    """A ``torch.save`` file is a zip archive; a truncated one has no readable central directory."""
+    import zipfile
+
+    return None if zipfile.is_zipfile(path) else f"{path.name} is damaged or truncated (not a torch.save archive)"
+
+
+def state_files_problem(names: set[str]) -> str | None:
+    """What a resumable checkpoint lacks among ``names`` (its files, relative paths): the optimizer state, the
+    scheduler and the RNG state, without which a resumed run would silently restart them."""
+    if not any(n.startswith("optimizer") for n in names):
+        return "no optimizer state (optimizer.pt): resuming would restart AdamW from zero"
+    if "scheduler.pt" not in names:
+        return "no scheduler.pt: resuming would restart the learning-rate schedule"
+    if not any(re.fullmatch(r"rng_state(_\d+)?\.pth", n) for n in names):
+        return "no rng_state.pth: resuming would not replay the data order and dropout exactly"
+    return None
+
+
+def _manifest_problem(folder: Path, manifest: dict) -> str | None:
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        return f"unreadable {CHECKPOINT_MANIFEST}"
+    problems = []
+    for rel, size in sorted(files.items()):
+        path = folder / rel
+        if not path.is_file():
+            problems.append(f"{rel} is missing")
+        elif path.stat().st_size != size:
+            problems.append(f"{rel} is {path.stat().st_size} bytes, {size} when saved")
+    if problems:
+        return "; ".join(problems[:3]) + (f"; {len(problems) - 3} more" if len(problems) > 3 else "")
+    return state_files_problem(set(files))
+
+
+def checkpoint_problem(folder: str | os.PathLike) -> str | None:
+    """Why ``folder`` cannot be resumed from, or ``None`` when it can.
+
+    A checkpoint saved by this version holds :data:`CHECKPOINT_MANIFEST`, every file's size at save time:
+    each file must be there with that size. Every checkpoint must hold a readable ``trainer_state.json``,
+    complete weights (each safetensors file as long as its header says), the optimizer, scheduler and RNG
+    state (:func:`state_files_problem`), and readable ``torch.save`` archives (the zip directory, not the
+    pickles: a file damaged inside is reported when it is loaded, :meth:`LLM2VecTrainer._load_guarded`)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return "not a folder"
+    manifest_path = folder / CHECKPOINT_MANIFEST
+    if manifest_path.exists():
+        manifest = read_json(manifest_path)
+        problem = _manifest_problem(folder, manifest) if manifest else f"unreadable {CHECKPOINT_MANIFEST}"
+        if problem:
+            return problem
+    if not (folder / TRAINER_STATE_NAME).is_file():
+        return f"no {TRAINER_STATE_NAME}"
+    if read_json(folder / TRAINER_STATE_NAME) is None:
+        return f"unreadable {TRAINER_STATE_NAME} (truncated or not JSON)"
+    weights = [folder / "adapter_model.safetensors", folder / "model.safetensors"]
+    if not any(p.is_file() for p in weights) and not any(folder.glob("pytorch_model_fsdp_*")):
+        index = folder / "model.safetensors.index.json"
+        if not index.is_file():
+            return "no model.safetensors or adapter_model.safetensors"
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return f"unreadable {index.name}"
+        missing = sorted(s for s in shards if not (folder / s).is_file())
+        if missing:
+            return f"missing {', '.join(missing[:3])}"
+    for path in sorted(folder.glob("*.safetensors")):
+        problem = safetensors_problem(path)
+        if problem:
+            return problem
+    if not manifest_path.exists():
+        problem = state_files_problem({str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()})
+        if problem:
+            return problem
+    for path in sorted([*folder.glob("*.pt"), *folder.glob("*.pth")]):
+        problem = _torch_file_problem(path)
+        if problem:
+            return problem
+    return None
+
+
+def marker_problem(folder: Path, marker: dict[str, Any]) -> str | None:
+    """Why the finished model in ``folder`` does not match its completion marker (a file missing or of another
+    size than when the run finished), else ``None``."""
+    files = marker.get("files")
+    if not isinstance(files, dict):
+        return f"{COMPLETE_MARKER} lists no files"
+    problems = []
+    for name, size in sorted(files.items()):
+        path = folder / name
+        if not path.is_file():
+            problems.append(f"{name} is missing")
+        elif path.stat().st_size != size:
+            problems.append(f"{name} is {path.stat().st_size} bytes, {size} when finished")
+    for path in sorted(folder.glob("*.safetensors")):
+        problem = safetensors_problem(path)
+        if problem and path.name in files:
+            problems.append(problem)
+    return "; ".join(dict.fromkeys(problems[:3])) or None
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def saved_run_config(checkpoint: str | os.PathLike | None) -> dict[str, Any] | None:
+    """The ``run_config.json`` saved in ``checkpoint`` (``None``: no checkpoint, or none readable there)."""
+    return read_json(Path(checkpoint) / RUN_CONFIG_NAME) if checkpoint else None
+
+
+def step_of(checkpoint: str | os.PathLike) -> int:
+    """The optimizer step a checkpoint was saved at (its trainer state, else its folder name)."""
+    state = read_json(Path(checkpoint) / TRAINER_STATE_NAME) or {}
+    if isinstance(state.get("global_step"), int):
+        return state["global_step"]
+    match = CHECKPOINT_NAME.match(Path(checkpoint).name)
+    return int(match.group(1)) if match else 0
+
+
+@dataclass
+class RunFolder:
+    """What an ``output_dir`` holds: the completion marker, checkpoints, files of a final model."""
+
+    path: Path
+    marker: dict[str, Any] | None
+    checkpoints: list[Checkpoint]  # by step
+    model_files: list[Path]  # final-model files at the top level
+    damaged: str | None = None  # the finished model does not match its marker (marker_problem)
+
+    @classmethod
+    def inspect(cls, path: str | os.PathLike) -> RunFolder:
+        path = Path(path)
+        if not path.is_dir():
+            return cls(path, None, [], [])
+        marker = read_json(path / COMPLETE_MARKER)
+        if marker is None and (path / COMPLETE_MARKER).exists():
+            logger.warning("%s: unreadable completion marker; the run is treated as unfinished", path / COMPLETE_MARKER)
+        damaged = marker_problem(path, marker) if marker is not None else None
+        if damaged:
+            logger.warning(
+                "%s: the finished model does not match its completion marker (%s); the run is treated as unfinished",
+                path,
+                damaged,
+            )
+        found = []
+        for child in path.iterdir():
+            match = CHECKPOINT_NAME.match(child.name)
+            if match and child.is_dir():
+                found.append(Checkpoint(child, int(match.group(1)), checkpoint_problem(child)))
+        model_files = sorted({p for pattern in MODEL_FILE_PATTERNS for p in path.glob(pattern) if p.is_file()})
+        return cls(path, marker, sorted(found, key=lambda c: c.step), model_files, damaged)
+
+    @property
+    def finished(self) -> bool:
+        return self.marker is not None and self.damaged is None
+
+    def foreign_files(self) -> list[str]:
+        """Entries at the top of the folder that no run of this package writes there (hidden ones aside): all
+        of them in a folder that holds no run; otherwise those that are neither a checkpoint nor a file of a
+        saved model (:data:`OWN_FILE_PATTERNS`, the files of its checkpoints, the files its marker lists)."""
+        if not self.path.is_dir():
+            return []
+        entries = [p for p in self.path.iterdir() if not p.name.startswith(".")]
+        if not self.holds_run:
+            return sorted(p.name for p in entries)
+        own = set((self.marker or {}).get("files", {}) or {})
+        for c in self.checkpoints:
+            manifest = read_json(c.path / CHECKPOINT_MANIFEST) or {}
+            own |= {name for name in manifest.get("files", {}) if "/" not in name}
+        foreign = []
+        for p in entries:
+            if CHECKPOINT_NAME.match(p.name) or p.name in own:
+                continue
+            if p.is_file() and any(p.match(pattern) for pattern in OWN_FILE_PATTERNS):
+                continue
+            foreign.append(p.name)
+        return sorted(foreign)
+
+    @property
+    def complete(self) -> list[Checkpoint]:
+        return [c for c in self.checkpoints if c.problem is None]
+
+    @property
+    def newest(self) -> Checkpoint | None:
+        """The newest complete checkpoint."""
+        return self.complete[-1] if self.complete else None
+
+    @property
+    def holds_run(self) -> bool:
+        return self.marker is not None or bool(self.checkpoints) or bool(self.model_files)
+
+    def saved_config(self) -> dict[str, Any] | None:
+        """The run config saved with the final model, else with the newest complete checkpoint."""
+        places = [self.path] if self.finished else []
+        places += [c.path for c in reversed(self.complete)] + [self.path]
+        for place in places:
+            config = read_json(place / RUN_CONFIG_NAME)
+            if config is not None:
+                return config
+        return None
+
+    def describe(self) -> str:
+        config = self.saved_config() or {}
+        stage = f"Stage {config['stage']} " if config.get("stage") else ""
+        listed = ", ".join(
+            c.path.name + (f" (incomplete: {c.problem})" if c.problem else "") for c in self.checkpoints[-4:]
+        )
+        if len(self.checkpoints) > 4:
+            listed = f"{len(self.checkpoints) - 4} older and " + listed
+        if self.finished:
+            text = (
+                f"a finished {stage}run (step {self.marker.get('global_step', '?')}, final model and {COMPLETE_MARKER})"
+            )
+            return text + (f" and checkpoints {listed}" if listed else "")
+        if self.checkpoints:
+            newest = f"newest complete: step {self.newest.step}" if self.newest else "none of them complete"
+            final = (
+                f"a final model that does not match its {COMPLETE_MARKER} ({self.damaged})"
+                if self.damaged
+                else "no finished model"
+            )
+            return f"an unfinished {stage}run: checkpoints {listed} ({newest}), {final}"
+        names = ", ".join(p.name for p in self.model_files[:4])
+        if self.damaged:
+            return f"the files of a {stage}model ({names}) that do not match its {COMPLETE_MARKER} ({self.damaged})"
+        return f"the files of a {stage}model ({names}) without the completion marker {COMPLETE_MARKER}"
+
+
+def config_differences(saved: dict[str, Any], new: dict[str, Any], limit: int = 8) -> list[str]:
+    """``field old -> new`` for each compared field whose value differs (at most ``limit``, then a count)."""
+    keys = sorted((set(saved) | set(new)) - set(NOT_COMPARED))
+    diffs = [f"{k} {json.dumps(saved.get(k))} -> {json.dumps(new.get(k))}" for k in keys if saved.get(k) != new.get(k)]
+    if len(diffs) > limit:
+        diffs = diffs[:limit] + [f"{len(diffs) - limit} more"]
+    return diffs
+
+
+# ---------------------------------------------------------------------------------------------- where training ends
+
+
+def _defaults(stage: str) -> dict[str, Any]:
+    out = {}
+    for cls in argument_classes(stage):
+        for f in fields(cls):
+            if f.default is not MISSING:
+                out[f.name] = f.default
+            elif f.default_factory is not MISSING:
+                out[f.name] = f.default_factory()
+    return out
+
+
+def training_end_fields(stage: str) -> tuple[str, ...]:
+    """The fields that decide where training ends: :data:`TRAINING_END_FIELDS` and every field of the stage's
+    argument classes whose metadata says ``ends_training``; only those that exist in this version."""
+    defaults = _defaults(stage)
+    tagged = [f.name for cls in argument_classes(stage) for f in fields(cls) if f.metadata.get("ends_training")]
+    return tuple(name for name in dict.fromkeys([*TRAINING_END_FIELDS, *tagged]) if name in defaults)
+
+
+def end_values(config: dict[str, Any], stage: str) -> dict[str, Any]:
+    """The training-length fields of a resolved config; a field it lacks (saved by an older version) has its default."""
+    defaults = _defaults(stage)
+    return {name: config.get(name, defaults[name]) for name in training_end_fields(stage)}
+
+
+def remove_path(path: Path) -> None:
+    """Delete a file, or a folder (renamed away first, so that it is never picked as a checkpoint half-deleted)."""
+    if path.is_dir():
+        aside = path.with_name(f".{path.name}.deleting.tmp")
+        os.replace(path, aside)  # gone under its own name at once, so never picked as a checkpoint
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
