@@ -13,8 +13,8 @@ that override it (``config.json --max_steps 2``). The fields of a stage are thos
 Every value is checked in its dataclass's ``__post_init__``; what depends on several classes or on the
 machine (the global batch, FlashAttention) is checked once, in :meth:`RunConfig.validate`. A field that
 does not belong to the stage (say ``alpha`` in a Stage II config) is an error naming the file and the
-field. Allowed values are imported from the modules that define them, never copied. The field reference
-``docs/configuration.md`` is written from these classes by ``experiments/write_config_docs.py``.
+field. Allowed values are imported from the modules that define them, never copied. The repository's
+field reference is generated from these classes (their ``help`` and ``choices`` metadata).
 """
 
 from __future__ import annotations
