@@ -23,6 +23,7 @@ a forward + backward pass (both are dominated by the same matrix products).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -102,11 +103,13 @@ def main(argv=None) -> int:
         stage_II(**batch_II).loss.backward()
         stage_II.zero_grad(set_to_none=True)
 
+    collate_held = dataclasses.replace(collate_II, with_negative=False)  # the validation pairs have no hard negative
+
     def eval_II():
         contrastive_validation(
             stage_II,
             held,
-            collate_II,
+            collate_held,
             batch_size=16,
             contrastive_batch=args.batch,
             scale=20.0,
