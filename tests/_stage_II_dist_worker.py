@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 import torch
@@ -139,6 +140,12 @@ def run_gradcache_rank(
                 },
                 os.path.join(out_dir, f"gradcache{case}_{rank}.pt"),
             )
+        # both ranks done; the DDP wrappers (and their reducers' threads) go before the process group does, so the
+        # process does not exit with a gloo thread still attached (seen once: "terminate called without an
+        # active exception", SIGABRT, in a CI run)
+        dist.barrier()
+        del plain, cached
+        gc.collect()
     finally:
         dist.destroy_process_group()
 
