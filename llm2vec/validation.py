@@ -34,6 +34,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .distributed import world
+from .loss.infonce import InfoNCELoss
 
 SIDES = ("query", "positive", "negative")
 
@@ -56,15 +57,6 @@ def retrieval_metrics(queries: torch.Tensor, documents: torch.Tensor, relevant: 
         "recall_at_10": float(top10.double().mean()),
         "mrr_at_10": float(torch.where(top10, 1.0 / ranks, 0.0).mean()),
     }
-
-
-def infonce(query: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor | None, scale: float) -> torch.Tensor:
-    """Mean InfoNCE of one batch (Eq. 6-7), in float32, nothing gathered: each query against the batch's positives
-    and hard negatives; the i-th positive is query i's target."""
-    q = F.normalize(query.float(), dim=-1)
-    candidates = [positive] if negative is None else [positive, negative]
-    c = F.normalize(torch.cat(candidates).float(), dim=-1)
-    return F.cross_entropy(scale * q @ c.T, torch.arange(len(q), device=q.device))
 
 
 def _gather_rows(local: torch.Tensor, count: int) -> torch.Tensor:
@@ -130,12 +122,13 @@ def contrastive_validation(
     finally:
         model.train(was_training)
     n = len(triples)
+    infonce = InfoNCELoss(scale)  # Eq. 6-7 in float32; the embeddings are gathered already: gather=False
     losses = [
         infonce(
             e["query"][i : i + contrastive_batch],
             e["positive"][i : i + contrastive_batch],
             e["negative"][i : i + contrastive_batch] if "negative" in e else None,
-            scale,
+            gather=False,
         )
         * len(range(i, min(n, i + contrastive_batch)))
         for i in range(0, n, contrastive_batch)

@@ -44,6 +44,9 @@ def test_infonce_equals_per_query_loop(with_negative, scale):
     loss = InfoNCELoss(scale)(q, p, negative)
     assert torch.allclose(loss, reference_infonce(q, p, negative, scale), atol=1e-5, rtol=0)
     assert InfoNCELoss(scale).scores(q, p, negative).shape == (6, 12 if with_negative else 6)
+    # gather=False (the validation loss on embeddings gathered already): the same equation on the given batch
+    ungathered = InfoNCELoss(scale)(q, p, negative, gather=False)
+    assert torch.allclose(ungathered, reference_infonce(q, p, negative, scale), atol=1e-5, rtol=0)
 
 
 def test_infonce_correct_pairs_score_lower_than_shuffled():

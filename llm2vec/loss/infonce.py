@@ -45,6 +45,9 @@ class InfoNCELoss(nn.Module):
     magnitude up to ``scale``), while the gradient-cached step, whose loss is computed outside ``forward``,
     ran it in float32. Both paths now compute the same float32 loss.
 
+    ``gather=False`` (``scores`` and ``forward``) takes the given embeddings as the whole batch: nothing is
+    gathered and query i's target is candidate i (the validation loss, whose embeddings are gathered already).
+
     Args:
         scale: 1 / tau. The paper fixes tau = 0.05, so 20 (the default); the authors' code used 50
             (tau = 0.02) without stating it.
@@ -56,25 +59,36 @@ class InfoNCELoss(nn.Module):
             raise ValueError(f"scale (1 / temperature) must be positive, got {scale}")
         self.scale = float(scale)
 
-    def scores(self, query: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, |C|) scaled cosine similarities of the local queries to all candidates of the global batch, in
-        float32 (autocast off)."""
+    def scores(
+        self, query: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor | None = None, gather: bool = True
+    ) -> torch.Tensor:
+        """(B, |C|) scaled cosine similarities of the local queries to all candidates of the global batch (of the
+        given batch with ``gather=False``), in float32 (autocast off)."""
+        collect = gather_with_grad if gather else (lambda t: t)
         with autocast_off(query.device):
             q = F.normalize(query.float(), p=2, dim=-1)
-            candidates = [gather_with_grad(F.normalize(positive.float(), p=2, dim=-1))]
+            candidates = [collect(F.normalize(positive.float(), p=2, dim=-1))]
             if negative is not None:
-                candidates.append(gather_with_grad(F.normalize(negative.float(), p=2, dim=-1)))
+                candidates.append(collect(F.normalize(negative.float(), p=2, dim=-1)))
             return self.scale * q @ torch.cat(candidates, dim=0).T
 
     def forward(
-        self, query: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor | None = None
+        self,
+        query: torch.Tensor,
+        positive: torch.Tensor,
+        negative: torch.Tensor | None = None,
+        gather: bool = True,
     ) -> torch.Tensor:
         if query.shape != positive.shape or (negative is not None and negative.shape != query.shape):
             shapes = [tuple(t.shape) for t in (query, positive, negative) if t is not None]
             raise ValueError(f"query, positive (and negative) embeddings must have the same shape, got {shapes}")
         with autocast_off(query.device):
-            scores = self.scores(query, positive, negative)
-            return F.cross_entropy(scores, positive_labels(query.shape[0], scores.device))
+            scores = self.scores(query, positive, negative, gather)
+            if gather:
+                labels = positive_labels(query.shape[0], scores.device)
+            else:
+                labels = torch.arange(query.shape[0], device=scores.device)
+            return F.cross_entropy(scores, labels)
 
     def extra_repr(self) -> str:
         return f"scale={self.scale}"
