@@ -4,7 +4,8 @@
     python experiments/run_demo.py            # outputs in cache/demo-runs/ (time: README)
     python experiments/run_demo.py --smoke    # tiny random model, 2 steps per stage (CI); cache/demo-smoke/
     python experiments/run_demo.py --fresh    # redo every step
-    python experiments/run_demo.py --seeds 1  # one seed (42) instead of three (42, 43, 44)
+    python experiments/run_demo.py --seeds 1  # one seed (42) instead of two (42, 43)
+    python experiments/run_demo.py --preset full  # three seeds (42, 43, 44): longer than the plain command
     python experiments/run_demo.py --validate # the same runs, evaluated on the validation split
 
 Finished steps are reused on the next run. The steps are in ``experiments/demo/pipeline.py``.
@@ -17,7 +18,7 @@ import dataclasses
 import sys
 
 from demo.pipeline import run_demo
-from demo.settings import DEFAULT_SEED, DEFAULT_SEEDS, SIZES
+from demo.settings import DEFAULT_SEED, PRESETS, SIZES
 from demo.steps import DemoError
 
 
@@ -42,11 +43,19 @@ def build_arg_parser() -> argparse.ArgumentParser:
         "cache/demo-smoke for --smoke; relative to the repository)",
     )
     p.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default="default",
+        help="how many seeds: "
+        + ", ".join(f"{name} {n}" for name, n in PRESETS.items())
+        + " (the times of both: docs/demo.md)",
+    )
+    p.add_argument(
         "--seeds",
         type=int,
-        default=DEFAULT_SEEDS,
+        default=None,
         help="train every row with this many seeds (--seed, --seed + 1, ...) and report mean and spread "
-        "(default: %(default)s)",
+        "(default: the preset's)",
     )
     p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="the first seed (default: %(default)s)")
     p.add_argument(
@@ -84,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.stage_II_learning_rate > 0:
             parser.error("--stage_II_learning_rate must be positive")
         changes["stage_II_learning_rate"] = args.stage_II_learning_rate
+    if args.seeds is None:
+        args.seeds = PRESETS[args.preset]
     if args.seeds < 1:
         parser.error("--seeds must be at least 1")
     if args.threads is not None and args.threads < 1:

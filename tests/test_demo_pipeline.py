@@ -19,6 +19,7 @@ from demo.settings import (
     BASELINE_CONFIG,
     DEFAULT_SEED,
     DEFAULT_SEEDS,
+    PRESETS,
     SIZES,
     STAGE_I_CONFIG,
     STAGE_I_EVAL,
@@ -173,6 +174,9 @@ def test_cli_passes_size_fresh_seeds_split_and_threads(monkeypatch):
     assert seen["seeds"] == (7, 8, 9) and seen["split"] == "validation" and seen["threads"] == 2
     assert cli.main([]) == 0 and seen["size"] == SIZES["default"] and seen["fresh"] is False
     assert seen["seeds"] == tuple(range(DEFAULT_SEED, DEFAULT_SEED + DEFAULT_SEEDS)) and seen["split"] == "test"
+    assert DEFAULT_SEEDS == PRESETS["default"] == 2 and PRESETS["full"] == 3
+    assert cli.main(["--preset", "full"]) == 0 and seen["seeds"] == (42, 43, 44) and seen["size"] == SIZES["default"]
+    assert cli.main(["--preset", "full", "--seeds", "1"]) == 0 and seen["seeds"] == (42,)  # --seeds wins
     for bad in (["--stage_I_steps", "0"], ["--seeds", "0"], ["--threads", "0"], ["--stage_II_learning_rate", "0"]):
         with pytest.raises(SystemExit):
             cli.main(bad)
@@ -385,6 +389,24 @@ def test_smoke_run_reports_every_seed_and_their_mean_and_spread(smoke_run):
     line = next(x for x in lines if x.startswith("First step whose loss is below"))
     for (s, run), first in firsts.items():
         assert f"{run} {first}" in line.split(f"seed {s} ")[1].split(";")[0]
+        assert summary["first_step_below_0.7_chance"][s][run] == first
+    # issue #22's bar, recomputed from each run's own trainer_state.json: the mean of its last 5 losses < 0.5 x chance
+    trained = {str(s): [] for s in SEEDS}
+    for s in SEEDS:
+        for run, folder in (("Anchor", "stage_II_anchor"), ("Baseline", "stage_II_baseline")):
+            tail = [loss for _, loss in _loss_history(out / f"seed{s}" / folder)][-5:]
+            if sum(tail) / len(tail) < 0.5 * math.log(2 * SIZES["smoke"].batch_size):
+                trained[str(s)].append(run)
+    assert summary["stage_II_trained"] == trained
+    count = sum(map(len, trained.values()))
+    assert f"Runs that trained (mean of the last 5 losses below 0.5 x chance): {count} of {2 * len(SEEDS)}" in results
+    # Stage I only - Untrained per seed, from mteb's own files
+    untrained_ndcg = mteb_untrained["ndcg_at_10"]
+    cells = [
+        f"{100 * (_mteb_scores(out / f'seed{s}' / 'eval' / 'stage_I')['ndcg_at_10'] - untrained_ndcg):+.2f}"
+        for s in SEEDS
+    ]
+    assert "| Stage I only - Untrained | " + " | ".join(cells) + " |" in lines
 
 
 def test_smoke_run_trains_each_seed_with_its_seed_and_plots_every_loss(smoke_run, tmp_path):
@@ -488,6 +510,52 @@ def test_a_second_run_of_the_same_command_gives_the_same_numbers(smoke_run, tmp_
     _run_demo(again, tmp_path, *SMOKE_FLAGS)
     assert (again / "report" / "results.json").read_bytes() == (out / "report" / "results.json").read_bytes()
     assert (again / "report" / "stage_II_loss.png").read_bytes() == (out / "report" / "stage_II_loss.png").read_bytes()
+
+
+def test_two_reports_side_by_side(smoke_run, tmp_path):
+    """compare_demo_runs.py: each seed's figures at both runs, read from mteb's files and the runs' logs, their
+    difference, and the largest difference over every number both results.json hold (here: one changed number)."""
+    out, _ = smoke_run
+    first = json.loads((out / "report" / "results.json").read_text())
+    assert first["threads"] == 2  # SMOKE_FLAGS
+    second = json.loads(json.dumps(first))
+    second["threads"] = 1
+    anchor = next(r for r in second["rows"] if r["row"] == "anchor")
+    anchor["per_seed"]["43"]["ndcg_at_10"] += 0.25
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "results.json").write_text(json.dumps(second))
+
+    def compare(*paths):
+        cmd = [sys.executable, str(REPO / "experiments" / "compare_demo_runs.py"), *map(str, paths)]
+        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+
+    table = compare(out, tmp_path / "one")
+    assert table.splitlines()[0] == "| seed | figure | 2 thread(s) | 1 thread(s) | difference |"
+    for s in SEEDS:
+        ndcg = {r: _mteb_scores(out / f"seed{s}" / "eval" / r)["ndcg_at_10"] for r in ("anchor", "baseline", "stage_I")}
+        moved = 25.0 if s == 43 else 0.0
+        assert (
+            f"| {s} | nDCG@10 Anchor | {100 * ndcg['anchor']:.3f} | {100 * ndcg['anchor'] + moved:.3f} | {moved:+.3f} |"
+            in table
+        )
+        gap = 100 * (ndcg["anchor"] - ndcg["baseline"])
+        assert f"| {s} | Anchor - Baseline | {gap:.3f} | {gap + moved:.3f} | {moved:+.3f} |" in table
+        for run, folder in (("Anchor", "stage_II_anchor"), ("Baseline", "stage_II_baseline")):
+            tail = [loss for _, loss in _loss_history(out / f"seed{s}" / folder)][-5:]
+            share = sum(tail) / len(tail) / math.log(2 * SIZES["smoke"].batch_size)
+            assert f"| {s} | {run}: last 5 losses / chance | {share:.3f} | {share:.3f} | +0.000 |" in table
+    assert "Largest difference over the " in table and ": 0.25 (rows/3/per_seed/43/ndcg_at_10)." in table
+    assert "(every number equal)" in compare(out, out / "report" / "results.json")
+    missing = subprocess.run(
+        [sys.executable, str(REPO / "experiments" / "compare_demo_runs.py"), str(out), str(tmp_path / "none")],
+        capture_output=True,
+        text=True,
+    )
+    assert (
+        missing.returncode == 1
+        and "none: no results.json there" in missing.stderr
+        and "Traceback" not in missing.stderr
+    )
 
 
 def test_validation_split_reuses_the_training_and_reports_apart(smoke_run):

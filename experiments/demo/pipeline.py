@@ -153,6 +153,7 @@ def run_demo(
                 "seeds": {str(s): r.run_ids() for s, r in per_seed.items()},
                 "text": run_text,
                 "split": split,
+                "threads": hardware.threads,
             },
             functools.partial(
                 write_report,
@@ -162,6 +163,7 @@ def run_demo(
                 untrained=untrained,
                 seeds={s: r.report_input() for s, r in per_seed.items()},
                 run_text=run_text,
+                threads=hardware.threads,
             ),
         )
     )

@@ -265,6 +265,11 @@ def markdown_tables(rows: list[dict[str, Any]], difference: dict[str, Any]) -> s
         lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
     diffs = " | ".join(f"{100 * difference['per_seed'][s]:+.2f}" for s in seeds)
     lines.append(f"| Anchor - Baseline | {diffs} |")
+    untrained = rows[0]["mean"]["ndcg_at_10"]
+    stage_I = next((r for r in rows if r["row"] == "stage_I" and r["per_seed"]), None)
+    if stage_I is not None:
+        cells = " | ".join(f"{100 * (stage_I['per_seed'][s]['ndcg_at_10'] - untrained):+.2f}" for s in seeds)
+        lines.append(f"| Stage I only - Untrained | {cells} |")
     spread = "" if difference["std"] is None else f" ± {100 * difference['std']:.2f} (sample std)"
     lines += [
         "",
@@ -275,7 +280,8 @@ def markdown_tables(rows: list[dict[str, Any]], difference: dict[str, Any]) -> s
 
 
 END_STEPS = 5  # the steps the "end of a run" loss averages
-STABLE_SHARE = 0.7  # a run counts as trained when its final loss is below this share of chance (issue #14)
+STABLE_SHARE = 0.7  # a run has left the plateau when its loss is below this share of chance (issue #14)
+TRAINED_SHARE = 0.5  # a run has trained when the mean of its last END_STEPS losses is below this share (issue #22)
 
 
 def write_report(
@@ -286,6 +292,7 @@ def write_report(
     untrained: dict[str, Any],
     seeds: dict[int, dict[str, Any]],
     run_text: str,
+    threads: int | None = None,
 ) -> dict[str, Any]:
     """Write :data:`RESULTS_MD`, :data:`LOSS_PLOT` and :data:`RESULTS_JSON` into ``folder``.
 
@@ -329,9 +336,18 @@ def write_report(
         )
         for s, f in final.items()
     ]
+    n_runs = sum(len(f) for f in final.values())
     below = sum(loss < STABLE_SHARE * chance for f in final.values() for loss in f.values())
+    trained = {
+        s: sorted(run.split(" ")[0] for run, loss in e.items() if loss < TRAINED_SHARE * chance) for s, e in end.items()
+    }
+    missing = [
+        f"seed {s} {run.split(' ')[0]}" for s, e in end.items() for run in e if run.split(" ")[0] not in trained[s]
+    ]
+    final_lines.append(f"\nRuns whose final loss is below {STABLE_SHARE} x chance: {below} of {n_runs}.")
     final_lines.append(
-        f"\nRuns whose final loss is below {STABLE_SHARE} x chance: {below} of {sum(len(f) for f in final.values())}."
+        f"Runs that trained (mean of the last {END_STEPS} losses below {TRAINED_SHARE} x chance): "
+        f"{n_runs - len(missing)} of {n_runs}" + (f"; not: {', '.join(missing)}." if missing else ".")
     )
 
     def first_below(points):  # the first logged step whose loss is under STABLE_SHARE x chance, or "never"
@@ -363,6 +379,7 @@ def write_report(
         "size": dataclasses.asdict(size),
         "task": TASK_NAME,
         "split": split,
+        "threads": threads,
         "instruction": INSTRUCTION,
         "seeds": [int(s) for s in seeds],
         "rows": rows,
@@ -373,6 +390,10 @@ def write_report(
         "stage_II_final_loss": final,
         f"stage_II_mean_loss_of_the_last_{END_STEPS}_steps": end,
         "stage_II_chance_loss": chance,
+        "stage_II_trained": trained,
+        "first_step_below_0.7_chance": {
+            s: {run.split(" ")[0]: first_below(points) for run, points in runs.items()} for s, runs in histories.items()
+        },
     }
     with atomic_write(folder / RESULTS_JSON) as f:
         f.write(json.dumps(summary, indent=2) + "\n")
