@@ -558,6 +558,18 @@ def test_two_reports_side_by_side(smoke_run, tmp_path):
     )
 
 
+def test_largest_difference_names_the_number_and_counts_nan_against_a_number_as_unbounded():
+    from demo.compare import largest_difference
+
+    nan = float("nan")
+    a = {"rows": [{"x": 1.0, "y": nan, "z": nan}], "threads": 2, "name": "run"}
+    b = {"rows": [{"x": 1.5, "y": 2.0, "z": nan}], "threads": 1, "name": "other"}
+    assert largest_difference(a, b) == (math.inf, "rows/0/y", 3)  # the thread count and strings are not compared
+    b["rows"][0]["y"] = nan
+    assert largest_difference(a, b) == (0.5, "rows/0/x", 3)
+    assert largest_difference(a, a)[:2] == (0.0, None)
+
+
 def test_validation_split_reuses_the_training_and_reports_apart(smoke_run):
     out, _ = smoke_run
     stdout = _run_demo(out, REPO, *SMOKE_FLAGS, "--validate")

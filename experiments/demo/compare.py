@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .report import END_STEPS, RESULTS_JSON, TRAINED_SHARE
+from .report import END_STEPS, FIRST_BELOW_KEY, RESULTS_JSON, TRAINED_SHARE
 
 ROWS = (("untrained", "Untrained"), ("stage_I", "Stage I only"), ("baseline", "Baseline"), ("anchor", "Anchor"))
 
@@ -48,7 +48,7 @@ def seed_figures(results: dict[str, Any]) -> dict[str, dict[str, float | str]]:
             figures["anchor gain EBD2Q (end of Stage I)"] = last["anchor_gain_d2q"]
         for run, loss in end[seed].items():
             figures[f"{run.split(' ')[0]}: last {END_STEPS} losses / chance"] = loss / chance
-        for run, step in results.get("first_step_below_0.7_chance", {}).get(seed, {}).items():
+        for run, step in results.get(FIRST_BELOW_KEY, {}).get(seed, {}).items():
             figures[f"{run}: first step below 0.7 x chance"] = step
         out[seed] = figures
     return out
@@ -75,7 +75,9 @@ def largest_difference(a: dict[str, Any], b: dict[str, Any]) -> tuple[float, str
     worst, where = 0.0, None
     for key in shared:
         d = abs(na[key] - nb[key])
-        if d > worst or (math.isnan(d) and where is None):
+        if math.isnan(d):  # NaN against a number differs without bound; NaN against NaN is the same
+            d = 0.0 if math.isnan(na[key]) and math.isnan(nb[key]) else math.inf
+        if d > worst:
             worst, where = d, key
     return worst, where, len(shared)
 

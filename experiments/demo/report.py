@@ -282,6 +282,7 @@ def markdown_tables(rows: list[dict[str, Any]], difference: dict[str, Any]) -> s
 END_STEPS = 5  # the steps the "end of a run" loss averages
 STABLE_SHARE = 0.7  # a run has left the plateau when its loss is below this share of chance (issue #14)
 TRAINED_SHARE = 0.5  # a run has trained when the mean of its last END_STEPS losses is below this share (issue #22)
+FIRST_BELOW_KEY = f"first_step_below_{STABLE_SHARE}_chance"  # results.json: each run's first step under STABLE_SHARE
 
 
 def write_report(
@@ -391,7 +392,7 @@ def write_report(
         f"stage_II_mean_loss_of_the_last_{END_STEPS}_steps": end,
         "stage_II_chance_loss": chance,
         "stage_II_trained": trained,
-        "first_step_below_0.7_chance": {
+        FIRST_BELOW_KEY: {
             s: {run.split(" ")[0]: first_below(points) for run, points in runs.items()} for s, runs in histories.items()
         },
     }
