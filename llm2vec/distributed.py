@@ -75,3 +75,33 @@ def positive_labels(local_batch_size: int, device: torch.device | None = None) -
     """Row of each local query's positive among the gathered candidates: ``rank * B + i``."""
     rank, _ = world()
     return rank * local_batch_size + torch.arange(local_batch_size, device=device)
+
+
+def release_process_group() -> None:
+    """Destroy the default process group, after freeing what still holds it.
+
+    A driver's training leaves the process group (set up by transformers / accelerate) alive and the Trainer's
+    DDP wrapper unreferenced but not yet collected. Left to the interpreter's exit, their native threads can be
+    torn down in the wrong order and abort the process after a finished run ("terminate called without an
+    active exception", seen with gloo). This collects the unreferenced wrappers first, then destroys the group.
+    No collective call: a process whose peer failed must not wait here.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    import gc
+
+    gc.collect()
+    dist.destroy_process_group()
+
+
+_release_registered = False
+
+
+def release_process_group_at_exit() -> None:
+    """Register :func:`release_process_group` to run at the interpreter's exit (once per process)."""
+    global _release_registered
+    if not _release_registered:
+        import atexit
+
+        atexit.register(release_process_group)
+        _release_registered = True

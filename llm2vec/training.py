@@ -26,6 +26,7 @@ from safetensors import SafetensorError
 from . import resume, run_folder, run_inputs, run_lock, startup_checks
 from .arguments import ConfigError, DataArguments, RunConfig, help_text, parse_config
 from .dataset import DataError, TrainDataset, load_e5, load_jsonl
+from .distributed import release_process_group_at_exit
 from .llm2vec import PackingRefused
 from .run_lock import RunLocked
 from .schedule import StopAfterNSteps, check_resume, plan_schedule
@@ -264,6 +265,7 @@ def main(stage: str, argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     try:
         run(stage, argv)
+        release_process_group_at_exit()  # several runs may share the process (and its group) until it exits
     except Exception as e:
         known = user_error(e)
         if known is None or debug:

@@ -351,15 +351,17 @@ def write_report(
         f"{n_runs - len(missing)} of {n_runs}" + (f"; not: {', '.join(missing)}." if missing else ".")
     )
 
-    def first_below(points):  # the first logged step whose loss is under STABLE_SHARE x chance, or "never"
-        return next((str(step) for step, loss in points if loss < STABLE_SHARE * chance), "never")
-
+    # per seed and run: the first logged step whose loss is under STABLE_SHARE x chance, or "never"
+    firsts = {
+        s: {
+            run.split(" ")[0]: next((str(step) for step, loss in points if loss < STABLE_SHARE * chance), "never")
+            for run, points in runs.items()
+        }
+        for s, runs in histories.items()
+    }
     final_lines.append(
         f"First step whose loss is below {STABLE_SHARE} x chance: "
-        + "; ".join(
-            f"seed {s} " + ", ".join(f"{run.split(' ')[0]} {first_below(points)}" for run, points in runs.items())
-            for s, runs in histories.items()
-        )
+        + "; ".join(f"seed {s} " + ", ".join(f"{run} {step}" for run, step in f.items()) for s, f in firsts.items())
         + "."
     )
     text = (
@@ -392,9 +394,7 @@ def write_report(
         f"stage_II_mean_loss_of_the_last_{END_STEPS}_steps": end,
         "stage_II_chance_loss": chance,
         "stage_II_trained": trained,
-        FIRST_BELOW_KEY: {
-            s: {run.split(" ")[0]: first_below(points) for run, points in runs.items()} for s, runs in histories.items()
-        },
+        FIRST_BELOW_KEY: firsts,
     }
     with atomic_write(folder / RESULTS_JSON) as f:
         f.write(json.dumps(summary, indent=2) + "\n")
