@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .report import END_STEPS, FIRST_BELOW_KEY, RESULTS_JSON, TRAINED_SHARE
+from .report import END_STEPS, FIRST_BELOW_KEY, RESULTS_JSON, STABLE_SHARE, TRAINED_SHARE
 
 ROWS = (("untrained", "Untrained"), ("stage_I", "Stage I only"), ("baseline", "Baseline"), ("anchor", "Anchor"))
 
@@ -49,7 +49,7 @@ def seed_figures(results: dict[str, Any]) -> dict[str, dict[str, float | str]]:
         for run, loss in end[seed].items():
             figures[f"{run.split(' ')[0]}: last {END_STEPS} losses / chance"] = loss / chance
         for run, step in results.get(FIRST_BELOW_KEY, {}).get(seed, {}).items():
-            figures[f"{run}: first step below 0.7 x chance"] = step
+            figures[f"{run}: first step below {STABLE_SHARE} x chance"] = step
         out[seed] = figures
     return out
 
