@@ -9,7 +9,6 @@ after the processes' reduction. The references are computed by the test, in one 
 from __future__ import annotations
 
 import contextlib
-import datetime
 import os
 
 import torch
@@ -64,49 +63,45 @@ def run_rank(rank: int, stage: str, how: str, init_file: str, checkpoint: str, b
     one chunked step with the trainer's loss weight, the results saved to ``out/<stage><how><rank>.pt``."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(1)
-    import torch.distributed as dist
-
-    from llm2vec.chunked_steps import decoder_call_lengths, plan_chunks, rows_of
+    from _gloo import run_in_group
 
     # a short timeout: ranks running different numbers of collectives fail the test instead of hanging it
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{init_file}",
-        rank=rank,
-        world_size=WORLD,
-        timeout=datetime.timedelta(seconds=60),
+    run_in_group(
+        rank, WORLD, init_file, lambda: chunked_step(rank, stage, how, checkpoint, batch_file, budget, out), 60
     )
-    try:
-        data = torch.load(batch_file)
-        batch = data["ranks"][rank]
-        encoder = build(stage, checkpoint, budget)
-        encoder.train()
-        forwards = []
-        encoder.register_forward_pre_hook(lambda module, args: forwards.append(1))
-        model, no_sync = wrap(encoder, how)
-        if stage == "I":
-            batch = {**batch, "target_counts": data["counts"]}  # summed over both ranks, as the trainer does
-            lengths = decoder_call_lengths(batch, encoder.loss_fn.directions()).tolist()
-            weight = float(WORLD)  # the trainer's weight for a batch with step-wide counts (DDP/FSDP average)
+
+
+def chunked_step(rank: int, stage: str, how: str, checkpoint: str, batch_file: str, budget: int, out: str) -> None:
+    from llm2vec.chunked_steps import decoder_call_lengths, plan_chunks, rows_of
+
+    data = torch.load(batch_file)
+    batch = data["ranks"][rank]
+    encoder = build(stage, checkpoint, budget)
+    encoder.train()
+    forwards = []
+    encoder.register_forward_pre_hook(lambda module, args: forwards.append(1))
+    model, no_sync = wrap(encoder, how)
+    if stage == "I":
+        batch = {**batch, "target_counts": data["counts"]}  # summed over both ranks, as the trainer does
+        lengths = decoder_call_lengths(batch, encoder.loss_fn.directions()).tolist()
+        weight = float(WORLD)  # the trainer's weight for a batch with step-wide counts (DDP/FSDP average)
+    else:
+        lengths = [len(r["input_ids"]) for side in ("query", "positive", "negative") for r in rows_of(batch[side])]
+        weight = 1.0  # the trainer's weight for a per-micro-batch mean loss, no accumulation
+
+    def backward(tensor, grad=None):
+        if grad is None:
+            (tensor * weight).backward()
         else:
-            lengths = [len(r["input_ids"]) for side in ("query", "positive", "negative") for r in rows_of(batch[side])]
-            weight = 1.0  # the trainer's weight for a per-micro-batch mean loss, no accumulation
+            tensor.backward(grad * weight)
 
-        def backward(tensor, grad=None):
-            if grad is None:
-                (tensor * weight).backward()
-            else:
-                tensor.backward(grad * weight)
-
-        out_step = encoder.step_in_parts(model, batch, backward, no_sync)
-        torch.save(
-            {
-                "own_plan": len(plan_chunks(lengths, budget)),
-                "forwards": len(forwards),
-                "loss": out_step.loss.detach(),  # this rank's loss, unweighted
-                "grads": full_grads(encoder),
-            },
-            os.path.join(out, f"{stage}{how}{rank}.pt"),
-        )
-    finally:
-        dist.destroy_process_group()
+    out_step = encoder.step_in_parts(model, batch, backward, no_sync)
+    torch.save(
+        {
+            "own_plan": len(plan_chunks(lengths, budget)),
+            "forwards": len(forwards),
+            "loss": out_step.loss.detach(),  # this rank's loss, unweighted
+            "grads": full_grads(encoder),
+        },
+        os.path.join(out, f"{stage}{how}{rank}.pt"),
+    )

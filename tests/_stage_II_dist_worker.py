@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import os
 
 import torch
@@ -54,11 +53,11 @@ def run_rank(rank: int, world_size: int, init_file: str, checkpoint: str, batch_
     """One process: DDP-wrapped encoder, this rank's rows of the union batch, one SGD step; saves loss and LoRA."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(1)
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
+    from _gloo import run_in_group
 
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
-    try:
+    def body():
+        from torch.nn.parallel import DistributedDataParallel
+
         model = build_encoder(checkpoint)
         batch = torch.load(batch_file)
         rows = batch["query"]["input_ids"].shape[0] // world_size
@@ -67,20 +66,19 @@ def run_rank(rank: int, world_size: int, init_file: str, checkpoint: str, batch_
         loss = ddp(**local).loss
         sgd_step(model, loss)
         torch.save({"loss": loss.detach(), "lora": lora_state(model)}, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+
+    run_in_group(rank, world_size, init_file, body)
 
 
 def run_gather_rank(rank: int, world_size: int, init_file: str, data_file: str, out_dir: str) -> None:
     """One process: InfoNCE of this rank's queries against the gathered candidates; saves the loss and the
     gradients of this rank's query, positive and negative embeddings."""
     torch.set_num_threads(1)
-    import torch.distributed as dist
+    from _gloo import run_in_group
 
-    from llm2vec.loss.infonce import InfoNCELoss
+    def body():
+        from llm2vec.loss.infonce import InfoNCELoss
 
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
-    try:
         data = torch.load(data_file)
         rows = data["query"].shape[0] // world_size
         local = {k: v[rank * rows : (rank + 1) * rows].clone().requires_grad_(True) for k, v in data.items()}
@@ -91,8 +89,8 @@ def run_gather_rank(rank: int, world_size: int, init_file: str, data_file: str, 
         torch.save(
             {"loss": loss.detach(), **{k: v.grad for k, v in local.items()}}, os.path.join(out_dir, f"gather{rank}.pt")
         )
-    finally:
-        dist.destroy_process_group()
+
+    run_in_group(rank, world_size, init_file, body)
 
 
 def run_gradcache_rank(
@@ -104,13 +102,13 @@ def run_gradcache_rank(
     alone would make and the number of forward passes of the cached step."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(1)
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
+    from _gloo import run_in_group
 
-    from llm2vec.chunked_steps import plan_chunks, rows_of
+    def body():
+        from torch.nn.parallel import DistributedDataParallel
 
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
-    try:
+        from llm2vec.chunked_steps import plan_chunks, rows_of
+
         plain = DistributedDataParallel(build_encoder(checkpoint))
         encoder = build_encoder(checkpoint, embedding_token_budget=budget)
         cached = DistributedDataParallel(encoder)
@@ -140,14 +138,8 @@ def run_gradcache_rank(
                 },
                 os.path.join(out_dir, f"gradcache{case}_{rank}.pt"),
             )
-        # both ranks done; the DDP wrappers (and their reducers' threads) go before the process group does, so the
-        # process does not exit with a gloo thread still attached (seen once: "terminate called without an
-        # active exception", SIGABRT, in a CI run)
-        dist.barrier()
-        del plain, cached
-        gc.collect()
-    finally:
-        dist.destroy_process_group()
+
+    run_in_group(rank, world_size, init_file, body)
 
 
 def run_autocast_rank(
@@ -159,11 +151,11 @@ def run_autocast_rank(
     encoder: ``retain_grad`` for the plain step, the cache handed to ``backward`` for the cached one)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(1)
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
+    from _gloo import run_in_group
 
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
-    try:
+    def body():
+        from torch.nn.parallel import DistributedDataParallel
+
         batch = torch.load(batch_file)
         rows = batch["query"]["input_ids"].shape[0] // world_size
         local = slice_batch(batch, rank * rows, (rank + 1) * rows)
@@ -177,8 +169,8 @@ def run_autocast_rank(
         cached = DistributedDataParallel(encoder)
         results["cached"] = autocast_cached_step(encoder, cached, local)
         torch.save(results, os.path.join(out_dir, f"autocast{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+
+    run_in_group(rank, world_size, init_file, body)
 
 
 SIDES = ("query", "positive", "negative")

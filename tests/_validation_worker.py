@@ -43,14 +43,14 @@ def measure(encoder, model=None, batch_size: int = 2, contrastive_batch: int = 3
 def run_validation_rank(rank: int, world_size: int, init_file: str, checkpoint: str, out_dir: str) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(1)
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
+    from _gloo import run_in_group
 
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
-    try:
+    def body():
+        from torch.nn.parallel import DistributedDataParallel
+
         encoder = build_encoder(checkpoint)
         metrics = measure(encoder, DistributedDataParallel(encoder))
         with open(os.path.join(out_dir, f"validation{rank}.json"), "w") as f:
             json.dump(metrics, f)
-    finally:
-        dist.destroy_process_group()
+
+    run_in_group(rank, world_size, init_file, body)
