@@ -1,36 +1,53 @@
-"""What the anchor tells the decoder: the anchor's information gain on held-out pairs.
+"""What the anchor tells the decoder: the anchor's information gain and rank accuracy on held-out pairs.
 
 Stage I is meant to teach the anchor embedding e_X to hold its text (paper Sec. 3.2). Under teacher
 forcing the decoder can lower the reconstruction loss of Eq. 3-4 without reading e_X at all: it learns
 the language of the data and predicts each target token from the targets before it. The loss alone
-therefore cannot tell whether the anchor carries anything. This module measures it directly. For the
-held-out pairs (Q_i, D_i), batch by batch (B pairs, shift s = B // 2), per direction:
+therefore cannot tell whether the anchor carries anything. This module measures it directly.
 
-    true_i   = - sum_t log P(y_t^i | e^i,     y_<t^i)     (the pair's own anchor: Eq. 3 or 4)
-    rolled_i = - sum_t log P(y_t^i | e^(i+s), y_<t^i)     (the anchor of pair (i + s) mod B of the batch)
+For a batch of B held-out pairs (Q_i, D_i) and one direction (e = e_Q and y = D for EBQ2D, e = e_D and y = Q
+for EBD2Q), let
 
-    loss   = sum_i true_i   / T        (the validation reconstruction loss, nats per target token)
-    gain   = sum_i rolled_i / T - loss
+    c_t(i, j) = - log P(y_t^i | e^j, y_<t^i)      the t-th target token of pair i, read from pair j's anchor
 
-where T counts the direction's target tokens over all held-out pairs, e = e_Q and y = D for EBQ2D, e = e_D
-and y = Q for EBD2Q. The gain is 0 when the decoder ignores its anchor (or all anchors are the same
-vector), and grows as the anchor tells the decoder which text it is reconstructing: it is what Stage I is
-for, and what its loss cannot show. Shuffle the held-out pairs (:func:`llm2vec.dataset.hold_out` does)
-so that the other pair of a batch is not a near twin of the same topic.
+(the reconstruction pass of Eq. 3-4 with another pair's anchor when j != i). Over all held-out pairs, with
+T the direction's target tokens, s = B // 2 and p(i) = (i + s) mod B:
 
-Both passes are the model's own forward (the reconstruction pass of the training loss, through whatever
-wraps the model: DDP, FSDP), with ``anchor_shift`` for the rolled one, without gradients, in eval mode
-(no dropout) and with autocast off: float32 for a float32 model. The numbers are in the units of the
-training log's ``loss_q2d`` / ``loss_d2q``.
+    loss  = sum_i sum_t c_t(i, i) / T                        the validation reconstruction loss
+    gain  = sum_i sum_t c_t(i, p(i)) / T - loss              the anchor gain (nats per target token)
+    gain@k: the same two sums over the first k target tokens of each pair only (t <= k), divided by
+            their count. Under teacher forcing the anchor matters most for the first tokens (later ones
+            follow from the prefix), so the per-token mean dilutes what gain@k shows.
+    rank accuracy: with C_i(j) = sum_t c_t(i, j), the share of pairs whose own anchor gives the lowest
+            C_i among R candidates j = i, i + 1, ..., i + R - 1 (mod B), R = min(B, rank_candidates);
+            a tie of the own anchor with m others counts 1 / (m + 1). Chance is 1 / R.
+
+The gain is 0 when the decoder ignores its anchor (or all anchors are the same vector), and the rank
+accuracy then at chance; both grow as the anchor tells the decoder which text it is reconstructing.
+
+Within a source. When the held-out pairs come from several sources (E5's datasets), another pair's anchor
+can differ from the own one by its source alone, and the measures would count telling sources apart. Given
+each pair's source, the same measures are computed within each source of a batch: pair i's partner is the
+member n // 2 places further in its source's members of the batch (n of them, in batch order), and its rank
+candidates are those members (at most R of them, from itself on). Pairs alone in their source in a batch are
+left out of these (``pairs_in_source`` counts the others).
+
+Shuffle the held-out pairs (:func:`llm2vec.dataset.hold_out` does) so that the other pairs of a batch are not
+near twins of the same topic. Every pass is the model's own forward (through whatever wraps the model: DDP,
+FSDP) with ``anchor_shifts``: the batch is embedded once and reconstructed once per shift, without gradients,
+in eval mode (no dropout) and with autocast off (float32 for a float32 model). A measured batch costs one
+encoding and max(R, s + 1) reconstruction passes (R = 8: 8 at batches of up to 8 pairs, 9 at 16 pairs).
+The losses are in the units of the training log's ``loss_q2d`` / ``loss_d2q``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 
-from .loss.reconstruction import target_counts
+RANK_CANDIDATES = 8
+FIRST_TOKENS = 4
 
 
 def _on(value, device: torch.device):
@@ -39,53 +56,153 @@ def _on(value, device: torch.device):
     return value.to(device) if isinstance(value, torch.Tensor) else value
 
 
+def _first(mask: torch.Tensor, k: int) -> torch.Tensor:
+    """The first ``k`` real targets of each row of a right-padded (B, M) mask."""
+    return mask * (mask.cumsum(dim=1) <= k)
+
+
+def _rank_credit(totals: dict[int, float], own: int) -> float:
+    """1 / (ties + 1) when ``own`` has the lowest total among ``totals`` (``{candidate: C}``), else 0."""
+    mine = totals[own]
+    tolerance = 1e-6 * max(1.0, abs(mine))
+    if any(c < mine - tolerance for j, c in totals.items() if j != own):
+        return 0.0
+    return 1.0 / sum(1 for c in totals.values() if abs(c - mine) <= tolerance)
+
+
+class _Tally:
+    """Sums of one direction's measures over batches."""
+
+    def __init__(self):
+        self.sums = {"loss": 0.0, "rolled": 0.0, "first_loss": 0.0, "first_rolled": 0.0}
+        self.tokens = self.first_tokens = 0
+        self.hits = self.chance = 0.0
+        self.pairs = 0
+        self.source = {"loss": 0.0, "rolled": 0.0, "hits": 0.0, "chance": 0.0, "tokens": 0, "pairs": 0}
+
+    def add(self, cross, mask, first, shift, candidates, groups):
+        size = mask.shape[0]
+        for i in range(size):
+            own, other = (cross[i, i] * mask[i]).sum(), (cross[i, (i + shift) % size] * mask[i]).sum()
+            self.sums["loss"] += float(own)
+            self.sums["rolled"] += float(other)
+            self.sums["first_loss"] += float((cross[i, i] * first[i]).sum())
+            self.sums["first_rolled"] += float((cross[i, (i + shift) % size] * first[i]).sum())
+            totals = {j: float((cross[i, j] * mask[i]).sum()) for j in ((i + c) % size for c in range(candidates))}
+            self.hits += _rank_credit(totals, i)
+            self.chance += 1.0 / candidates
+        self.tokens += int(mask.sum())
+        self.first_tokens += int(first.sum())
+        self.pairs += size
+        for members in groups:
+            n = len(members)
+            for p, i in enumerate(members):
+                partner = members[(p + n // 2) % n]
+                self.source["loss"] += float((cross[i, i] * mask[i]).sum())
+                self.source["rolled"] += float((cross[i, partner] * mask[i]).sum())
+                self.source["tokens"] += int(mask[i].sum())
+                pool = [members[(p + c) % n] for c in range(min(n, candidates))]
+                self.source["hits"] += _rank_credit({j: float((cross[i, j] * mask[i]).sum()) for j in pool}, i)
+                self.source["chance"] += 1.0 / len(pool)
+                self.source["pairs"] += 1
+
+
 @torch.no_grad()
 def anchor_gain(
-    model: torch.nn.Module, batches: Iterable[dict], device: torch.device | None = None
+    model: torch.nn.Module,
+    batches: Iterable[dict],
+    device: torch.device | None = None,
+    sources: Sequence[Sequence[str]] | None = None,
+    first_tokens: int = FIRST_TOKENS,
+    rank_candidates: int = RANK_CANDIDATES,
 ) -> dict[str, float]:
-    """The validation reconstruction loss and the anchor's information gain (module docstring).
+    """The validation reconstruction loss and the anchor measures of the module docstring.
 
     Args:
         model: a Stage I model (:class:`llm2vec.llm2vec_q2d_d2q.LLM2Vec_q2d_d2q`), possibly wrapped (DDP, FSDP).
         batches: collated Stage I batches (:class:`llm2vec.collator.TrainCollator` with ``reconstruction``)
             of held-out pairs, each of at least 2 pairs.
         device: where the batches go (default: the device of the model's first parameter).
+        sources: for each batch, the source of each of its pairs; given, the measures within a source are added.
+        first_tokens: k of the gain over the first k target tokens.
+        rank_candidates: R, the anchors each pair's own anchor is ranked among (at most the batch size).
 
     Returns, for each direction ``d`` the model computes (``q2d``, ``d2q``; a direction of weight 0 is not):
-    ``loss_d`` (own anchors), ``rolled_d`` (other pairs' anchors) and ``anchor_gain_d`` (their difference),
-    in nats per target token; and ``pairs``, the number of pairs measured.
+    ``loss_d`` (own anchors), ``rolled_d`` (other pairs' anchors), ``anchor_gain_d`` (their difference),
+    ``anchor_gain_first{k}_d`` and ``rank_accuracy_d``; ``rank_chance`` (the mean of 1 / R over the pairs) and
+    ``pairs``, the number of pairs measured; with ``sources``, ``anchor_gain_in_source_d``,
+    ``rank_accuracy_in_source_d``, ``rank_chance_in_source`` and ``pairs_in_source`` (measured pairs only).
     """
+    if first_tokens < 1 or rank_candidates < 2:
+        raise ValueError(f"first_tokens must be >= 1 and rank_candidates >= 2, got {first_tokens}, {rank_candidates}")
     device = device or next(model.parameters()).device
     was_training = model.training
     model.eval()
-    sums: dict[str, float] = {}
-    tokens: dict[str, int] = {}
-    pairs = 0
+    tallies: dict[str, _Tally] = {}
     try:
         with torch.autocast(device_type=device.type, enabled=False):
-            for batch in batches:
+            for b, batch in enumerate(batches):
                 batch = _on({k: v for k, v in batch.items() if k != "target_counts"}, device)
                 size = batch["query"]["input_ids"].shape[0]
                 if size < 2:
                     raise ValueError(f"the anchor gain needs batches of at least 2 pairs, got one of {size}")
-                counts = target_counts(batch["query_targets"], batch["positive_targets"])
-                pairs += size
-                for kind, shift in (("loss", 0), ("rolled", size // 2)):
-                    out = model(**batch, target_counts=counts, anchor_shift=shift)
-                    for name, mean in out.loss_parts.items():  # loss_q2d, loss_d2q: token means of this batch
-                        direction = name.removeprefix("loss_")
-                        key = f"{kind}_{direction}"
-                        sums[key] = sums.get(key, 0.0) + float(mean) * int(counts[direction])
-                        if kind == "loss":
-                            tokens[direction] = tokens.get(direction, 0) + int(counts[direction])
+                shift, candidates = size // 2, min(size, rank_candidates)
+                shifts = sorted(set(range(candidates)) | {shift})
+                groups = _source_groups(sources[b], size) if sources is not None else []
+                if groups:  # the in-source partners and candidates need every shift
+                    shifts = list(range(size))
+                out = model(**batch, anchor_shifts=tuple(shifts))
+                targets = {"q2d": batch["positive_targets"], "d2q": batch["query_targets"]}
+                for direction, per_shift in out.items():
+                    mask = targets[direction]["attention_mask"].float()
+                    cross = _as_matrix(per_shift, shifts)
+                    tally = tallies.setdefault(direction, _Tally())
+                    tally.add(cross, mask, _first(mask, first_tokens), shift, candidates, groups)
     finally:
         model.train(was_training)
-    if not pairs:
+    if not tallies:
         raise ValueError("the anchor gain needs held-out pairs; got no batches")
-    out: dict[str, float] = {"pairs": float(pairs)}
-    for direction, count in tokens.items():
-        loss, rolled = sums[f"loss_{direction}"] / count, sums[f"rolled_{direction}"] / count
-        out.update(
-            {f"loss_{direction}": loss, f"rolled_{direction}": rolled, f"anchor_gain_{direction}": rolled - loss}
+    first = next(iter(tallies.values()))
+    result: dict[str, float] = {"pairs": float(first.pairs), "rank_chance": first.chance / first.pairs}
+    for direction, t in tallies.items():
+        loss, rolled = t.sums["loss"] / t.tokens, t.sums["rolled"] / t.tokens
+        first_gain = (t.sums["first_rolled"] - t.sums["first_loss"]) / max(1, t.first_tokens)
+        result.update(
+            {
+                f"loss_{direction}": loss,
+                f"rolled_{direction}": rolled,
+                f"anchor_gain_{direction}": rolled - loss,
+                f"anchor_gain_first{first_tokens}_{direction}": first_gain,
+                f"rank_accuracy_{direction}": t.hits / t.pairs,
+            }
         )
-    return out
+        if sources is not None:
+            s = t.source
+            measured = s["pairs"]
+            result[f"anchor_gain_in_source_{direction}"] = (
+                (s["rolled"] - s["loss"]) / s["tokens"] if s["tokens"] else float("nan")
+            )
+            result[f"rank_accuracy_in_source_{direction}"] = s["hits"] / measured if measured else float("nan")
+            result["rank_chance_in_source"] = s["chance"] / measured if measured else float("nan")
+            result["pairs_in_source"] = float(measured)
+    return result
+
+
+def _as_matrix(per_shift: torch.Tensor, shifts: Sequence[int]) -> torch.Tensor:
+    """(B, B, M) with row (i, j) = c(i, j) for the computed (i, j), NaN elsewhere."""
+    size, width = per_shift.shape[1], per_shift.shape[2]
+    cross = torch.full((size, size, width), float("nan"), dtype=per_shift.dtype, device=per_shift.device)
+    rows = torch.arange(size, device=per_shift.device)
+    for k, s in enumerate(shifts):
+        cross[rows, (rows + s) % size] = per_shift[k]
+    return cross.cpu()
+
+
+def _source_groups(labels: Sequence[str], size: int) -> list[list[int]]:
+    """The batch positions of each source with at least two pairs in the batch, in batch order."""
+    if len(labels) != size:
+        raise ValueError(f"sources: {len(labels)} labels for a batch of {size} pairs")
+    groups: dict[str, list[int]] = {}
+    for i, label in enumerate(labels):
+        groups.setdefault(label, []).append(i)
+    return [members for members in groups.values() if len(members) > 1]

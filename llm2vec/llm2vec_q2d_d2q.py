@@ -178,16 +178,19 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
 
     def validation_metrics(self, model, pairs, collate, args) -> dict[str, float]:
         """What the trainer logs at each evaluation (``model``: this model as the trainer wraps it): the
-        validation reconstruction loss and the anchor's information gain per direction
-        (:func:`llm2vec.anchor_gain.anchor_gain`) over batches of ``args.per_device_eval_batch_size`` pairs
-        (a last pair alone joins the batch before it), and their Eq. 5 combination as ``loss``. Every process
-        measures all pairs: the same forward passes everywhere, as FSDP needs."""
+        validation reconstruction loss and the anchor measures per direction (:func:`llm2vec.anchor_gain.anchor_gain`:
+        the gain, the gain over the first target tokens, the rank accuracy; within each source too when the pairs
+        come from several) over batches of ``args.per_device_eval_batch_size`` pairs (a last pair alone joins the
+        batch before it), and their Eq. 5 combination as ``loss``. Every process measures all pairs: the same
+        forward passes everywhere, as FSDP needs."""
         size = max(2, args.per_device_eval_batch_size)
         starts = list(range(0, len(pairs), size))
         if len(starts) > 1 and len(pairs) - starts[-1] < 2:
             starts.pop()
         ends = starts[1:] + [len(pairs)]
-        metrics = anchor_gain(model, [collate(pairs[a:b]) for a, b in zip(starts, ends)])
+        sources = [getattr(p, "source", None) for p in pairs]
+        by_batch = [sources[a:b] for a, b in zip(starts, ends)] if len(set(sources)) > 1 else None
+        metrics = anchor_gain(model, [collate(pairs[a:b]) for a, b in zip(starts, ends)], sources=by_batch)
         parts = {d: metrics[f"loss_{d}"] for d in self.loss_fn.directions()}
         weights = {"q2d": self.loss_fn.alpha, "d2q": 1.0 - self.loss_fn.alpha}
         return {"loss": sum(weights[d] * v for d, v in parts.items()), **metrics}
@@ -199,19 +202,30 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
         query_targets: dict,
         positive_targets: dict,
         target_counts: dict[str, torch.Tensor] | None = None,
-        anchor_shift: int = 0,
-    ) -> StageIOutput:
+        anchor_shifts: tuple[int, ...] = (),
+    ) -> StageIOutput | dict[str, torch.Tensor]:
         """Stage I loss of a collated batch; ``target_counts`` as in :class:`ReconstructionLoss`.
 
-        ``anchor_shift`` = s != 0 reconstructs pair i from the anchors of pair (i + s) mod B instead of its
-        own: the measurement of :mod:`llm2vec.anchor_gain`, never a training loss.
+        ``anchor_shifts`` = (s_1, ..., s_S) turns the forward into the measurement of :mod:`llm2vec.anchor_gain`,
+        never a training loss: the batch is embedded once, pair i is reconstructed from the anchors of pair
+        (i + s) mod B for each s, and the result is ``{direction: (S, B, M) float32 token NLLs}`` (0 on padding;
+        :meth:`ReconstructionLoss.token_nll`).
         """
         e_q, e_d = self.embed_many([query, positive])
-        shifted = [e.roll(-anchor_shift, dims=0) for e in (e_q, e_d)] if anchor_shift else (e_q, e_d)
+        if anchor_shifts:
+            decoder, lm_head = decoder_body(self.model), self.model.get_output_embeddings()
+            per_shift = [
+                self.loss_fn.token_nll(
+                    decoder, lm_head, e_q.roll(-s, dims=0), e_d.roll(-s, dims=0), query_targets, positive_targets
+                )
+                for s in anchor_shifts
+            ]
+            return {name: torch.stack([nll[name] for nll in per_shift]) for name in per_shift[0]}
         loss, parts = self.loss_fn(
             decoder_body(self.model),
             self.model.get_output_embeddings(),
-            *shifted,
+            e_q,
+            e_d,
             query_targets,
             positive_targets,
             target_counts,

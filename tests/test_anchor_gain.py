@@ -9,6 +9,7 @@ from llm2vec.anchor_gain import anchor_gain
 from llm2vec.collator import TrainCollator
 from llm2vec.dataset import TrainExample
 from llm2vec.llm2vec_q2d_d2q import LLM2Vec_q2d_d2q
+from llm2vec.templates import encode as template_encode
 from llm2vec.testing import FAMILIES, build_tiny_model
 
 
@@ -109,6 +110,122 @@ def test_a_batch_of_one_pair_is_refused(tiny_models):
     batch = TrainCollator.for_encoder(model, reconstruction="text")([TrainExample("q", "d", None, "", "t")])
     with pytest.raises(ValueError, match="at least 2 pairs"):
         anchor_gain(model, [batch])
+
+
+def reference_token_nll(model, source_item, target_item):
+    """-log P(y_t | anchor of source, y_<t) per target token, from plain unpadded causal-LM forwards."""
+    lm, tokenizer, spec = model.model, model.tokenizer, model.template
+    src, tgt = template_encode(tokenizer, spec, [source_item, target_item], max_length=512)
+    with torch.no_grad():
+        anchor = lm.model(input_ids=torch.tensor([src.input_ids])).last_hidden_state[0, -1]
+        y = list(tgt.input_ids[tgt.text_start : tgt.text_end])
+        embeds = torch.cat([anchor[None], lm.get_input_embeddings()(torch.tensor(y))])
+        logp = torch.log_softmax(lm(inputs_embeds=embeds[None]).logits[0].float(), -1)
+    return [float(-logp[t, token]) for t, token in enumerate(y)]
+
+
+def reference_cross(model, pairs):
+    """``{direction: {(i, j): token NLLs of pair i's target read from pair j's anchor}}``, pair by pair."""
+    n = len(pairs)
+    out = {"q2d": {}, "d2q": {}}
+    for i in range(n):
+        for j in range(n):
+            instruction_i, query_i, doc_i = pairs[i]
+            instruction_j, query_j, doc_j = pairs[j]
+            out["q2d"][i, j] = reference_token_nll(model, (instruction_j, query_j), ("", doc_i))
+            out["d2q"][i, j] = reference_token_nll(model, ("", doc_j), (instruction_i, query_i))
+    return out
+
+
+FIVE_PAIRS = PAIRS + [
+    ("Retrieve code", "sort a list", "sorted(iterable) returns a new list"),
+    ("", "the tallest mountain", "Mount Everest is the highest mountain above sea level."),
+]
+
+
+@pytest.mark.parametrize("family", ["llama3", "qwen2"])
+def test_first_tokens_gain_and_rank_accuracy_equal_a_per_pair_reference(tiny_models, family):
+    """gain@k and the rank accuracy of a batch of 5 (rolled by 2; 4 rank candidates) against the same numbers
+    computed from one unpadded causal-LM forward per (target, anchor) pair."""
+    lm, tokenizer = tiny_models[family]
+    model = LLM2Vec_q2d_d2q(lm, tokenizer)
+    batch = TrainCollator.for_encoder(model, reconstruction="text")(examples(FIVE_PAIRS))
+    got = anchor_gain(model, [batch], first_tokens=3, rank_candidates=4)
+    ref = reference_cross(model, FIVE_PAIRS)
+    n = len(FIVE_PAIRS)
+    for d in ("q2d", "d2q"):
+        c = ref[d]
+        own = sum(sum(c[i, i][:3]) for i in range(n))
+        rolled = sum(sum(c[i, (i + 2) % n][:3]) for i in range(n))
+        count = sum(len(c[i, i][:3]) for i in range(n))
+        assert got[f"anchor_gain_first3_{d}"] == pytest.approx((rolled - own) / count, abs=1e-4)
+        hits = 0
+        for i in range(n):
+            totals = {j: sum(c[i, j]) for j in ((i + k) % n for k in range(4))}
+            hits += totals[i] < min(v for j, v in totals.items() if j != i)
+        assert got[f"rank_accuracy_{d}"] == pytest.approx(hits / n)
+    assert got["rank_chance"] == pytest.approx(1 / 4)
+
+
+def test_every_measure_is_at_chance_when_every_anchor_is_the_same(tiny_models):
+    """Identical pairs: every anchor is the same vector, so each gain is 0 and the rank accuracy is exactly chance
+    (each own anchor ties with every candidate), in the batch and within each source."""
+    lm, tokenizer = tiny_models["qwen2"]
+    model = LLM2Vec_q2d_d2q(lm, tokenizer)
+    batch = TrainCollator.for_encoder(model, reconstruction="text")(examples([PAIRS[0]] * 6))
+    got = anchor_gain(model, [batch], sources=[["a", "a", "a", "b", "b", "b"]], rank_candidates=4)
+    for d in ("q2d", "d2q"):
+        for key in (f"anchor_gain_{d}", f"anchor_gain_first4_{d}", f"anchor_gain_in_source_{d}"):
+            assert got[key] == pytest.approx(0.0, abs=1e-6), key
+        assert got[f"rank_accuracy_{d}"] == pytest.approx(1 / 4)
+        assert got[f"rank_accuracy_in_source_{d}"] == pytest.approx(1 / 3)
+    assert got["rank_chance"] == pytest.approx(1 / 4) and got["rank_chance_in_source"] == pytest.approx(1 / 3)
+
+
+def _train(model, batch, steps=150):
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(steps):
+        model(**batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def test_rank_accuracy_and_first_tokens_gain_are_high_when_the_anchor_decides():
+    """After the decoder learns four pairs that only the anchor tells apart, every own anchor ranks first and
+    the gain over the first target tokens (where the pairs differ) exceeds the per-token gain."""
+    torch.manual_seed(0)
+    lm, tokenizer = build_tiny_model("llama3", seed=3, hidden_size=64)
+    model = LLM2Vec_q2d_d2q(lm, tokenizer, alpha=0.5)
+    pairs = [("", f"{w} item", f"{w} {w} is the answer") for w in ["apple", "violet", "copper", "meadow"]]
+    batch = TrainCollator.for_encoder(model, reconstruction="text")(examples(pairs))
+    before = anchor_gain(model, [batch])
+    _train(model, batch)
+    after = anchor_gain(model, [batch])
+    for d in ("q2d", "d2q"):
+        assert before[f"rank_accuracy_{d}"] < 1.0
+        assert after[f"rank_accuracy_{d}"] == 1.0
+        assert after[f"anchor_gain_first4_{d}"] > after[f"anchor_gain_{d}"] > 0.2
+
+
+def test_within_a_source_the_measures_do_not_count_telling_sources_apart():
+    """Two sources of two identical pairs each: trained, the anchors tell the sources apart (the batch-wide gain and
+    rank accuracy are high) but nothing within a source (its gain is 0, its rank accuracy chance)."""
+    torch.manual_seed(0)
+    lm, tokenizer = build_tiny_model("llama3", seed=3, hidden_size=64)
+    model = LLM2Vec_q2d_d2q(lm, tokenizer, alpha=0.5)
+    pairs = [("", "apple item", "the answer is apple apple")] * 2 + [("", "violet item", "the answer is violet")] * 2
+    batch = TrainCollator.for_encoder(model, reconstruction="text")(examples(pairs))
+    _train(model, batch)
+    got = anchor_gain(model, [batch], sources=[["a", "a", "b", "b"]])
+    assert got["pairs_in_source"] == 4
+    for d in ("q2d", "d2q"):
+        assert got[f"anchor_gain_{d}"] > 0.2
+        assert got[f"anchor_gain_in_source_{d}"] == pytest.approx(0.0, abs=1e-5)
+        assert got[f"rank_accuracy_in_source_{d}"] == pytest.approx(0.5)
+    # alone in its source, a pair is not measured within it
+    single = anchor_gain(model, [batch], sources=[["a", "b", "c", "c"]])
+    assert single["pairs_in_source"] == 2
 
 
 # ---------------------------------------------------------------------------------------------- during a run

@@ -217,23 +217,43 @@ def _defined_here(obj, module: str) -> bool:
     return isinstance(origin, str) and origin.startswith(module + "._")
 
 
-def collect_module(module: str, min_rest_chars: int = 40, max_query_chars: int = 300, max_chars: int = 1500):
+def collect_module(
+    module: str,
+    min_rest_chars: int = 40,
+    max_query_chars: int = 300,
+    max_chars: int = 1500,
+    properties: bool = False,
+    module_docstring: bool = False,
+):
     """The :class:`DocObject` of every usable public function, class and method of ``module``, sorted by name.
 
     Public means listed in ``__all__`` when the module has one, otherwise not starting with ``_``;
     an object is taken only from the module that defines it (no re-exports), and an object reachable
-    under two names (an alias) is taken once, under the first name in sorted order.
+    under two names (an alias) is taken once, under the first name in sorted order. ``properties`` adds the
+    documented properties of its classes, ``module_docstring`` the module itself (both under their dotted name,
+    with no signature); the standard-library dataset uses neither.
     """
     with warnings.catch_warnings():  # e.g. typing.io warns when its attributes are read
         warnings.simplefilter("ignore")
-        return _collect(module, min_rest_chars, max_query_chars, max_chars)
+        return _collect(module, min_rest_chars, max_query_chars, max_chars, properties, module_docstring)
 
 
-def _collect(module: str, min_rest_chars: int, max_query_chars: int, max_chars: int) -> list[DocObject]:
+def _collect(
+    module: str,
+    min_rest_chars: int,
+    max_query_chars: int,
+    max_chars: int,
+    properties: bool = False,
+    module_docstring: bool = False,
+) -> list[DocObject]:
     mod = importlib.import_module(module)
     names = sorted(set(getattr(mod, "__all__", ())) | {n for n in vars(mod) if not n.startswith("_")})
     found: list[DocObject] = []
     seen: set[int] = set()
+    if module_docstring:
+        item = _describe(mod, module, module, module, min_rest_chars, max_query_chars, max_chars)
+        if item is not None:
+            found.append(item)
     alive = []  # keeps bound methods alive, so that no id() is reused while collecting
 
     def take(obj, name, owner):
@@ -262,6 +282,8 @@ def _collect(module: str, min_rest_chars: int, max_query_chars: int, max_chars: 
                 if isinstance(raw, (staticmethod, classmethod)):
                     raw = raw.__func__
                 if isinstance(raw, property):
+                    if properties:
+                        take(raw, f"{name}.{meth_name}", name)
                     continue
                 if not inspect.isroutine(raw):
                     continue
@@ -305,19 +327,24 @@ def _pick_negatives(objects: list[DocObject], seed: int) -> dict[str, DocObject]
     return negatives
 
 
-def _complete(out: Path, params: dict) -> dict | None:
-    """The manifest of a complete build in ``out`` made with ``params``, else None."""
+def complete_build(out: Path, params: dict, environment: dict) -> dict | None:
+    """The manifest of a complete build in ``out`` made with ``params`` in ``environment``, else None."""
     try:
         manifest = json.loads((out / MANIFEST_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if manifest.get("parameters") != params or manifest.get("python_version") != platform.python_version():
+    if manifest.get("parameters") != params or manifest.get("environment") != environment:
         return None
     for rel, digest in manifest.get("sha256", {}).items():
         p = out / rel
         if not p.is_file() or file_digest([p]) != digest:
             return None
     return manifest
+
+
+def python_environment() -> dict:
+    """What the standard-library docstrings depend on: the interpreter."""
+    return {"python_version": platform.python_version(), "python_implementation": platform.python_implementation()}
 
 
 def build_stdlib_dataset(
@@ -367,8 +394,9 @@ def build_stdlib_dataset(
         "max_chars": max_chars,
         "modules": list(modules),
     }
+    environment = python_environment()
     if not fresh:
-        manifest = _complete(out, params)
+        manifest = complete_build(out, params, environment)
         if manifest is not None:
             say(
                 f"[stdlib-data] reusing the complete build in {out} "
@@ -391,11 +419,23 @@ def build_stdlib_dataset(
             continue
         used.append(module)
         objects.extend(found)
-    objects = _dedupe(objects)
-    negatives = _pick_negatives(objects, seed)
-    objects = [d for d in objects if d.name in negatives]  # a module with a single object has no negative
+    manifest = write_retrieval_dataset(
+        out,
+        objects,
+        params,
+        {"name": "stdlib-docstrings", "environment": environment, **environment},
+        used_modules=used,
+        skipped_modules=skipped,
+        say=lambda text: say(f"[stdlib-data] {text}"),
+    )
+    say(f"[stdlib-data] wrote {out} in {time.perf_counter() - start:.1f} s")
+    return manifest
 
-    # Split by module.
+
+def split_by_module(objects: list[DocObject], seed: int, eval_target: int, val_target: int) -> tuple[list, list]:
+    """The eval (test) and validation modules: the modules, shuffled with ``seed``, are taken into the eval split
+    in that order until it holds ``eval_target`` objects, then into the validation split until it holds
+    ``val_target``; every other module is train."""
     per_module: dict[str, int] = {}
     for d in objects:
         per_module[d.module] = per_module.get(d.module, 0) + 1
@@ -415,10 +455,32 @@ def build_stdlib_dataset(
             break
         val_modules.append(module)
         n_val += per_module[module]
+    return eval_modules, val_modules
+
+
+def write_retrieval_dataset(
+    out: Path,
+    objects: list[DocObject],
+    params: dict,
+    header: dict,
+    used_modules: list[str],
+    skipped_modules: dict[str, str],
+    say=print,
+) -> dict:
+    """Deduplicate ``objects``, pick their hard negatives, split them by module and write the layout of the module
+    docstring into ``out``; returns the manifest (``header`` first, then ``params`` and what was built), written
+    last. ``params`` holds ``seed``, ``eval_target``, ``val_target``, ``max_train`` and ``max_eval_queries``."""
+    seed = params["seed"]
+    max_train, max_eval_queries = params["max_train"], params["max_eval_queries"]
+    objects = _dedupe(objects)
+    negatives = _pick_negatives(objects, seed)
+    objects = [d for d in objects if d.name in negatives]  # a module with a single object has no negative
+    eval_modules, val_modules = split_by_module(objects, seed, params["eval_target"], params["val_target"])
     eval_set, val_set = set(eval_modules), set(val_modules)
     train_objs = [d for d in objects if d.module not in eval_set | val_set]
     eval_objs = [d for d in objects if d.module in eval_set]
     val_objs = [d for d in objects if d.module in val_set]
+    with_examples = {d.module for d in objects}
 
     if max_train is not None and len(train_objs) > max_train:
         keep = set(random.Random(f"{seed}:train").sample(range(len(train_objs)), max_train))
@@ -449,9 +511,7 @@ def build_stdlib_dataset(
     files = [TRAIN_FILE, PROVENANCE_FILE, CORPUS_FILE, QUERIES_FILE, QRELS_FILE, *val_files]
     train_modules = sorted({d.module for d in train_objs})
     manifest = {
-        "name": "stdlib-docstrings",
-        "python_version": platform.python_version(),
-        "python_implementation": platform.python_implementation(),
+        **header,
         "parameters": params,
         "sizes": {
             "objects": len(objects),
@@ -470,8 +530,8 @@ def build_stdlib_dataset(
         "train_modules": train_modules,
         "eval_modules": sorted(eval_modules),
         "val_modules": sorted(val_modules),
-        "modules_without_examples": sorted(set(used) - set(per_module)),
-        "skipped_modules": skipped,
+        "modules_without_examples": sorted(set(used_modules) - with_examples),
+        "skipped_modules": skipped_modules,
         "files": files,
         "sha256": {rel: file_digest([out / rel]) for rel in files},
     }
@@ -479,14 +539,13 @@ def build_stdlib_dataset(
         f.write(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
     s = manifest["sizes"]
     say(
-        f"[stdlib-data] {s['objects']} documented objects from {len(used)} modules -> "
+        f"{s['objects']} documented objects from {len(used_modules)} modules -> "
         f"train {s['train']} pairs ({s['train_available']} available, {s['train_modules']} modules); "
         f"eval {s['eval_queries']} queries over a corpus of {s['eval_corpus']} ({s['eval_modules']} modules); "
         f"validation {s['val_queries']} queries ({s['val_modules']} modules)"
     )
-    if skipped:
-        say(f"[stdlib-data] skipped modules that did not import: {', '.join(sorted(skipped))}")
-    say(f"[stdlib-data] wrote {out} in {time.perf_counter() - start:.1f} s")
+    if skipped_modules:
+        say(f"skipped {len(skipped_modules)} modules that did not import: {', '.join(sorted(skipped_modules)[:20])}")
     return manifest
 
 

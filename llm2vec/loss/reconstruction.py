@@ -49,6 +49,33 @@ RECONSTRUCTION_TARGETS = ("text", "all")
 DIRECTIONS = ("q2d", "d2q")
 
 
+def reconstruction_states(
+    decoder: nn.Module,
+    anchor: torch.Tensor,
+    target_ids: torch.Tensor,
+    target_mask: torch.Tensor,
+    input_dropout: float = 0.0,
+    prefix_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The padded reconstruction pass: (B, M, H) final-layer states, row t predicting ``target_ids[:, t]``.
+
+    The decoder reads ``[Embed(prefix) ; e_X ; Embed(y_1) ; ... ; Embed(y_m)]``; the state at the anchor predicts
+    y_1 and the state at Embed(y_t) predicts y_{t+1}. Arguments as in :func:`reconstruction_nll`.
+    """
+    embed = decoder.get_input_embeddings()
+    target_embeds = drop_target_inputs(embed(target_ids), input_dropout)
+    lead = anchor_block(embed, anchor, prefix_ids).to(target_embeds.dtype)  # (B, k + 1, H)
+    k = lead.shape[1] - 1
+    inputs_embeds = torch.cat([lead, target_embeds], dim=1)
+    attention_mask = torch.cat([torch.ones_like(target_mask[:, :1]).expand(-1, k + 1), target_mask], dim=1)
+    batch, width = attention_mask.shape
+    position_ids = torch.arange(width, device=attention_mask.device).expand(batch, width)
+    hidden = decoder(
+        inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    ).last_hidden_state
+    return hidden[:, k:-1]
+
+
 def reconstruction_nll(
     decoder: nn.Module,
     lm_head: nn.Module,
@@ -73,20 +100,25 @@ def reconstruction_nll(
             (:func:`drop_target_inputs`; 0: the paper's pass).
         prefix_ids: token ids read before the anchor (:func:`anchor_block`; ``None``: the paper's pass).
     """
-    embed = decoder.get_input_embeddings()
-    target_embeds = drop_target_inputs(embed(target_ids), input_dropout)
-    lead = anchor_block(embed, anchor, prefix_ids).to(target_embeds.dtype)  # (B, k + 1, H)
-    k = lead.shape[1] - 1
-    inputs_embeds = torch.cat([lead, target_embeds], dim=1)
-    attention_mask = torch.cat([torch.ones_like(target_mask[:, :1]).expand(-1, k + 1), target_mask], dim=1)
-    batch, width = attention_mask.shape
-    position_ids = torch.arange(width, device=attention_mask.device).expand(batch, width)
-    hidden = decoder(
-        inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-    ).last_hidden_state
-    # hidden[:, k + t] predicts target_ids[:, t]: the anchor (at k) predicts y_1, Embed(y_t) predicts y_{t+1}.
+    hidden = reconstruction_states(decoder, anchor, target_ids, target_mask, input_dropout, prefix_ids)
     predicting = target_mask.bool()
-    return linear_cross_entropy_sum(hidden[:, k:-1][predicting], lm_head, target_ids[predicting], logit_chunk_rows)
+    return linear_cross_entropy_sum(hidden[predicting], lm_head, target_ids[predicting], logit_chunk_rows)
+
+
+def reconstruction_token_nll(
+    decoder: nn.Module,
+    lm_head: nn.Module,
+    anchor: torch.Tensor,
+    target_ids: torch.Tensor,
+    target_mask: torch.Tensor,
+    prefix_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """(B, M) float32 -log P(y_t | anchor, y_<t) of every target token (0 on padding): the terms whose sum is
+    :func:`reconstruction_nll`, for measurements (:mod:`llm2vec.anchor_gain`). All logits at once, no dropout."""
+    hidden = reconstruction_states(decoder, anchor, target_ids, target_mask, 0.0, prefix_ids)
+    logits = lm_head(hidden).float()
+    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target_ids, reduction="none")
+    return nll * target_mask.to(nll.dtype)
 
 
 def packed_reconstruction_nll(
@@ -254,6 +286,27 @@ class ReconstructionLoss(nn.Module):
             parts[name] = nll / counts[name]
             loss = weight * parts[name] if loss is None else loss + weight * parts[name]
         return loss, parts
+
+    def token_nll(
+        self,
+        decoder: nn.Module,
+        lm_head: nn.Module,
+        query_anchor: torch.Tensor,
+        document_anchor: torch.Tensor,
+        query_targets: dict,
+        positive_targets: dict,
+    ) -> dict[str, torch.Tensor]:
+        """``{direction: (B, M) token NLLs}`` of the directions computed (:func:`reconstruction_token_nll`): q2d
+        reads ``query_anchor`` and predicts the documents, d2q reads ``document_anchor`` and predicts the queries.
+        The measurement pass: padded, no dropout, the decoder's own weights, this loss's prefix."""
+        sides = {"q2d": (query_anchor, positive_targets), "d2q": (document_anchor, query_targets)}
+        prefix = self.prefix_tensor()
+        return {
+            name: reconstruction_token_nll(
+                decoder, lm_head, sides[name][0], sides[name][1]["input_ids"], sides[name][1]["attention_mask"], prefix
+            )
+            for name in self.directions()
+        }
 
     def prefix_tensor(self) -> torch.Tensor | None:
         """The prefix ids as a tensor (``None`` without a prefix: the paper's pass)."""

@@ -1,0 +1,133 @@
+"""The long CPU run: Stage I on the package docstring corpus, with the anchor measures every 40 steps.
+
+    python experiments/demo/long_run.py [--steps 640] [--threads 2]     # starts, or resumes, the run
+    python experiments/demo/long_run.py --table                          # the curve so far, as Markdown
+
+It runs the demo's Stage I config (``train_configs/demo/SmolLM2_135m_q2d_d2q.json``: SmolLM2-135M-Instruct, the
+paper's reconstruction, alpha 0.2, lr 4e-5, 8 pairs of at most 64 tokens per step) on the train split of
+:mod:`demo.package_data` for ``--steps`` steps (warm-up 15 %, as the paper's 300 of 2000), and evaluates, at step 0
+and every 40 steps, 64 fixed pairs of the corpus's validation split (modules never trained on) in batches of 8: the
+validation reconstruction loss, the anchor gain, the gain over the first 4 target tokens and the rank accuracy
+among 8 anchors (:mod:`llm2vec.anchor_gain`). It checkpoints every 40 steps (the newest kept) and, started again
+after an interruption, resumes from the newest complete checkpoint with the run's own ``--resume_from_checkpoint``.
+Everything lives in ``cache/long-run/``; the measurements are in its ``stage_I/trainer_state.json`` (and in each
+checkpoint's) and ``--table`` prints them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO / "experiments"), str(REPO)]
+
+from demo.package_data import build_package_dataset  # noqa: E402
+from demo.settings import INSTRUCTION, SMOLLM2_DIR, STAGE_I_CONFIG, STAGE_I_SCRIPT  # noqa: E402
+from demo.smollm2 import materialise_smollm2  # noqa: E402
+from demo.stdlib_data import TRAIN_FILE  # noqa: E402
+from llm2vec.io import iter_jsonl, write_jsonl  # noqa: E402
+
+OUT = REPO / "cache" / "long-run"
+DATA = REPO / "cache" / "package-data"
+EVERY = 40
+VALIDATION_PAIRS = 64
+EVAL_BATCH = 8
+MEASURES = ("loss", "anchor_gain", "anchor_gain_first4", "rank_accuracy")
+
+
+def write_inputs(data: Path, folder: Path) -> tuple[Path, Path]:
+    """The train pairs with the query instruction, and 64 fixed validation pairs, as JSON-lines files."""
+    train = folder / "packages.jsonl"
+    rows = [{"instruction": INSTRUCTION, **row} for _, row in iter_jsonl(data / TRAIN_FILE) if row is not None]
+    write_jsonl(train, rows)
+    corpus = {r["_id"]: r["text"] for _, r in iter_jsonl(data / "val" / "corpus.jsonl") if r is not None}
+    queries = {r["_id"]: r["text"] for _, r in iter_jsonl(data / "val" / "queries.jsonl") if r is not None}
+    pairs = [
+        {"query": queries[r["query-id"]], "positive": corpus[r["corpus-id"]], "instruction": INSTRUCTION}
+        for _, r in iter_jsonl(data / "val" / "qrels.jsonl")
+        if r is not None
+    ]
+    random.Random(0).shuffle(pairs)
+    validation = folder / "validation.jsonl"
+    write_jsonl(validation, pairs[:VALIDATION_PAIRS])
+    return train, validation
+
+
+def newest_checkpoint(run: Path) -> Path | None:
+    found = [p for p in run.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()]
+    return max(found, key=lambda p: int(p.name.split("-")[-1])) if found else None
+
+
+def evaluations(run: Path) -> list[dict]:
+    """The evaluations logged by the run (its final state, else its newest checkpoint's)."""
+    for state in (run / "trainer_state.json", *(c / "trainer_state.json" for c in [newest_checkpoint(run)] if c)):
+        if state.is_file():
+            history = json.loads(state.read_text(encoding="utf-8"))["log_history"]
+            return [h for h in history if "eval_anchor_gain_d2q" in h]
+    return []
+
+
+def table(rows: list[dict]) -> str:
+    head = "| step | pairs seen | loss q2d | loss d2q | gain q2d | gain d2q | gain@4 q2d | gain@4 d2q | rank acc q2d | rank acc d2q |"
+    lines = [head, "|" + "---:|" * 10]
+    for h in rows:
+        step = int(h["step"])
+        lines.append(
+            f"| {step} | {step * 8} | {h['eval_loss_q2d']:.3f} | {h['eval_loss_d2q']:.3f} | "
+            f"{h['eval_anchor_gain_q2d']:+.3f} | {h['eval_anchor_gain_d2q']:+.3f} | "
+            f"{h['eval_anchor_gain_first4_q2d']:+.3f} | {h['eval_anchor_gain_first4_d2q']:+.3f} | "
+            f"{h['eval_rank_accuracy_q2d']:.3f} | {h['eval_rank_accuracy_d2q']:.3f} |"
+        )
+    if rows:
+        lines.append(f"\nrank accuracy at chance: {rows[0]['eval_rank_chance']:.3f} (1 / 8)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=640)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--table", action="store_true", help="print the measurements so far and exit")
+    args = parser.parse_args(argv)
+    run = OUT / "stage_I"
+    if args.table:
+        print(table(evaluations(run)))
+        return 0
+    model = materialise_smollm2(SMOLLM2_DIR)
+    build_package_dataset(DATA)
+    train, validation = write_inputs(DATA, OUT / "data")
+    flags = {
+        "model_name_or_path": model,
+        "dataset_file_path": train,
+        "validation_file": validation,
+        "output_dir": run,
+        "max_steps": args.steps,
+        "warmup_steps": round(0.15 * args.steps),
+        "eval_strategy": "steps",
+        "eval_steps": EVERY,
+        "eval_on_start": "true",
+        "per_device_eval_batch_size": EVAL_BATCH,
+        "save_strategy": "steps",
+        "save_steps": EVERY,
+        "save_total_limit": 1,
+        "logging_steps": 1,
+        "report_to": "none",
+    }
+    if newest_checkpoint(run) is not None:
+        flags["resume_from_checkpoint"] = "true"
+    command = [sys.executable, str(STAGE_I_SCRIPT), str(STAGE_I_CONFIG)]
+    for key, value in flags.items():
+        command += [f"--{key}", str(value)]
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), HF_HUB_OFFLINE="1")
+    print("[long-run] " + " ".join(command), flush=True)
+    return subprocess.call(command, env=env, cwd=REPO)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
