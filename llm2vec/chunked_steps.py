@@ -39,11 +39,19 @@ forward with a graph of its second step; Stage II's loss all-gathers come first 
 process falling back to the plain step there would meet another process's all-gather). Tested with two gloo
 processes whose own plans differ, for both stages.
 
-**The trainer's hook** (:mod:`llm2vec.trainer`): a model with a budget defines ``step_in_parts(model, inputs,
-backward, no_sync)``, which calls one of the steps here. ``model`` is the wrapped model (DDP/FSDP): every forward
-whose graph is back-propagated goes through it; ``backward(tensor, grad=None)`` back-propagates with the
-trainer's loss weight; ``no_sync()`` defers the gradient all-reduce, so every chunk's backward but the last
-runs inside it and the gradient is all-reduced once.
+**The trainer's side** (:func:`trainer_hooks`): a model with a budget defines ``step_in_parts(model, inputs,
+backward, no_sync)``, which only picks one of the steps here and its arguments. ``model`` is the wrapped model
+(DDP/FSDP): every forward whose graph is back-propagated goes through it; ``backward(tensor, grad=None)``
+back-propagates with the trainer's loss weight; ``no_sync()`` defers the gradient all-reduce, so every chunk's
+backward but the last runs inside it and the gradient is all-reduced once. The trainer builds these two with
+:func:`trainer_hooks` and calls ``step_in_parts`` in place of its own step.
+
+Why the gradient cache lives here and not inside the loss (as sentence-transformers'
+``CachedMultipleNegativesRankingLoss`` keeps it): its passes 1 and 3 are forwards of the *wrapped* model, which
+DDP and FSDP must see, and the InfoNCE loss (:mod:`llm2vec.loss.infonce`) is a function of embeddings that never
+holds the model; Stage I's chunked step needs the same planner and the same rule for several processes. So every
+part of a step in chunks is in this one module: the plan, the rule, both steps and the hooks the trainer hands
+them.
 """
 
 from __future__ import annotations
@@ -55,10 +63,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .collator import COUNTS_KEY
 from .distributed import world
 from .loss.infonce import autocast_off
 
-COUNTS_KEY = "target_counts"
 FEATURE_KEYS = ("input_ids", "attention_mask", "text_mask")
 TARGETS_OF = {"q2d": "positive_targets", "d2q": "query_targets"}  # the targets each reconstruction pass reads
 
@@ -279,6 +287,27 @@ def gradient_cache_step(
     _run_chunks(batches, step, no_sync)
     after.restore()
     return loss.detach(), {side: e.detach() for side, e in by_side.items()}
+
+
+# ---------------------------------------------------------------------------------------------- the trainer's side
+
+
+def trainer_hooks(accelerator, model, weight: float) -> tuple[Callable, Callable]:
+    """The ``backward`` and ``no_sync`` the trainer hands a model's ``step_in_parts``: ``backward(tensor)``
+    back-propagates ``tensor * weight`` through ``accelerator``, ``backward(tensor, grad)`` back-propagates ``tensor``
+    with the gradient ``grad * weight`` (``grad`` computed by the step for the unweighted loss), and ``no_sync()``
+    defers the gradient all-reduce of the wrapped ``model``."""
+
+    def backward(tensor, grad=None):
+        if grad is None:
+            accelerator.backward(tensor * weight)
+        else:
+            accelerator.backward(tensor, gradient=grad * weight)
+
+    def no_sync():
+        return accelerator.no_sync(model)
+
+    return backward, no_sync
 
 
 def _device(inputs: dict) -> torch.device:

@@ -6,11 +6,31 @@ time. In both stages a query gets its instruction (E5: its source's Table 6 inst
 text by ``instruction_separator`` (the authors' training data: ``"; "``), unless ``query_instructions`` is
 off; documents (positives, hard negatives) never get one. Stage I's ``text`` reconstruction targets are
 the text tokens only, so the instruction is never a target.
+
+Per-token normalisation (Stage I), all of it here but the division. A loss averaged over target tokens must
+divide by the tokens of the whole optimizer step, not of one micro-batch, or gradient accumulation and several
+processes would weigh a token by the size of its micro-batch:
+
+1. counted: the collator puts each batch's target tokens per direction under :data:`COUNTS_KEY`
+   (:func:`llm2vec.loss.reconstruction.target_counts`);
+2. summed: :func:`step_counts` replaces them, in every micro-batch of an optimizer step, by their sum over the
+   step's micro-batches and over all processes (the trainer calls it from ``get_batch_samples``);
+3. divided: the loss divides its token NLL sums by those counts (:class:`llm2vec.loss.ReconstructionLoss`), so
+   each micro-batch's loss is its share of the step's mean; a memory-bounded step's chunks divide by the same
+   counts (:mod:`llm2vec.chunked_steps`);
+4. weighted: :func:`loss_weight` is what the trainer multiplies that share by before backward: the number of
+   processes (DDP averages the gradients over them), or, for a batch without counts (a per-micro-batch mean),
+   ``1 / gradient_accumulation_steps``.
+
+Why here: the collator builds the target masks, so it is the one module that knows which tokens are counted;
+keeping the sum and the weight beside the count leaves the trainer a caller of two functions that names no
+loss part, and the division stays inside the loss, where it is part of the equation (Eq. 3-4 as token means).
+torchtitan divides by the global count of valid tokens in the step in the same way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -21,6 +41,8 @@ from .loss.reconstruction import RECONSTRUCTION_TARGETS, target_counts
 
 if TYPE_CHECKING:
     from .dataset import TrainExample
+
+COUNTS_KEY = "target_counts"  # a batch's tokens per loss direction (step 1 of the module docstring)
 
 
 def pad_batch(
@@ -66,9 +88,9 @@ class TrainCollator:
     """Collates ``TrainExample`` lists into ``{"query", "positive"[, "negative"][, "*_targets"]}`` dicts.
 
     ``reconstruction``: ``None`` for Stage II; ``"text"`` or ``"all"`` for Stage I, which adds
-    ``query_targets`` and ``positive_targets`` (right-padded ids and mask) and ``target_counts``, the
-    number of target tokens of each direction (:func:`llm2vec.loss.reconstruction.target_counts`), which
-    the trainer sums over a whole optimizer step.
+    ``query_targets`` and ``positive_targets`` (right-padded ids and mask) and :data:`COUNTS_KEY`, the
+    number of target tokens of each direction (:func:`llm2vec.loss.reconstruction.target_counts`), summed
+    over a whole optimizer step by :func:`step_counts`.
     ``query_instructions``: give queries their instruction (default) or none.
     ``instruction_separator``: joins instruction and query text; ``None`` keeps the template's own
     (:data:`llm2vec.templates.EVALUATION_SEPARATOR`).
@@ -112,7 +134,7 @@ class TrainCollator:
                 batch[name] = pad_targets(
                     [reconstruction_targets(e, self.reconstruction) for e in encoded], self.pad_token_id
                 )
-            batch["target_counts"] = target_counts(batch["query_targets"], batch["positive_targets"])
+            batch[COUNTS_KEY] = target_counts(batch["query_targets"], batch["positive_targets"])
         return batch
 
 
@@ -136,3 +158,29 @@ def check_examples(collator: TrainCollator, examples: Sequence[TrainExample]) ->
                 f"{where}: this example cannot be tokenized for training: {e} (max_length is max_seq_length)"
             ) from None
     return len(first)
+
+
+def step_counts(
+    batches: list[dict], device: torch.device, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
+) -> list[dict]:
+    """The micro-batches of one optimizer step, each carrying the step's counts: every count under
+    :data:`COUNTS_KEY` summed over the micro-batches that have them and, with ``reduce`` (a sum over processes),
+    over all processes. A batch without counts is returned as it is; no batch is changed in place."""
+    counted = [b for b in batches if COUNTS_KEY in b]
+    if not counted:
+        return batches
+    names = sorted(counted[0][COUNTS_KEY])
+    local = torch.stack([sum(b[COUNTS_KEY][k] for b in counted) for k in names]).to(device)
+    if reduce is not None:
+        local = reduce(local)
+    summed = dict(zip(names, local))
+    return [{**b, COUNTS_KEY: summed} if COUNTS_KEY in b else b for b in batches]
+
+
+def loss_weight(batch: dict, processes: int, accumulation_steps: int) -> float:
+    """What a micro-batch's loss is multiplied by before backward: ``processes`` for a batch divided by the step's
+    counts (its loss is its share of the step's mean, and DDP averages the gradients over processes), else
+    ``1 / accumulation_steps`` (a per-micro-batch mean, the Trainer's usual scaling)."""
+    if COUNTS_KEY in batch:
+        return float(processes)
+    return 1.0 / accumulation_steps

@@ -5,31 +5,24 @@ The contract with a model and its collator:
 - ``compute_loss`` is one call of the (DDP/FSDP-wrapped) model: ``model(**batch)`` returns an output with
   ``loss`` and ``loss_parts`` (a dict, possibly empty); every part is logged under its name, averaged
   over the logging interval like the loss. An output may also carry ``metrics``, a dict of numbers
-  (floats or scalar tensors) that are not losses (e.g. the padding fraction of the decoder calls): each is logged under its name as its
-  mean over the micro-batches of the logging interval (and over the processes).
-- Step-wide averaging. A batch may carry ``target_counts``, a dict of counts (e.g. target tokens per loss
-  direction) by which the model divides sums of per-token losses. Before an optimizer step starts, the
-  trainer sums each count over all micro-batches of the step (gradient accumulation) and over all
-  processes, and hands every micro-batch that sum instead of its own. Each micro-batch's loss is then
-  its share of the mean over the whole global batch; the shares add up over accumulation and, since DDP
-  averages gradients over processes, the loss is multiplied by the number of processes. The result is
-  exactly the gradient of one big batch.
-- A batch without ``target_counts`` has a per-micro-batch mean loss, which is divided by the number of
-  accumulation steps (the Trainer's usual behaviour).
-
+  (floats or scalar tensors) that are not losses (e.g. the padding fraction of the decoder calls): each is logged
+  under its name as its mean over the micro-batches of the logging interval (and over the processes).
+- Step-wide averaging (:mod:`llm2vec.collator`, where the per-token normalisation is documented): before an
+  optimizer step starts, :meth:`get_batch_samples` hands every micro-batch that carries token counts the step's
+  sum of them (:func:`llm2vec.collator.step_counts`), and each micro-batch's loss is multiplied by
+  :func:`llm2vec.collator.loss_weight` before backward. The result is exactly the gradient of one big batch.
+  Since both scalings are done here, the Trainer's own division is switched off (``loss_is_scaled_for_ga``, a
+  documented Trainer attribute since transformers 5; a test checks that the Trainer still honours it).
 - A model may run its own forward and backward passes over parts of a micro-batch: the memory-bounded steps
   of :mod:`llm2vec.chunked_steps` (Stage I's token-budget chunks, Stage II's gradient cache). It says so by a
   method ``step_in_parts(model, inputs, backward, no_sync)`` returning the output (loss detached), or ``None``
-  for the plain step. ``model`` is the wrapped model, ``backward(tensor, grad=None)`` back-propagates with this
-  trainer's loss weight and ``no_sync()`` defers the gradient all-reduce. See :meth:`training_step`.
-
-Both scalings are done here, in :meth:`_loss_weight`, so the Trainer's own division is switched off
-(``loss_is_scaled_for_ga``, a documented Trainer attribute since transformers 5; a test checks that the
-Trainer still honours it).
+  for the plain step; ``backward`` and ``no_sync`` are :func:`llm2vec.chunked_steps.trainer_hooks`. See
+  :meth:`training_step`.
 
 Data order: the dataset is pre-arranged so that each optimizer step's global batch comes from one
-source (:func:`llm2vec.dataset.arrange_global_batches`); the sampler is therefore sequential, and
-accelerate deals consecutive per-device batches to the ranks in turn.
+source (:func:`llm2vec.dataset.arrange_global_batches`); the sampler is therefore sequential (the public
+``train_sampling_strategy``, set by :meth:`LLM2VecTrainer.__init__`), and accelerate deals consecutive per-device
+batches to the ranks in turn.
 
 Divergence: the loss of every micro-batch, each loss part and the gradient norm are checked once per
 optimizer step, after backward and before ``optimizer.step()`` (in :meth:`_get_grad_norm`, which the
@@ -42,7 +35,10 @@ before every save.
 Checkpoints hold what :meth:`llm2vec.LLM2Vec.save` writes (a full model or a LoRA adapter, the tokenizer,
 ``llm2vec_config.json``), the resolved run config (``run_config.json``) and a model card (``README.md``,
 :mod:`llm2vec.model_card`). They are complete or absent: written under a temporary name and renamed when
-complete (:func:`llm2vec.staged_saves.staged_checkpoint`).
+complete (:func:`llm2vec.run.staged_checkpoint`).
+
+The Trainer's private methods this class overrides are listed, each with the reason no public hook does its work,
+in :data:`PRIVATE_OVERRIDES`; every other override is of a public method.
 """
 
 from __future__ import annotations
@@ -53,16 +49,58 @@ import os
 import pickle
 
 import torch
+from accelerate.utils import send_to_device
 from safetensors import SafetensorError
 from safetensors.torch import load_file
-from torch.utils.data import SequentialSampler
 from transformers import Trainer
 
+from .chunked_steps import trainer_hooks
+from .collator import loss_weight, step_counts
 from .model_card import write_training_card
-from .run_folder import RUN_CONFIG_NAME, CheckpointError, RunFolder
-from .staged_saves import staged_checkpoint
+from .run import RUN_CONFIG_NAME, CheckpointError, newest_checkpoint, staged_checkpoint
 
-COUNTS_KEY = "target_counts"
+# The private methods of transformers' Trainer that LLM2VecTrainer overrides: name -> (the Trainer's signature they
+# were written against, as parameter names and defaults; why no public hook or TrainerCallback does the work).
+# tests/test_upstream.py fails when transformers changes one of these signatures or the contract noted here, and
+# when this class overrides a private Trainer method that is not listed.
+PRIVATE_OVERRIDES: dict[str, tuple[str, str]] = {
+    "_get_grad_norm": (
+        "(self, model, grad_norm=None)",
+        "the divergence check needs the step's gradient norm after the last backward and before optimizer.step(); "
+        "on_pre_optimizer_step is called at that point but is not given the norm, and computing it again would "
+        "differ once the gradients are clipped",
+    ),
+    "_save": (
+        "(self, output_dir=None, state_dict=None)",
+        "save_model gathers the FSDP/DeepSpeed state dict and hands it here; the encoder's own save, run_config.json "
+        "and the model card must be written inside the folder before a checkpoint is published, which on_save "
+        "(called after the checkpoint is complete) cannot do",
+    ),
+    "_get_output_dir": (
+        "(self, trial)",
+        "_save_checkpoint writes checkpoint-<step> under this folder: pointing it at the staging folder makes a "
+        "checkpoint complete-or-absent",
+    ),
+    "_save_checkpoint": (
+        "(self, model, trial)",
+        "the staging around the Trainer's checkpoint (and the finite-weights check before it); no hook runs before "
+        "and after a checkpoint's files are written",
+    ),
+    "_load_from_checkpoint": (
+        "(self, resume_from_checkpoint, model=None)",
+        "checkpoints hold the encoder's own files (LLM2Vec.save), which the Trainer's loader cannot map onto the "
+        "wrapper; loaded strictly, a damaged file reported in one line",
+    ),
+    "_load_optimizer_and_scheduler": (
+        "(self, checkpoint)",
+        "a damaged optimizer or scheduler file is reported in one line naming the checkpoint; the load happens "
+        "inside train(), where no hook can tell it from a failing step",
+    ),
+    "_load_rng_state": (
+        "(self, checkpoint)",
+        "as _load_optimizer_and_scheduler, for the RNG state (loaded inside the epoch loop)",
+    ),
+}
 
 
 class TrainingDiverged(RuntimeError):
@@ -85,6 +123,7 @@ class LLM2VecTrainer(Trainer):
 
     def __init__(self, *args, run_config: dict | None = None, **kwargs):
         super().__init__(*args, **kwargs)
+        self.args.train_sampling_strategy = "sequential"  # the data order is pre-arranged (see the module docstring)
         self.run_config = run_config or {}
         self._part_sums: dict[str, torch.Tensor] = {}
         self._part_steps = 0
@@ -93,33 +132,23 @@ class LLM2VecTrainer(Trainer):
         self._step_loss: torch.Tensor | float = 0.0  # this optimizer step's weighted loss, for the finite check
         self._step_parts: dict[str, torch.Tensor] = {}
 
-    def _get_train_sampler(self, train_dataset=None):
-        return SequentialSampler(train_dataset if train_dataset is not None else self.train_dataset)
-
     def _encoder(self):
         return self.accelerator.unwrap_model(self.model)
 
     # ------------------------------------------------------------------ loss
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
-        """The micro-batches of one optimizer step, each with the step's summed ``target_counts``."""
+        """The micro-batches of one optimizer step, each with the step's summed token counts
+        (:func:`llm2vec.collator.step_counts`)."""
         batches, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)
         self._part_steps += 1
-        counted = [b for b in batches if COUNTS_KEY in b]
-        if counted:
-            names = sorted(counted[0][COUNTS_KEY])
-            local = torch.stack([sum(b[COUNTS_KEY][k] for b in counted) for k in names]).to(device)
-            if self.accelerator.num_processes > 1:
-                local = self.accelerator.reduce(local, reduction="sum")
-            step_counts = dict(zip(names, local))
-            batches = [{**b, COUNTS_KEY: step_counts} if COUNTS_KEY in b else b for b in batches]
-        return batches, num_items
+        processes = self.accelerator.num_processes
+        reduce = (lambda t: self.accelerator.reduce(t, reduction="sum")) if processes > 1 else None
+        return step_counts(batches, device, reduce), num_items
 
     def _loss_weight(self, inputs) -> float:
-        """What the model's loss is multiplied by before backward (see the module docstring)."""
-        if COUNTS_KEY in inputs:
-            return float(self.accelerator.num_processes)
-        return 1.0 / self.args.gradient_accumulation_steps
+        """What the model's loss is multiplied by before backward (:func:`llm2vec.collator.loss_weight`)."""
+        return loss_weight(inputs, self.accelerator.num_processes, self.args.gradient_accumulation_steps)
 
     def _record_parts(self, outputs, weight: float) -> None:
         for name, value in outputs.loss_parts.items():
@@ -153,20 +182,10 @@ class LLM2VecTrainer(Trainer):
         model.train()
         if hasattr(self.optimizer, "train") and callable(self.optimizer.train):
             self.optimizer.train()
-        inputs = self._prepare_inputs(inputs)
+        inputs = send_to_device(inputs, self.args.device)
         weight = self._loss_weight(inputs)
-
-        def backward(tensor, grad=None):
-            if grad is None:
-                self.accelerator.backward(tensor * weight)
-            else:  # a gradient computed by the model (already for the unweighted loss)
-                self.accelerator.backward(tensor, gradient=grad * weight)
-
-        def no_sync():
-            return self.accelerator.no_sync(model)
-
         with self.compute_loss_context_manager():
-            outputs = step_in_parts(model, inputs, backward, no_sync)
+            outputs = step_in_parts(model, inputs, *trainer_hooks(self.accelerator, model, weight))
         if outputs is None:
             return super().training_step(model, inputs, num_items_in_batch)
         self._record_parts(outputs, weight)
@@ -202,8 +221,8 @@ class LLM2VecTrainer(Trainer):
         )
 
     def _diverged(self, what: str) -> None:
-        newest = RunFolder.inspect(self.args.output_dir).newest
-        last = f"the last finite checkpoint is {newest.path}" if newest else "no checkpoint was saved before it"
+        newest = newest_checkpoint(self.args.output_dir)
+        last = f"the last finite checkpoint is {newest}" if newest else "no checkpoint was saved before it"
         raise TrainingDiverged(
             f"{what}; no final model or completion marker was written ({last}). Lower learning_rate (now "
             f"{self.args.learning_rate:g}) or raise warmup_steps and start anew with --overwrite_output_dir true"

@@ -23,15 +23,62 @@ import torch
 import transformers
 from safetensors import SafetensorError
 
-from . import resume, run_folder, run_inputs, run_lock, startup_checks
 from .arguments import ConfigError, DataArguments, RunConfig, help_text, parse_config
 from .dataset import DataError, TrainDataset, load_e5, load_jsonl
 from .distributed import release_process_group_at_exit
 from .llm2vec import PackingRefused
-from .run_lock import RunLocked
-from .schedule import StopAfterNSteps, check_resume, plan_schedule
+from .run import RunLocked, RunManager
+from .schedule import StopAfterNSteps, plan_schedule
 
 logger = logging.getLogger("llm2vec")
+
+
+def train(config: RunConfig):
+    """Train one stage as ``config`` says; returns the trainer (its model is the trained model), or ``None`` when
+    ``output_dir`` holds this run finished already. What the run does with its ``output_dir`` (the lock, start,
+    resume or refuse, the saves) is :class:`llm2vec.run.RunManager`'s."""
+    from .collator import TrainCollator
+    from .trainer import LLM2VecTrainer
+
+    args, stage = config.training, config.stage.stage
+    setup_logging(args)
+    config.validate()
+    with RunManager.open(config) as run:  # output_dir locked and inspected: start, resume, refuse or nothing to do
+        if run.finished:
+            return None
+        tokenizer, template = check_model_family(config)  # before the data and the weights load
+        if config.stage.num_threads:
+            torch.set_num_threads(config.stage.num_threads)
+        logger.info("Stage %s: %d CPU thread(s), seed %d", stage, torch.get_num_threads(), args.seed)
+        transformers.set_seed(args.seed)
+        dataset, validation = load_data(config, tokenizer, template)
+        schedule = plan_schedule(args, dataset.num_global_batches, config.stage.stop_after_n_steps, config.source)
+        run_config = run.record(schedule, _data_files(dataset))  # refuses a resume whose schedule or inputs changed
+        logger.info("Stage %s %s", stage, schedule.describe())
+        model = build_model(config)
+        logger.info("Stage %s: %s, %s", stage, config.model.model_name_or_path, model.describe())
+        trainer = LLM2VecTrainer(
+            model=model,
+            args=args,
+            train_dataset=dataset,
+            eval_dataset=validation or None,
+            data_collator=TrainCollator.for_encoder(model, **collator_options(config)),
+            run_config=run_config,
+            callbacks=[StopAfterNSteps(schedule)],
+        )
+        run.train(trainer)  # where training ends, disk space, overwrite; train; the final model, its marker last
+        return trainer
+
+
+def setup_logging(args: transformers.TrainingArguments) -> None:
+    level = logging.INFO if args.process_index == 0 else logging.WARNING
+    if not logging.getLogger().handlers:
+        logging.basicConfig(format="%(asctime)s %(name)s: %(message)s")
+    logger.setLevel(level)
+    transformers.utils.logging.set_verbosity(logging.WARNING)
+
+
+# ---------------------------------------------------------------------------------------------- the model
 
 
 def model_class(stage: str):
@@ -43,6 +90,90 @@ def model_class(stage: str):
     from .llm2vec_contrastive import LLM2VecContrastive
 
     return LLM2VecContrastive
+
+
+def check_model_family(config: RunConfig):
+    """The model's config and tokenizer can be read and its family has a prompt template (the config's
+    ``template``, else the one saved in the adapter's or the model's ``llm2vec_config.json``, else detected), before
+    any data or weights load; raises :class:`ConfigError`. Returns the tokenizer and the template."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from .llm2vec import read_llm2vec_config
+    from .templates import resolve_template
+
+    path, template = config.model.model_name_or_path, config.model.template
+    adapter = getattr(config.stage, "peft_model_name_or_path", None)
+    where = f"{config.source}: " if config.source else ""
+    try:
+        model_config = AutoConfig.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(
+            f"{where}model_name_or_path {path!r}: cannot read its config and tokenizer ({first}); "
+            "give a model folder or a hub id that is available"
+        ) from None
+    if template is None:
+        template = read_llm2vec_config(adapter).get("template") or read_llm2vec_config(path).get("template")
+    try:
+        spec = resolve_template(model_config, tokenizer, template)
+    except ValueError as e:
+        raise ConfigError(f"{where}model {path}: {e}") from None
+    return tokenizer, spec
+
+
+def build_model(config: RunConfig):
+    """The model to train; a model folder or adapter that cannot be loaded is one :class:`ConfigError`."""
+    from .trainer import first_line
+
+    stage, model_args = config.stage.stage, config.model
+    adapter = getattr(config.stage, "peft_model_name_or_path", None)
+    try:
+        return model_class(stage).build(model_args, config.stage, config.dtype)
+    except PackingRefused as e:
+        raise ConfigError(f"{config.source or 'the config'}: {e}") from None
+    except torch.OutOfMemoryError:
+        raise
+    except (OSError, ValueError, RuntimeError, SafetensorError) as e:
+        what = f"model {model_args.model_name_or_path}" + (f" with adapter {adapter}" if adapter else "")
+        raise ConfigError(
+            f"{config.source}: cannot load the {what}: {first_line(e)}. Check that the folder is complete (no "
+            "truncated weights file)" + (" and that the adapter was trained on this base model" if adapter else "")
+        ) from e
+
+
+# ---------------------------------------------------------------------------------------------- the data
+
+
+def collator_options(config: RunConfig) -> dict:
+    return {**config.stage.collator_options(), **config.data.collator_options()}
+
+
+def load_data(config: RunConfig, tokenizer, template) -> tuple[TrainDataset, list]:
+    """The training data and the held-out validation pairs (logged), after one example of each distinct query
+    instruction has gone through the training collator (:func:`llm2vec.collator.check_examples`)."""
+    from .collator import TrainCollator, check_examples
+
+    args, stage = config.training, config.stage.stage
+    dataset = load_training_data(config.data, config.global_batch_size, args.seed, config.stage.require_negative)
+    logger.info(
+        "Stage %s data (%d examples, global batch %d):\n%s",
+        stage,
+        len(dataset),
+        config.global_batch_size,
+        dataset.summary(),
+    )
+    validation = validation_pairs(config.data, dataset)
+    if validation:
+        logger.info(
+            "Stage %s validation: %d held-out pairs, evaluated every %s steps", stage, len(validation), args.eval_steps
+        )
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    check_examples(
+        TrainCollator(tokenizer, template, config.model.max_seq_length, pad, **collator_options(config)),
+        dataset.examples + validation,
+    )
+    return dataset, validation
 
 
 def load_training_data(data: DataArguments, global_batch_size: int, seed: int, require_negative: bool) -> TrainDataset:
@@ -86,117 +217,11 @@ def validation_pairs(data: DataArguments, dataset: TrainDataset) -> list:
     return dataset.held_out
 
 
-def setup_logging(args: transformers.TrainingArguments) -> None:
-    level = logging.INFO if args.process_index == 0 else logging.WARNING
-    if not logging.getLogger().handlers:
-        logging.basicConfig(format="%(asctime)s %(name)s: %(message)s")
-    logger.setLevel(level)
-    transformers.utils.logging.set_verbosity(logging.WARNING)
-
-
-def train(config: RunConfig):
-    """Train one stage as ``config`` says; returns the trainer (its model is the trained model), or ``None`` when
-    ``output_dir`` holds this run finished already (see :mod:`llm2vec.resume`). The run holds the lock of
-    its ``output_dir`` from before it inspects the folder until it returns (:mod:`llm2vec.run_lock`)."""
-    args = config.training
-    setup_logging(args)
-    config.validate()
-    startup_checks.check_writable(args.output_dir)
-    with run_lock.hold(args.output_dir, is_main=args.process_index == 0):
-        return _train(config)
-
-
 def _data_files(dataset: TrainDataset) -> list[str]:
     return [path for stats in dataset.sources.values() for path in stats.files]
 
 
-def _build_model(config: RunConfig):
-    """The model to train; a model folder or adapter that cannot be loaded is one :class:`ConfigError`."""
-    from .trainer import first_line
-
-    stage, model_args = config.stage.stage, config.model
-    adapter = getattr(config.stage, "peft_model_name_or_path", None)
-    try:
-        return model_class(stage).build(model_args, config.stage, config.dtype)
-    except PackingRefused as e:
-        raise ConfigError(f"{config.source or 'the config'}: {e}") from None
-    except torch.OutOfMemoryError:
-        raise
-    except (OSError, ValueError, RuntimeError, SafetensorError) as e:
-        what = f"model {model_args.model_name_or_path}" + (f" with adapter {adapter}" if adapter else "")
-        raise ConfigError(
-            f"{config.source}: cannot load the {what}: {first_line(e)}. Check that the folder is complete (no "
-            "truncated weights file)" + (" and that the adapter was trained on this base model" if adapter else "")
-        ) from e
-
-
-def _train(config: RunConfig):
-    from .collator import TrainCollator, check_examples
-    from .trainer import LLM2VecTrainer
-
-    args, stage = config.training, config.stage.stage
-    plan = resume.plan_run(config)  # refuses to replace a run in output_dir; a finished one: nothing to do
-    if plan.finished:
-        logger.info(plan.finished_message)
-        return None
-    tokenizer, template = startup_checks.startup_checks(config)  # output_dir writable, the model's tokenizer, template
-    if config.stage.num_threads:
-        torch.set_num_threads(config.stage.num_threads)
-    logger.info("Stage %s: %d CPU thread(s), seed %d", stage, torch.get_num_threads(), args.seed)
-    transformers.set_seed(args.seed)
-    dataset = load_training_data(config.data, config.global_batch_size, args.seed, config.stage.require_negative)
-    logger.info(
-        "Stage %s data (%d examples, global batch %d):\n%s",
-        stage,
-        len(dataset),
-        config.global_batch_size,
-        dataset.summary(),
-    )
-    validation = validation_pairs(config.data, dataset)
-    if validation:
-        logger.info(
-            "Stage %s validation: %d held-out pairs, evaluated every %s steps", stage, len(validation), args.eval_steps
-        )
-    options = {**config.stage.collator_options(), **config.data.collator_options()}
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    check_examples(
-        TrainCollator(tokenizer, template, config.model.max_seq_length, pad, **options), dataset.examples + validation
-    )
-    schedule = plan_schedule(args, dataset.num_global_batches, config.stage.stop_after_n_steps, config.source)
-    check_resume(plan.resume_from, schedule, extending=plan.continue_past is not None)
-    inputs, geometry = run_inputs.fingerprints(config, _data_files(dataset)), run_inputs.batch_geometry(config)
-    saved = run_folder.saved_run_config(plan.resume_from)
-    resumed = run_inputs.check_resume_inputs(
-        plan.resume_from,
-        saved,
-        inputs,
-        geometry,
-        config.stage.accept_changed_inputs,
-        run_folder.step_of(plan.resume_from) if plan.resume_from else 0,
-    )
-    logger.info("Stage %s %s", stage, schedule.describe())
-    model = _build_model(config)
-    logger.info("Stage %s: %s, %s", stage, config.model.model_name_or_path, model.describe())
-    resume.prepare(plan, config, model, len(dataset))  # where training ends, free disk space, overwrite
-    collator = TrainCollator.for_encoder(model, **options)
-    run_config = {
-        **config.resolved(),
-        "lr_schedule": schedule.as_dict(),
-        "inputs": inputs,
-        "batch_geometry": geometry,
-        "resumed_with_changes": resumed,
-    }
-    trainer = LLM2VecTrainer(
-        model=model,
-        args=args,
-        train_dataset=dataset,
-        eval_dataset=validation or None,
-        data_collator=collator,
-        run_config=run_config,
-        callbacks=[StopAfterNSteps(schedule)],
-    )
-    resume.train_and_save(trainer, plan)  # the final model, its completion marker last
-    return trainer
+# ---------------------------------------------------------------------------------------------- the command line
 
 
 def run(stage: str, argv: list[str]):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "llm2vec"
-SAVING_MODULES = ("llm2vec.trainer", "llm2vec.staged_saves")  # the trainer's _save / _save_checkpoint; the staging
+SAVING_MODULES = ("llm2vec.trainer", "llm2vec.run.saves")  # the trainer's _save / _save_checkpoint; the staging
 FORBIDDEN = ("llm2vec.export", "llm2vec.evaluation")
 
 
@@ -136,3 +136,14 @@ def test_a_fresh_interpreter_saves_a_checkpoint_without_export_or_evaluation(tmp
     loaded = json.loads(result.stdout.splitlines()[-1])
     assert "llm2vec.trainer" in loaded and (tmp_path / "saved" / "README.md").is_file()
     assert not [m for m in loaded if m.startswith(FORBIDDEN)]
+
+
+def test_the_run_folder_is_reached_through_the_run_package_alone():
+    """Every module outside ``llm2vec.run`` that touches a run's output folder imports the package's face
+    (``llm2vec.run``: RunManager and what the trainer needs), never one of its parts."""
+    graph = import_graph()
+    parts = {m for m in graph if m.startswith("llm2vec.run.")}
+    assert {"llm2vec.run.folder", "llm2vec.run.lock", "llm2vec.run.plan", "llm2vec.run.saves"} <= parts
+    outside = {m: sorted(graph[m] & parts) for m in graph if not m.startswith("llm2vec.run")}
+    assert {m: p for m, p in outside.items() if p} == {}
+    assert {m for m in graph if "llm2vec.run" in graph[m]} == {"llm2vec.trainer", "llm2vec.training"}

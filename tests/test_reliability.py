@@ -22,9 +22,11 @@ import torch
 from _drivers import launcher, subprocess_env, tiny_run_flags
 from safetensors.torch import load_file
 
-from llm2vec import resume, run_folder, startup_checks
 from llm2vec.arguments import ConfigError, argument_classes
-from llm2vec.run_folder import COMPLETE_MARKER
+from llm2vec.run import checks as startup_checks
+from llm2vec.run import folder as run_folder
+from llm2vec.run import plan as resume
+from llm2vec.run.folder import COMPLETE_MARKER
 from llm2vec.testing import build_tokenizer, save_tiny_model, write_tiny_e5
 from llm2vec.trainer import LLM2VecTrainer
 from llm2vec.training import main, run

@@ -25,8 +25,8 @@ from safetensors.torch import load_file
 
 from llm2vec import training
 from llm2vec.arguments import ConfigError, parse_config
-from llm2vec.run_folder import CHECKPOINT_MANIFEST, COMPLETE_MARKER
-from llm2vec.run_lock import LOCK_NAME
+from llm2vec.run.folder import CHECKPOINT_MANIFEST, COMPLETE_MARKER
+from llm2vec.run.lock import LOCK_NAME
 from llm2vec.testing import save_tiny_model, write_tiny_e5
 from llm2vec.trainer import LLM2VecTrainer, TrainingDiverged
 from llm2vec.training import main, run
@@ -271,7 +271,7 @@ def test_a_second_run_into_a_locked_output_dir_is_refused(assets, tmp_path, caps
             textwrap.dedent(
                 f"""
                 import sys, time
-                from llm2vec import run_lock
+                from llm2vec.run import lock as run_lock
                 with run_lock.hold({str(out)!r}):
                     print("locked", flush=True)
                     time.sleep(120)

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .arguments import ConfigError
+from ..arguments import ConfigError
 
 logger = logging.getLogger("llm2vec")
 

@@ -1,14 +1,13 @@
-"""What a run's ``output_dir`` holds: the final model and its completion marker, the checkpoints, whether each
-is complete, and the saved run config.
+"""What a run's ``output_dir`` holds, read without changing anything: the final model and its completion marker,
+the checkpoints and whether each is complete, the saved run config.
 
 A finished run's ``output_dir`` holds the final model (what :meth:`llm2vec.LLM2Vec.save` writes),
 ``run_config.json``, ``trainer_state.json``, the ``checkpoint-<step>`` folders the config asked for, and,
 written last, the completion marker :data:`COMPLETE_MARKER` (the files of the final model with their sizes, the
 step, and the training-length fields :func:`end_values`). A checkpoint written by this version holds
-:data:`CHECKPOINT_MANIFEST` (each file's size). :class:`RunFolder` reads all of that without changing anything:
-which checkpoints are complete (:func:`checkpoint_problem`), whether the final model matches its marker
-(:func:`marker_problem`), which files no run of this package wrote. What a new run then does with the folder is
-:mod:`llm2vec.resume`; how the files are written complete-or-absent is :mod:`llm2vec.staged_saves`.
+:data:`CHECKPOINT_MANIFEST` (each file's size). :class:`RunFolder` reads all of that: which checkpoints are
+complete (:func:`checkpoint_problem`), whether the final model matches its marker (:func:`marker_problem`),
+which files no run of this package wrote.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .arguments import ConfigError, argument_classes
+from ..arguments import ConfigError, argument_classes
 
 logger = logging.getLogger("llm2vec")
 
@@ -46,7 +45,7 @@ NOT_COMPARED = (
     "inputs",
     "batch_geometry",
     "resumed_with_changes",
-)  # lr_schedule: derived from the compared fields and the data; inputs and batch: llm2vec.run_inputs
+)  # lr_schedule: derived from the compared fields and the data; inputs and batch: llm2vec.run.inputs
 # Files of a final model that an interrupted final save may leave without a marker (removed on overwrite).
 MODEL_FILE_PATTERNS = (
     "*.safetensors",
@@ -124,17 +123,23 @@ def state_files_problem(names: set[str]) -> str | None:
     return None
 
 
+def _size_problems(folder: Path, files: dict[str, int], when: str) -> list[str]:
+    """``name is missing`` or ``name is N bytes, M when <when>`` for each listed file not as it was recorded."""
+    problems = []
+    for name, size in sorted(files.items()):
+        path = folder / name
+        if not path.is_file():
+            problems.append(f"{name} is missing")
+        elif path.stat().st_size != size:
+            problems.append(f"{name} is {path.stat().st_size} bytes, {size} when {when}")
+    return problems
+
+
 def _manifest_problem(folder: Path, manifest: dict) -> str | None:
     files = manifest.get("files")
     if not isinstance(files, dict):
         return f"unreadable {CHECKPOINT_MANIFEST}"
-    problems = []
-    for rel, size in sorted(files.items()):
-        path = folder / rel
-        if not path.is_file():
-            problems.append(f"{rel} is missing")
-        elif path.stat().st_size != size:
-            problems.append(f"{rel} is {path.stat().st_size} bytes, {size} when saved")
+    problems = _size_problems(folder, files, "saved")
     if problems:
         return "; ".join(problems[:3]) + (f"; {len(problems) - 3} more" if len(problems) > 3 else "")
     return state_files_problem(set(files))
@@ -147,7 +152,7 @@ def checkpoint_problem(folder: str | os.PathLike) -> str | None:
     each file must be there with that size. Every checkpoint must hold a readable ``trainer_state.json``,
     complete weights (each safetensors file as long as its header says), the optimizer, scheduler and RNG
     state (:func:`state_files_problem`), and readable ``torch.save`` archives (the zip directory, not the
-    pickles: a file damaged inside is reported when it is loaded, :meth:`LLM2VecTrainer._load_guarded`)."""
+    pickles: a file damaged inside is reported when it is loaded, :meth:`llm2vec.trainer.LLM2VecTrainer._load_guarded`)."""
     folder = Path(folder)
     if not folder.is_dir():
         return "not a folder"
@@ -194,13 +199,7 @@ def marker_problem(folder: Path, marker: dict[str, Any]) -> str | None:
     files = marker.get("files")
     if not isinstance(files, dict):
         return f"{COMPLETE_MARKER} lists no files"
-    problems = []
-    for name, size in sorted(files.items()):
-        path = folder / name
-        if not path.is_file():
-            problems.append(f"{name} is missing")
-        elif path.stat().st_size != size:
-            problems.append(f"{name} is {path.stat().st_size} bytes, {size} when finished")
+    problems = _size_problems(folder, files, "finished")
     for path in sorted(folder.glob("*.safetensors")):
         problem = safetensors_problem(path)
         if problem and path.name in files:
@@ -337,6 +336,12 @@ class RunFolder:
         if self.damaged:
             return f"the files of a {stage}model ({names}) that do not match its {COMPLETE_MARKER} ({self.damaged})"
         return f"the files of a {stage}model ({names}) without the completion marker {COMPLETE_MARKER}"
+
+
+def newest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
+    """The newest complete checkpoint of ``output_dir`` (:class:`RunFolder`), or ``None``."""
+    newest = RunFolder.inspect(output_dir).newest
+    return newest.path if newest else None
 
 
 def config_differences(saved: dict[str, Any], new: dict[str, Any], limit: int = 8) -> list[str]:

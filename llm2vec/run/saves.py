@@ -12,7 +12,7 @@ finished by its completion marker.
   written (atomically) after every file of the final model is on disk (:func:`save_final`;
   :func:`finalize_from_checkpoint` builds the final model from a checkpoint at the last step).
 
-What the folder holds is read by :mod:`llm2vec.run_folder`. This module imports nothing of the export or the
+What the folder holds is read by :mod:`llm2vec.run.folder`. This module imports nothing of the export or the
 evaluation (tests/test_import_graph.py).
 """
 
@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .io import atomic_write
-from .run_folder import (
+from ..io import atomic_write
+from .folder import (
     CHECKPOINT_MANIFEST,
     COMPLETE_MARKER,
     RUN_CONFIG_NAME,

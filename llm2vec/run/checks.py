@@ -1,10 +1,6 @@
-"""Fail before the hours: what a run checks before the data and the weights are loaded, and the free disk space
-it needs.
-
-:func:`startup_checks` (the output folder can be written, the model's config and tokenizer can be read and its
-family has a template) runs before anything is loaded, deleted or trained; :func:`estimate_disk` and
-:func:`check_disk_space` (the checkpoints and the final model the run will write) are called by
-:func:`llm2vec.resume.prepare` once the model is built.
+"""The path and disk checks of a run's ``output_dir``: it can be written (:func:`check_writable`, before the folder
+is locked), and it has room for the checkpoints and the final model the run will write (:func:`estimate_disk`,
+:func:`check_disk_space`, once the model is built and before anything is deleted or trained).
 """
 
 from __future__ import annotations
@@ -16,7 +12,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .arguments import ConfigError, RunConfig
+from ..arguments import ConfigError
 
 
 def check_writable(output_dir: str) -> None:
@@ -30,47 +26,6 @@ def check_writable(output_dir: str) -> None:
         raise ConfigError(
             f"output_dir {output_dir}: cannot write there ({e.strerror or e}); choose a folder you can write to"
         ) from None
-
-
-def check_model_family(path: str, template: str | None = None, adapter: str | None = None, source: str = ""):
-    """The model's config and tokenizer can be read and its family has a prompt template (the explicit
-    ``template``, else the one saved in the adapter's or the model's ``llm2vec_config.json``, else detected),
-    before any weights load; raises :class:`ConfigError`. Returns the tokenizer and the template. The
-    evaluation CLI can call this too."""
-    from transformers import AutoConfig, AutoTokenizer
-
-    from .llm2vec import read_llm2vec_config
-    from .templates import resolve_template
-
-    where = f"{source}: " if source else ""
-    try:
-        model_config = AutoConfig.from_pretrained(path)
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(
-            f"{where}model_name_or_path {path!r}: cannot read its config and tokenizer ({first}); "
-            "give a model folder or a hub id that is available"
-        ) from None
-    if template is None:
-        template = read_llm2vec_config(adapter).get("template") or read_llm2vec_config(path).get("template")
-    try:
-        spec = resolve_template(model_config, tokenizer, template)
-    except ValueError as e:
-        raise ConfigError(f"{where}model {path}: {e}") from None
-    return tokenizer, spec
-
-
-def startup_checks(config: RunConfig):
-    """What can be checked before the data and the weights are loaded: the output folder, the model's family.
-    Returns the model's tokenizer and template (for the data check, :func:`llm2vec.collator.check_examples`)."""
-    check_writable(config.training.output_dir)
-    return check_model_family(
-        config.model.model_name_or_path,
-        config.model.template,
-        getattr(config.stage, "peft_model_name_or_path", None),
-        config.source,
-    )
 
 
 def _size(n: float) -> str:

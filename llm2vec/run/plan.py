@@ -1,19 +1,19 @@
-"""What a run does with its ``output_dir``: start, resume, continue a finished run, or refuse; then train and save.
+"""What a run does with its ``output_dir``: start, resume, continue a finished run, or refuse (:func:`plan_run`,
+before anything is loaded); then, once the data and the model are loaded, where training ends, the free disk
+space and what ``--overwrite_output_dir`` deletes (:func:`prepare`).
 
 - **A finished run is not overwritten.** A run refuses to start in a folder that holds a finished model or
   checkpoints, and says what is there and how its ``run_config.json`` differs from the new config:
-  ``--resume_from_checkpoint true`` continues it, ``--overwrite_output_dir true`` replaces it (:func:`plan_run`).
+  ``--resume_from_checkpoint true`` continues it, ``--overwrite_output_dir true`` replaces it.
 - **A finished run is recognised.** ``--resume_from_checkpoint true`` on a finished run whose training-length
-  fields (:func:`llm2vec.run_folder.training_end_fields`) equal the new config's says so and does nothing
+  fields (:func:`llm2vec.run.folder.training_end_fields`) equal the new config's says so and does nothing
   (exit 0). If the new config trains further, the run continues from its newest complete checkpoint; if it ends
   earlier, it is refused. A checkpoint without its weights or its ``trainer_state.json`` (made by other tools or
   older versions) is skipped with a warning.
-- **Where training ends decides the rest** (:func:`prepare`, once the data and the model are loaded): a resumed
-  checkpoint past the end is refused, one at the end (a kill during the final save) is turned into the final
-  model without training another step; the free disk space is checked
-  (:func:`llm2vec.startup_checks.check_disk_space`); only then does ``--overwrite_output_dir`` delete the old run.
-
-What the folder holds: :mod:`llm2vec.run_folder`; the saves: :mod:`llm2vec.staged_saves`.
+- **Where training ends decides the rest** (:func:`prepare`): a resumed checkpoint past the end is refused, one
+  at the end (a kill during the final save) is turned into the final model without training another step; the
+  free disk space is checked (:func:`llm2vec.run.checks.check_disk_space`); only then does
+  ``--overwrite_output_dir`` delete the old run.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .arguments import ConfigError, RunConfig
-from .run_folder import (
+from ..arguments import ConfigError, RunConfig
+from .checks import bytes_under, check_disk_space, estimate_disk
+from .folder import (
     COMPLETE_MARKER,
     RUN_CONFIG_NAME,
     RunFolder,
@@ -36,8 +37,7 @@ from .run_folder import (
     remove_path,
     step_of,
 )
-from .staged_saves import finalize_from_checkpoint, remove_stale_staging, save_final
-from .startup_checks import bytes_under, check_disk_space, estimate_disk
+from .saves import remove_stale_staging
 
 logger = logging.getLogger("llm2vec")
 
@@ -249,7 +249,7 @@ def prepare(plan: RunPlan, config: RunConfig, model, num_examples: int) -> RunPl
 
     Where training ends (:func:`planned_end_step`): a continued finished run must end later than it did; a
     resumed checkpoint past the end is refused, one at the end is turned into the final model without training.
-    Free disk space for the checkpoints and final model (:func:`llm2vec.startup_checks.estimate_disk`). Only then does
+    Free disk space for the checkpoints and final model (:func:`llm2vec.run.checks.estimate_disk`). Only then does
     ``--overwrite_output_dir`` delete the old run (marker first) and the stale staging folders go.
     """
     args, stage = config.training, config.stage.stage
@@ -287,15 +287,3 @@ def prepare(plan: RunPlan, config: RunConfig, model, num_examples: int) -> RunPl
 
     PartialState().wait_for_everyone()
     return plan
-
-
-# ---------------------------------------------------------------------------------------------- training and saving
-
-
-def train_and_save(trainer, plan: RunPlan) -> None:
-    """Train as planned (fresh, or resumed from ``plan.resume_from``) and write the final model, marker last."""
-    if plan.finalize_only:
-        finalize_from_checkpoint(trainer, plan.resume_from)
-        return
-    trainer.train(resume_from_checkpoint=plan.resume_from)
-    save_final(trainer)

@@ -1,0 +1,170 @@
+"""What the trainer relies on in transformers beyond its public API, checked against the installed version.
+
+``LLM2VecTrainer`` overrides a few private methods of transformers' ``Trainer``, each listed once with the signature it
+was written against and the reason no public hook does its work (``llm2vec.trainer.PRIVATE_OVERRIDES``). These tests
+fail when transformers changes one of those signatures, when the trainer overrides a private method that is not
+listed (or defines a helper whose name the Trainer has since taken), and when a tiny run shows the Trainer calling the
+overrides otherwise than they assume. A tiny run of either stage must raise no FutureWarning or DeprecationWarning.
+"""
+
+import inspect
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from _drivers import tiny_run_flags
+from transformers import Trainer
+
+from llm2vec.testing import save_tiny_model, write_tiny_e5
+from llm2vec.trainer import PRIVATE_OVERRIDES, LLM2VecTrainer
+from llm2vec.training import run
+
+
+def plain_signature(function) -> str:
+    """``(self, a, b=None, *args, **kwargs)``: the parameters' names, kinds and defaults; annotations left out."""
+    parts = []
+    for p in inspect.signature(function).parameters.values():
+        star = "*" if p.kind is p.VAR_POSITIONAL else "**" if p.kind is p.VAR_KEYWORD else ""
+        parts.append(star + p.name + ("" if p.default is p.empty else f"={p.default!r}"))
+    return "(" + ", ".join(parts) + ")"
+
+
+def unlisted_private_overrides(cls) -> list[str]:
+    """The names ``cls`` (and its bases below ``Trainer``) define that are private methods of ``Trainer`` too but
+    are not in ``PRIVATE_OVERRIDES``."""
+    found = {
+        name
+        for klass in cls.__mro__[: cls.__mro__.index(Trainer)]
+        for name in vars(klass)
+        if name.startswith("_") and not name.startswith("__") and hasattr(Trainer, name)
+    }
+    return sorted(found - set(PRIVATE_OVERRIDES))
+
+
+def test_every_private_override_is_listed_with_the_signature_it_was_written_against():
+    assert unlisted_private_overrides(LLM2VecTrainer) == []
+    for name, (signature, reason) in PRIVATE_OVERRIDES.items():
+        assert name in vars(LLM2VecTrainer), f"{name} is listed but LLM2VecTrainer does not override it"
+        assert hasattr(Trainer, name), f"transformers' Trainer has no {name} any more: see its reason: {reason}"
+        assert plain_signature(getattr(Trainer, name)) == signature, (
+            f"transformers' Trainer.{name} is now {plain_signature(getattr(Trainer, name))}, the override was "
+            f"written against {signature}"
+        )
+        assert plain_signature(getattr(LLM2VecTrainer, name)) == signature, (
+            f"the override of {name} takes other arguments"
+        )
+
+
+def test_an_unlisted_private_override_is_found():
+    class Sneaky(LLM2VecTrainer):
+        def _get_train_sampler(self, train_dataset=None):  # a Trainer method, not listed
+            return None
+
+        def _a_helper_of_its_own(self):  # not the Trainer's: allowed
+            return None
+
+    assert unlisted_private_overrides(Sneaky) == ["_get_train_sampler"]
+
+
+def test_peft_still_reads_the_deprecated_property_that_training_hides(tiny_models):
+    """``llm2vec_contrastive.peft_reads_deprecated_property`` hides exactly this warning of peft's; once peft stops
+    reading ``is_gradient_checkpointing``, this test fails and the filter can go."""
+    from peft import LoraConfig, get_peft_model
+
+    causal_lm, _ = tiny_models["llama3"]
+    with pytest.warns(FutureWarning, match="is_gradient_checkpointing"):
+        get_peft_model(causal_lm.model, LoraConfig(r=2, target_modules=["q_proj"]))
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("upstream")
+    return save_tiny_model("llama3", root / "model"), write_tiny_e5(root / "data", n=24)
+
+
+def spy_on_overrides(monkeypatch) -> list[dict]:
+    """Wrap every listed override of LLM2VecTrainer; each call appends what the Trainer passed and saw."""
+    calls = []
+    for name in PRIVATE_OVERRIDES:
+        original = getattr(LLM2VecTrainer, name)
+
+        def wrapped(self, *args, _name=name, _original=original, **kwargs):
+            bound = inspect.signature(_original).bind(self, *args, **kwargs)
+            bound.apply_defaults()
+            passed = {k: v for k, v in bound.arguments.items() if k != "self"}
+            call = {"name": _name, "passed": passed, "step": self.state.global_step}
+            if _name == "_get_grad_norm":
+                grads = [p.grad for p in self.model.parameters() if p.requires_grad]
+                call["grads_set"] = all(g is not None for g in grads)
+                call["grads_norm"] = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
+                call["weights"] = [p.detach().clone() for p in self.model.parameters() if p.requires_grad]
+            result = _original(self, *args, **kwargs)
+            if _name == "_get_grad_norm":
+                call["result"] = float(result)
+            calls.append(call)
+            return result
+
+        monkeypatch.setattr(LLM2VecTrainer, name, wrapped)
+    return calls
+
+
+@pytest.mark.filterwarnings("error::FutureWarning", "error::DeprecationWarning")
+def test_a_tiny_run_warns_of_nothing_deprecated_and_calls_the_overrides_as_they_assume(assets, tmp_path, monkeypatch):
+    model, data = assets
+    n = torch.get_num_threads()
+    out = tmp_path / "run"
+    common = {"num_threads": 1, "disable_tqdm": "true", "max_seq_length": 64, "lr_scheduler_type": "constant"}
+    calls = spy_on_overrides(monkeypatch)
+    try:
+        trainer = run("I", tiny_run_flags(model, data, out, max_steps=2, save_steps=1, max_grad_norm=0, **common))
+        first = list(calls)
+        calls.clear()
+        # a finished run trained further: resumed from its newest checkpoint
+        run(
+            "I",
+            tiny_run_flags(model, data, out, max_steps=3, save_steps=1, max_grad_norm=0, **common)
+            + ["--resume_from_checkpoint", "true"],
+        )
+        resumed = list(calls)
+        stage_II = run(
+            "II",
+            tiny_run_flags(model, data, tmp_path / "II", stage="II", lora_r=4, lora_alpha=8, max_steps=1, **common),
+        )
+    finally:
+        torch.set_num_threads(n)
+    assert stage_II is not None
+
+    # the data order is the dataset's: the public train_sampling_strategy gives the sequential sampler
+    assert isinstance(trainer._get_train_sampler(), torch.utils.data.SequentialSampler)
+
+    # _get_grad_norm: once per optimizer step, after its backward (every gradient set) and before optimizer.step()
+    # (the weights still those the step started from), returning the norm of the gradients (no clipping here)
+    norms = [c for c in first if c["name"] == "_get_grad_norm"]
+    assert [c["step"] for c in norms] == [0, 1]
+    for call in norms:
+        assert call["grads_set"] and math.isclose(call["result"], call["grads_norm"], rel_tol=1e-5), call["result"]
+    assert not all(torch.equal(a, b) for a, b in zip(norms[0]["weights"], norms[1]["weights"]))  # step 1 applied
+
+    # _save_checkpoint writes checkpoint-<step> under _get_output_dir(trial): the staging folder; the final model
+    # is saved by save_model -> _save(output_dir) into output_dir, with no gathered state dict on one process
+    assert [c["passed"]["trial"] for c in first if c["name"] == "_save_checkpoint"] == [None, None]
+    assert {c["passed"]["trial"] for c in first if c["name"] == "_get_output_dir"} == {None}
+    saves = [Path(c["passed"]["output_dir"]) for c in first if c["name"] == "_save"]
+    assert [str(p.relative_to(out)) for p in saves] == [
+        os.path.join(".checkpoint-1.staging.tmp", "checkpoint-1"),
+        os.path.join(".checkpoint-2.staging.tmp", "checkpoint-2"),
+        ".",
+    ]
+    assert all(c["passed"]["state_dict"] is None for c in first if c["name"] == "_save")
+
+    # a resume loads the weights, the optimizer and scheduler, and the RNG state of the checkpoint, once each
+    checkpoint = str(out / "checkpoint-2")
+    loads = [(c["name"], str(next(iter(c["passed"].values())))) for c in resumed if c["name"].startswith("_load")]
+    assert sorted(loads) == [
+        ("_load_from_checkpoint", checkpoint),
+        ("_load_optimizer_and_scheduler", checkpoint),
+        ("_load_rng_state", checkpoint),
+    ]
+    assert [c["step"] for c in resumed if c["name"] == "_get_grad_norm"] == [2]
