@@ -198,6 +198,16 @@ def texts(n: int, min_words: int, max_words: int, seed: int, taken: tuple[str, .
     return out
 
 
+def checkpointing(model, on: bool) -> None:
+    """Activation checkpointing of the model's layers on or off, under the name the installed transformers
+    gives it (``activation_checkpointing_*`` in recent releases, ``gradient_checkpointing_*`` before)."""
+    prefix = "activation" if hasattr(model, "activation_checkpointing_enable") else "gradient"
+    if on:
+        getattr(model, f"{prefix}_checkpointing_enable")({"use_reentrant": False})
+    else:
+        getattr(model, f"{prefix}_checkpointing_disable")()
+
+
 def use_attention(model, name: str) -> None:
     decoder_body(model).set_attn_implementation(name)
 
@@ -399,11 +409,11 @@ def check_stage_I_step(s: Setting) -> Result:
     ref, ref_calls = stage_I_step(plain, batch)
     ref_grads = gradients(causal_lm)
     use_attention(causal_lm, s.fast_attention)
-    causal_lm.activation_checkpointing_enable({"use_reentrant": False})
+    checkpointing(causal_lm, True)
     try:
         got, got_calls = stage_I_step(paper, batch)
     finally:
-        causal_lm.activation_checkpointing_disable()
+        checkpointing(causal_lm, False)
         use_attention(causal_lm, "sdpa")
     grads = gradients(causal_lm)
     causal_lm.zero_grad(set_to_none=True)
@@ -597,7 +607,7 @@ def check_stage_I_1b(s: Setting, steps: int = 2) -> Result:
         causal_lm, tokenizer, max_length=512, token_budget=budget, logit_chunk_rows=rows, packing=True
     )
     causal_lm.train()
-    causal_lm.activation_checkpointing_enable({"use_reentrant": False})
+    checkpointing(causal_lm, True)
     optimizer = torch.optim.AdamW(causal_lm.parameters(), lr=4e-5)  # pure bf16 on a GPU, as the paper configs
     pairs = 8 if s.quick else 32
     batches = [
@@ -622,7 +632,7 @@ def check_stage_I_1b(s: Setting, steps: int = 2) -> Result:
             tokens.append(int(batch["query"]["attention_mask"].sum() + batch["positive"]["attention_mask"].sum()))
             lengths, target_rows = stage_I_sequences(batch)
             flops.append(stage_I_flops(matrices, size[0], size[1], causal_lm.config.vocab_size, lengths, target_rows))
-    causal_lm.activation_checkpointing_disable()
+    checkpointing(causal_lm, False)
     use_attention(causal_lm, "sdpa")
     if not torch.isfinite(out.loss):
         return Result("stage_I_1b", "FAIL", f"loss {out.loss.item()}")

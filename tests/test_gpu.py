@@ -242,3 +242,42 @@ def test_gpu_check(name):
     if result.status == "SKIP":  # reported by pytest as skipped, with the reason: never as a pass
         pytest.skip(result.line())
     assert result.status == "PASS", result.line()
+
+
+# --------------------------------------------------------------------------- Liger's arguments (#32, point 5)
+
+
+@pytest.mark.parametrize("takes_accum_dtype", [True, False])
+def test_liger_loss_sums_in_float32(monkeypatch, takes_accum_dtype):
+    """The fused path asks Liger for a summed loss accumulated in float32 where its loss class takes
+    ``accum_dtype`` (liger-kernel >= 0.6), and leaves the argument out where it does not. A stand-in module
+    records the arguments (Liger itself needs CUDA and Triton)."""
+    import types
+
+    from llm2vec.loss import linear_cross_entropy
+
+    made = []
+
+    class Recording:
+        def __init__(self, reduction="mean", accum_dtype=None):
+            made.append({"reduction": reduction, "accum_dtype": accum_dtype})
+
+        def __call__(self, weight, hidden, targets, bias=None):
+            return torch.nn.functional.cross_entropy(hidden @ weight.T, targets, reduction="sum")
+
+    if not takes_accum_dtype:
+
+        class Recording(Recording):  # noqa: F811 - an older Liger: no accum_dtype in the signature
+            def __init__(self, reduction="mean"):
+                made.append({"reduction": reduction})
+
+    module = types.ModuleType("liger_kernel.transformers")
+    module.LigerFusedLinearCrossEntropyLoss = Recording
+    monkeypatch.setitem(sys.modules, "liger_kernel", types.ModuleType("liger_kernel"))
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers", module)
+    head = torch.nn.Linear(4, 7, bias=False)
+    hidden, targets = torch.randn(3, 4), torch.tensor([1, 6, 0])
+    loss = linear_cross_entropy._liger_nll(head, hidden, targets)
+    expected = {"reduction": "sum", "accum_dtype": torch.float32} if takes_accum_dtype else {"reduction": "sum"}
+    assert made == [expected]
+    torch.testing.assert_close(loss, linear_cross_entropy.linear_cross_entropy_sum(hidden, head, targets))
