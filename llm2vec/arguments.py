@@ -563,6 +563,15 @@ class RunConfig:
                 f"{self.model.max_seq_length}: one text alone could exceed it; give at least "
                 f"{self.model.max_seq_length} (or 0 for no gradient cache)"
             )
+        chunked = [f for f in ("token_budget", "embedding_token_budget") if getattr(self.stage, f, 0)]
+        if args.deepspeed and chunked:
+            field_name = chunked[0]
+            raise ConfigError(
+                f"{self.source}: {field_name} {getattr(self.stage, field_name)} cannot run under DeepSpeed: the chunked "
+                "step back-propagates each chunk outside DeepSpeed's engine (its gradients would be divided by the "
+                "accumulation steps twice and the optimizer stepped on every chunk of the last micro-batch); pass "
+                f"--{field_name} 0, or train with FSDP (--fsdp true --fsdp_config train_configs/fsdp/fsdp2_full_shard.json)"
+            )
         if getattr(self.stage, "stop_decoder_gradient", False) and args.fsdp:
             raise ConfigError(
                 f"{self.source}: stop_decoder_gradient cannot run under FSDP (it calls the decoder with detached "

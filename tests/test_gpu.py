@@ -281,3 +281,34 @@ def test_liger_loss_sums_in_float32(monkeypatch, takes_accum_dtype):
     expected = {"reduction": "sum", "accum_dtype": torch.float32} if takes_accum_dtype else {"reduction": "sum"}
     assert made == [expected]
     torch.testing.assert_close(loss, linear_cross_entropy.linear_cross_entropy_sum(hidden, head, targets))
+
+
+# --------------------------------------------------------------------------- DeepSpeed (#32, point 4)
+
+
+@pytest.mark.parametrize(
+    "stage,config,field",
+    [
+        ("I", "train_configs/stage_I/MetaLlama3.1_8b_q2d_d2q.json", "token_budget"),
+        ("II", "train_configs/stage_II/MetaLlama3.1_8b_stage1_2000steps_stage2.json", "embedding_token_budget"),
+    ],
+)
+def test_deepspeed_with_a_chunked_step_is_refused_in_one_line(stage, config, field):
+    """The chunked steps (Stage I's token budget, Stage II's gradient cache) back-propagate outside DeepSpeed's
+    engine, which would scale and step wrongly: the run is refused by the config check, before any data loads,
+    naming the field and what to do. (The config is parsed without DeepSpeed, which is not installed here, and
+    DeepSpeed's file is set afterwards, as TrainingArguments holds it.)"""
+    from llm2vec.arguments import ConfigError, parse_config
+
+    flags = ["--use_cpu", "true", "--fsdp", "false", "--attn_implementation", "sdpa", "--validation_size", "0"]
+    parsed = parse_config(stage, [str(ROOT / config), *flags])
+    parsed.training.per_device_train_batch_size = parsed.stage.total_batch_size  # one process here
+    parsed.training.gradient_accumulation_steps = 1
+    parsed.validate()  # without DeepSpeed: fine
+    parsed.training.deepspeed = str(ROOT / "train_configs/deepspeed/zero3.json")
+    with pytest.raises(ConfigError) as refused:
+        parsed.validate()
+    message = str(refused.value)
+    assert "\n" not in message and f"{field} " in message and "DeepSpeed" in message and f"--{field} 0" in message
+    setattr(parsed.stage, field, 0)
+    parsed.validate()  # DeepSpeed without the chunked step: accepted
