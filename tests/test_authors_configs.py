@@ -130,3 +130,26 @@ def test_the_papers_512_stays_the_default():
     """The paper configs keep the paper's global batch of 512 in both stages; only the authors' set departs."""
     for _, paper, _, _ in runs():
         assert load(paper)["total_batch_size"] == 512, paper.name
+
+
+def test_reconstruction_targets_help_says_what_each_mode_and_the_authors_pass_do():
+    """``all`` has the authors' targets but not their reconstruction pass (issue #32, point 7): the help says what
+    each mode predicts and how the authors' pass differs (their mask hides the prompt's head from attention, and
+    their positions count the left padding), instead of calling ``all`` the authors' code."""
+    from dataclasses import fields
+
+    from llm2vec.arguments import StageIArguments
+
+    (field,) = [f for f in fields(StageIArguments) if f.name == "reconstruction_targets"]
+    text = field.metadata["help"]
+    assert field.metadata["choices"] == ("text", "all")
+    assert "Neither is the authors' pass" in text and "the authors' code" not in text
+    for fact in (
+        "EOS id",
+        "instruction-skipping mask",
+        "hides BOS",
+        "no position ids",
+        "left padding",
+        "varies per row",
+    ):
+        assert fact in text, fact
