@@ -308,8 +308,14 @@ class StageIArguments(_StageArguments):
     reconstruction_targets: str = field(
         default="text",
         metadata={
-            "help": "Tokens each direction predicts: text (the counterpart's text, the paper's Eq. 3-4) or all "
-            "(everything but the anchor: BOS, chat header, instruction; the authors' code).",
+            "help": "Tokens each direction predicts. text (the paper's Eq. 3-4): the counterpart's text tokens. all: "
+            "every token of the counterpart's prompt but its anchor (BOS, chat header, a query's instruction and "
+            "separator, the text, closing tokens before the anchor). In both, every target is visible to attention "
+            "and the anchor sits at position 0 with the targets at 1..m. Neither is the authors' pass: theirs "
+            "predicts every token not equal to the EOS id (BOS, header and instruction too) but reuses the encoder's "
+            "instruction-skipping mask, which hides BOS, the header and a query's instruction from attention under "
+            "FlashAttention, and passes no position ids, so the anchor stands before the left padding at a RoPE "
+            "distance from the text that varies per row (docs/departures.md).",
             "choices": RECONSTRUCTION_TARGETS,
         },
     )
@@ -562,6 +568,15 @@ class RunConfig:
                 f"{self.source}: embedding_token_budget {budget} is below max_seq_length "
                 f"{self.model.max_seq_length}: one text alone could exceed it; give at least "
                 f"{self.model.max_seq_length} (or 0 for no gradient cache)"
+            )
+        chunked = [f for f in ("token_budget", "embedding_token_budget") if getattr(self.stage, f, 0)]
+        if args.deepspeed and chunked:
+            field_name = chunked[0]
+            raise ConfigError(
+                f"{self.source}: {field_name} {getattr(self.stage, field_name)} cannot run under DeepSpeed: the chunked "
+                "step back-propagates each chunk outside DeepSpeed's engine (its gradients would be divided by the "
+                "accumulation steps twice and the optimizer stepped on every chunk of the last micro-batch); pass "
+                f"--{field_name} 0, or train with FSDP (--fsdp true --fsdp_config train_configs/fsdp/fsdp2_full_shard.json)"
             )
         if getattr(self.stage, "stop_decoder_gradient", False) and args.fsdp:
             raise ConfigError(

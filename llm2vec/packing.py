@@ -7,10 +7,16 @@ with position ids that restart at 0 at the start of each sequence and no attenti
              [b1 b2 b3 b4]       pos      0  1  2  0  1  2  3  0
              [c1 _  _  _ ]
 
-transformers recognises this form by the restarting position ids (``masking_utils.
-find_packed_sequence_indices``, used when the attention mask is ``None``): ``flash_attention_2`` runs its
-variable-length kernel over the sequences, so no padding is computed at all; ``sdpa`` and ``eager`` get
-a block-diagonal causal mask, which gives the same numbers but computes attention over the whole row and
+Each call also passes the sequences' boundaries as transformers' variable-length keyword arguments
+(:func:`varlen_kwargs`): ``cu_seq_lens_q = cu_seq_lens_k = [0, n_1, n_1 + n_2, ..., N]`` (int32) and
+``max_length_q = max_length_k = max_i n_i`` (a Python int), computed once per call from the restarting
+position ids. ``flash_attention_2`` then runs its variable-length kernel over the sequences directly, so
+no padding is computed at all and no layer has to rederive the boundaries (without them transformers finds
+them again from the position ids in every layer, a device sync each time). Where the installed transformers
+or the decoder does not take these arguments (:func:`accepts_varlen_kwargs`), the call falls back to the
+position ids alone, from which transformers recognises the packed form (``masking_utils.
+find_packed_sequence_indices``, used when the attention mask is ``None``). ``sdpa`` and ``eager`` ignore
+the keyword arguments and get a block-diagonal causal mask from the position ids, which gives the same numbers but computes attention over the whole row and
 masks it, at a cost that grows with the square of the row's length. For Stage I chunks of about a
 thousand tokens that is still cheaper than padding (the README's benchmark table), but an
 ``encode`` batch of 32 texts of 512 tokens would be one row of 16k; so ``ModelArguments.packing`` turns
@@ -30,9 +36,12 @@ the padded code path.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Sequence
 
 import torch
+from torch import nn
 
 from .pooling import position_ids_from_mask
 
@@ -49,13 +58,61 @@ def unpack(packed: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     return packed.new_zeros(shape).index_put((rows, columns), packed)
 
 
+VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+
+
+@functools.cache
+def transformers_takes_varlen_kwargs() -> bool:
+    """Whether the installed transformers declares the variable-length attention arguments
+    (``FlashAttentionKwargs``, which its decoders pass on to the attention function)."""
+    try:
+        from transformers.modeling_flash_attention_utils import FlashAttentionKwargs
+    except ImportError:
+        return False
+    return set(VARLEN_KWARGS) <= set(getattr(FlashAttentionKwargs, "__annotations__", {}))
+
+
+def accepts_varlen_kwargs(decoder: nn.Module) -> bool:
+    """Whether :func:`packed_call` passes :func:`varlen_kwargs` to ``decoder``: the installed transformers
+    declares them and the decoder's ``forward`` takes extra keyword arguments (transformers' decoders pass
+    those on to every attention layer). A wrapper's ``inner`` module, if it has one, must take them too."""
+    if not transformers_takes_varlen_kwargs():
+        return False
+    modules = [decoder] + ([decoder.inner] if isinstance(getattr(decoder, "inner", None), nn.Module) else [])
+    for module in modules:
+        parameters = inspect.signature(module.forward).parameters.values()
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+            return False
+    return True
+
+
+def varlen_kwargs(position_ids: torch.Tensor) -> dict[str, torch.Tensor | int]:
+    """The sequences' boundaries in a packed row from its position ids (N,) that restart at 0 at each
+    sequence: ``cu_seq_lens_q/k`` (S + 1,) int32, the cumulative lengths [0, n_1, ..., N], and
+    ``max_length_q/k`` = max n_i as a Python int (one device sync per call)."""
+    starts = (position_ids == 0).nonzero().flatten()
+    ends = torch.tensor([position_ids.numel()], device=position_ids.device)
+    cu_seq_lens = torch.cat([starts, ends]).to(torch.int32)
+    max_length = int(cu_seq_lens.diff().max())
+    return {
+        "cu_seq_lens_q": cu_seq_lens,
+        "cu_seq_lens_k": cu_seq_lens,
+        "max_length_q": max_length,
+        "max_length_k": max_length,
+    }
+
+
 def packed_call(decoder, pieces: Sequence[torch.Tensor], positions: Sequence[torch.Tensor], embeds: bool):
     """One decoder call over the concatenated ``pieces`` (token ids (n_i,) or embeddings (n_i, H) when
-    ``embeds``) with their concatenated ``positions``; returns the final-layer states split like ``pieces``."""
+    ``embeds``) with their concatenated ``positions`` (restarting at 0 at each sequence) and, where the
+    decoder takes them, the :func:`varlen_kwargs` derived from those positions; returns the final-layer
+    states split like ``pieces``."""
     sizes = [len(p) for p in pieces]
     inputs = torch.cat(list(pieces))[None]
     position_ids = torch.cat(list(positions))[None]
     kwargs = {"inputs_embeds": inputs} if embeds else {"input_ids": inputs}
+    if accepts_varlen_kwargs(decoder):
+        kwargs.update(varlen_kwargs(position_ids[0]))
     hidden = decoder(**kwargs, attention_mask=None, position_ids=position_ids, use_cache=False).last_hidden_state
     return hidden[0].split(sizes)
 

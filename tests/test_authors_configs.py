@@ -1,11 +1,11 @@
-"""The configs of train_configs/authors/ reproduce the authors' public runs as they were (issue #19, point 6).
+"""The configs of train_configs/authors/ reproduce the authors' public runs as they were (issues #19 and #32).
 
-The reference is the table below, written from the authors' public configs (digested in the project's paper
-notes, "The authors' configs, per model"; 8 processes, as in their README's command): their per-device batch and
-gradient accumulation per model and stage, no Stage I ``stop_after_n_steps`` (their code's default, 10000) with
-a checkpoint every 1000 steps, Stage II runs of 200 steps saving every 25, and their code's loss scale 50. Each
-authors' config must differ from the paper config of the same run only in those fields, so a gap to the paper
-can be told from a gap to the authors' runs.
+The reference is the tables below, written from the authors' public configs file by file (digested in the
+project's paper notes, "The authors' configs, per model"; 8 processes, as in their README's command): their
+per-device batch and gradient accumulation per model and stage; no Stage I ``stop_after_n_steps`` (their code's
+default, 10000) with a checkpoint every 1000 steps; two kinds of Stage II config (:data:`THEIR_STAGE_II_STOPS`);
+their code's loss scale 50. Each file is named as theirs is. Each authors' config must differ from the paper
+config of the same run only in those fields, so a gap to the paper can be told from a gap to the authors' runs.
 """
 
 import json
@@ -32,8 +32,22 @@ THEIR_GLOBAL_BATCHES = {  # the same facts as global batches: Stage I, Anchor St
     "MetaLlama3.2_3b": (1024, 1024, 1024),
     "MetaLlama3.1_8b": (512, 1024, 1024),
 }
-STAGE_I_STOP, STAGE_I_SAVE = 10000, 1000  # no stop_after_n_steps in their Stage I configs: the code's default
-STAGE_II_STOP, STAGE_II_SAVE = 200, 25  # the public Stage II configs: Table 9 / Figure 2 runs
+THEIR_DEFAULT_STOP = 10000  # their code's stop_after_n_steps where a config sets none
+STAGE_I_STOP, STAGE_I_SAVE = THEIR_DEFAULT_STOP, 1000  # no stop_after_n_steps in their Stage I configs
+# Stage II, file by file: (stop_after_n_steps, save_steps). Four set save_steps 200 and no stop (their default
+# applies; the 3-epoch schedule ends before it): checkpoint-1000 is the paper's 1000-step model. The other four set
+# save_steps 25 and stop at 200 (their output names end in "-ab"): the short runs of Table 9 / Figure 2.
+LONG, SHORT = (THEIR_DEFAULT_STOP, 200), (200, 25)
+THEIR_STAGE_II_STOPS = {
+    "MetaLlama3.2_1b_stage1_2000steps_stage2": LONG,
+    "Qwen2.5_1.5b_stage1_2000steps_stage2": LONG,
+    "MetaLlama3.1_8b_stage1_2000steps_stage2": LONG,
+    "Qwen2.5_1.5b_baseline_stage2": LONG,
+    "MetaLlama3.2_3b_stage1_2000steps_stage2": SHORT,
+    "MetaLlama3.2_1b_baseline_stage2": SHORT,
+    "MetaLlama3.2_3b_baseline_stage2": SHORT,
+    "MetaLlama3.1_8b_baseline_stage2": SHORT,
+}
 THEIR_SCALE = 50.0
 # fields an authors' config may change relative to the paper config of the same run
 ALLOWED = {
@@ -59,13 +73,13 @@ def runs():
     for model, (stage_I, anchor, baseline) in THEIR_BATCHES.items():
         yield AUTHORS / f"{model}_q2d_d2q.json", ROOT / f"train_configs/stage_I/{model}_q2d_d2q.json", "I", stage_I
         yield (
-            AUTHORS / f"{model}_stage1_2000steps_stage2_200steps.json",
+            AUTHORS / f"{model}_stage1_2000steps_stage2.json",
             ROOT / f"train_configs/stage_II/{model}_stage1_2000steps_stage2.json",
             "II",
             anchor,
         )
         yield (
-            AUTHORS / f"{model}_baseline_stage2_200steps.json",
+            AUTHORS / f"{model}_baseline_stage2.json",
             ROOT / f"train_configs/baseline/{model}_baseline_stage2.json",
             "II",
             baseline,
@@ -75,6 +89,8 @@ def runs():
 def test_the_set_is_complete():
     expected = {path.name for path, *_ in runs()}
     assert {p.name for p in AUTHORS.glob("*.json")} == expected
+    assert {f"{name}.json" for name in THEIR_STAGE_II_STOPS} == {n for n in expected if "stage2" in n}
+    assert sum(v == LONG for v in THEIR_STAGE_II_STOPS.values()) == 4  # four of each kind, as their files are
     for model, (stage_I, anchor, baseline) in THEIR_BATCHES.items():  # the two tables of facts agree
         assert tuple(d * a * PROCESSES for d, a in (stage_I, anchor, baseline)) == THEIR_GLOBAL_BATCHES[model]
 
@@ -98,7 +114,10 @@ def test_each_config_is_the_authors_run_and_differs_from_the_paper_only_there(au
         # the "2000-step" model is a checkpoint of this run, which every Anchor Stage II starts from
         assert STAGE_I_STOP > 2000 and 2000 % STAGE_I_SAVE == 0
     else:
-        assert (stage_args.stop_after_n_steps, args.save_steps) == (STAGE_II_STOP, STAGE_II_SAVE)
+        stop, save = THEIR_STAGE_II_STOPS[authors.stem]
+        assert (stage_args.stop_after_n_steps, args.save_steps) == (stop, save)
+        if (stop, save) == LONG:  # the paper's 1000-step model is a checkpoint of this run
+            assert 1000 % save == 0 and stop > 1000
         assert stage_args.loss_scale == THEIR_SCALE and args.learning_rate == 2e-4 and args.warmup_steps == 300
         if "baseline" in authors.stem:
             assert raw["model_name_or_path"] == reference["model_name_or_path"]  # the hub model
@@ -111,3 +130,26 @@ def test_the_papers_512_stays_the_default():
     """The paper configs keep the paper's global batch of 512 in both stages; only the authors' set departs."""
     for _, paper, _, _ in runs():
         assert load(paper)["total_batch_size"] == 512, paper.name
+
+
+def test_reconstruction_targets_help_says_what_each_mode_and_the_authors_pass_do():
+    """``all`` has the authors' targets but not their reconstruction pass (issue #32, point 7): the help says what
+    each mode predicts and how the authors' pass differs (their mask hides the prompt's head from attention, and
+    their positions count the left padding), instead of calling ``all`` the authors' code."""
+    from dataclasses import fields
+
+    from llm2vec.arguments import StageIArguments
+
+    (field,) = [f for f in fields(StageIArguments) if f.name == "reconstruction_targets"]
+    text = field.metadata["help"]
+    assert field.metadata["choices"] == ("text", "all")
+    assert "Neither is the authors' pass" in text and "the authors' code" not in text
+    for fact in (
+        "EOS id",
+        "instruction-skipping mask",
+        "hides BOS",
+        "no position ids",
+        "left padding",
+        "varies per row",
+    ):
+        assert fact in text, fact

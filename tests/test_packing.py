@@ -283,3 +283,130 @@ def test_driver_refuses_packing_for_such_a_family_in_one_line(tiny_checkpoints, 
     assert main("II", flags) == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]  # (after transformers' loading progress bar)
     assert error.startswith("error: command line: packing: the 'llama3_unverified' family")
+
+
+# ---------------------------------------------------------------- the variable-length arguments (#32, point 5)
+
+
+def probe_attention(name: str, use_boundaries: bool, seen: list):
+    """Registers (transformers' public ``AttentionInterface``) an attention function that records the
+    variable-length keyword arguments each layer receives. With ``use_boundaries`` it computes attention from
+    ``cu_seq_lens_q`` alone, sequence by sequence, ignoring the mask and the position ids (what FlashAttention's
+    variable-length kernel does; wrong boundaries give wrong states); without, it is sdpa."""
+    import torch.nn.functional as F
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import sdpa_mask
+
+    from llm2vec.packing import VARLEN_KWARGS
+
+    def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        seen.append({k: kwargs.get(k) for k in VARLEN_KWARGS})
+        cu_seq_lens = kwargs.get("cu_seq_lens_q")
+        if not use_boundaries or cu_seq_lens is None:  # padded calls: plain sdpa with the mask
+            return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+        groups = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+        bounds = cu_seq_lens.tolist()
+        out = torch.cat(
+            [
+                F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling)
+                for q, k, v in zip(
+                    *(x.split([b - a for a, b in zip(bounds, bounds[1:])], dim=2) for x in (query, key, value))
+                )
+            ],
+            dim=2,
+        )
+        return out.transpose(1, 2).contiguous(), None
+
+    AttentionInterface.register(name, attention)
+    AttentionMaskInterface.register(name, sdpa_mask)
+    return name
+
+
+@contextlib.contextmanager
+def attention_of(causal_lm, name):
+    decoder = decoder_body(causal_lm)
+    previous = decoder.config._attn_implementation
+    decoder.set_attn_implementation(name)
+    try:
+        yield
+    finally:
+        decoder.set_attn_implementation(previous)
+
+
+def test_packed_calls_pass_precomputed_boundaries_to_every_attention_layer(tiny_models):
+    """Each layer's attention receives cu_seq_lens_q = cu_seq_lens_k = [0, n_1, n_1 + n_2, ...] (int32) and
+    max_length_q = max_length_k = max n_i (a Python int, so no layer syncs the device), for the encoding call and
+    for the reconstruction call; an attention that computes from those boundaries alone gives the padded step's
+    embeddings and loss."""
+    causal_lm, tokenizer = tiny_models["llama3"]
+    seen = []
+    name = probe_attention("varlen_probe", use_boundaries=True, seen=seen)
+    padded = LLM2Vec(causal_lm, tokenizer)
+    packed = LLM2Vec(causal_lm, tokenizer, packing=True)
+    features = padded.tokenize(TEXTS)
+    with torch.no_grad():
+        ref = padded.embed(features)
+        with attention_of(causal_lm, name):
+            got = packed.embed(features)
+    layers = causal_lm.config.num_hidden_layers
+    assert len(seen) == layers
+    lengths = features["attention_mask"].sum(1)
+    expected = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]).to(torch.int32)
+    for kwargs in seen:
+        for key in ("cu_seq_lens_q", "cu_seq_lens_k"):
+            assert kwargs[key].dtype == torch.int32 and torch.equal(kwargs[key], expected)
+        assert type(kwargs["max_length_q"]) is int and kwargs["max_length_q"] == kwargs["max_length_k"] == lengths.max()
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+    padded_I = LLM2Vec_q2d_d2q(causal_lm, tokenizer)
+    packed_I = LLM2Vec_q2d_d2q(causal_lm, tokenizer, packing=True)
+    batch = TrainCollator.for_encoder(padded_I, reconstruction="text")(examples())
+    seen.clear()
+    with torch.no_grad():
+        ref_loss = padded_I(**batch).loss
+        with attention_of(causal_lm, name):
+            loss = packed_I(**batch).loss
+    assert len(seen) == 2 * layers  # encoding and reconstruction, each one packed call
+    reconstruction_lengths = [
+        1 + n for side in ("positive_targets", "query_targets") for n in batch[side]["attention_mask"].sum(1).tolist()
+    ]
+    assert seen[-1]["cu_seq_lens_q"].diff().tolist() == reconstruction_lengths  # q2d's sequences, then d2q's
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=0)
+
+
+def test_without_the_arguments_packing_falls_back_to_position_ids(tiny_models, monkeypatch):
+    """Where transformers does not declare the arguments, or the decoder's forward takes no extra keyword
+    arguments, none is passed and the packed call still equals the padded one (the boundaries then come from
+    the restarting position ids)."""
+    from llm2vec import packing
+
+    causal_lm, tokenizer = tiny_models["qwen2"]
+    decoder = decoder_body(causal_lm)
+    assert packing.accepts_varlen_kwargs(decoder)
+
+    class Explicit(torch.nn.Module):  # a decoder whose forward names its arguments: no **kwargs
+        def __init__(self, inner):
+            super().__init__()
+            self.body = inner
+
+        def forward(self, input_ids=None, inputs_embeds=None, attention_mask=None, position_ids=None, use_cache=None):
+            return self.body(
+                input_ids=input_ids, inputs_embeds=inputs_embeds, position_ids=position_ids, use_cache=False
+            )
+
+    assert not packing.accepts_varlen_kwargs(Explicit(decoder))
+    seen = []
+    name = probe_attention("sdpa_probe", use_boundaries=False, seen=seen)
+    padded = LLM2Vec(causal_lm, tokenizer)
+    packed = LLM2Vec(causal_lm, tokenizer, packing=True)
+    features = padded.tokenize(TEXTS)
+    monkeypatch.setattr(packing, "transformers_takes_varlen_kwargs", lambda: False)  # as an older transformers
+    assert not packing.accepts_varlen_kwargs(decoder)
+    with torch.no_grad():
+        ref = padded.embed(features)
+        with attention_of(causal_lm, name):
+            got = packed.embed(features)
+    assert seen and all(v is None for kwargs in seen for v in kwargs.values())
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)

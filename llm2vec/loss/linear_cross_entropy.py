@@ -15,13 +15,15 @@ float sum over blocks (the tests check loss and gradients at 1e-6 relative in fl
 
 Optional fused path: on CUDA, when ``liger_kernel`` is importable (``pip install -e '.[liger]'``), the
 chunked path uses Liger's fused linear cross-entropy instead, which never builds more than a block of
-logits either and computes the gradients in forward. It has no CPU implementation, so the CPU test-suite
-cannot run it; its agreement with the plain path must be checked on a GPU.
+logits either and computes the gradients in forward; it accumulates in float32 (``accum_dtype``). It has no
+CPU implementation, so the CPU test-suite cannot run it (it checks only the arguments it is given); its
+agreement with the plain path is checked on a GPU (``experiments/gpu_check.py``, the ``liger`` line).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import inspect
 
 import torch
 import torch.nn.functional as F
@@ -39,11 +41,16 @@ def liger_available(device: torch.device) -> bool:
     return device.type == "cuda" and importlib.util.find_spec("liger_kernel") is not None
 
 
-def _liger_nll(lm_head: nn.Linear, hidden, targets):  # pragma: no cover - needs CUDA and liger-kernel
-    # Untested here: the CPU test-suite has neither a GPU nor Triton; check it against the plain path on a GPU.
+def _liger_nll(lm_head: nn.Linear, hidden, targets):
+    """Liger's fused kernel (CUDA only: its numbers are checked against the blockwise path by
+    ``experiments/gpu_check.py``), summing in float32 (``accum_dtype``) where the installed Liger takes it, as the
+    blockwise path does; a Liger without that argument accumulates in the inputs' dtype."""
     from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
-    loss = LigerFusedLinearCrossEntropyLoss(reduction="sum")
+    options = {"reduction": "sum"}
+    if "accum_dtype" in inspect.signature(LigerFusedLinearCrossEntropyLoss).parameters:
+        options["accum_dtype"] = torch.float32
+    loss = LigerFusedLinearCrossEntropyLoss(**options)
     return loss(lm_head.weight, hidden, targets, lm_head.bias).float()
 
 

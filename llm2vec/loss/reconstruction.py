@@ -43,8 +43,11 @@ from ..packing import packed_call, packed_positions
 from .linear_cross_entropy import linear_cross_entropy_sum
 
 RECONSTRUCTION_TARGETS = ("text", "all")
-"""What each direction predicts: ``text`` = the counterpart's text tokens (the paper's Eq. 3-4);
-``all`` = every token of the counterpart's prompt but its anchor (the authors' code)."""
+"""What each direction predicts: ``text`` = the counterpart's text tokens (the paper's Eq. 3-4); ``all`` = every
+token of the counterpart's prompt but its anchor (BOS, chat header, a query's instruction, the text), each visible
+to attention, in the pass above. ``all`` has the authors' targets but not their pass: theirs reuses the encoder's
+mask, which hides BOS, the header and a query's instruction from attention (FlashAttention), and passes no
+position ids, so the anchor stands before the left padding (docs/departures.md)."""
 
 DIRECTIONS = ("q2d", "d2q")
 
