@@ -100,9 +100,9 @@ def load_causal_lm(args):
 
         model, tokenizer = build_tiny_model("llama3", hidden_size=64, num_layers=2)
     else:
-        tokenizer = AutoTokenizer.from_pretrained(args.model)
+        tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=False)
         model = AutoModelForCausalLM.from_pretrained(
-            args.model, dtype=torch.float32, attn_implementation=args.attn_implementation
+            args.model, dtype=torch.float32, attn_implementation=args.attn_implementation, trust_remote_code=False
         )
     return model.to(device=args.device, dtype=dtype), tokenizer
 
@@ -206,7 +206,7 @@ def stage_II_step(args, variant: str, batch_size: int):
     from llm2vec.llm2vec_contrastive import LLM2VecContrastive
 
     causal, tokenizer = load_causal_lm(args)
-    body = causal.model if hasattr(causal, "model") else AutoModel.from_pretrained(args.model)
+    body = causal.model if hasattr(causal, "model") else AutoModel.from_pretrained(args.model, trust_remote_code=False)
     lora = LoraConfig(
         r=16,
         lora_alpha=32,

@@ -94,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
         "for mean pooling); default: any instruction passed as prompt= embeds as LLM2Vec.encode",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output_dir")
+    p.add_argument(
+        "--trust_remote_code",
+        action="store_true",
+        help="run the Python code that the model folder's config.json or tokenizer_config.json names in its "
+        "auto_map (default: such a model is refused)",
+    )
     return p
 
 
@@ -118,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             verify_embeddings=args.verify_embeddings,
             overwrite=args.overwrite,
             named_prompts_only=args.named_prompts_only,
+            trust_remote_code=args.trust_remote_code,
         )
     except (ExportError, ValueError, OSError) as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         export_sentence_transformers(
             args.model, folder, max_length=args.max_length, overwrite=True, named_prompts_only=named_only, device="cpu"
         )
-        model = SentenceTransformer(str(folder), device="cpu", local_files_only=True)
+        model = SentenceTransformer(str(folder), device="cpu", local_files_only=True, trust_remote_code=False)
         for form, prompt in (("prompt=instruction", INSTRUCTION), ('prompt=instruction + ": "', INSTRUCTION + ": ")):
             got = model.encode(list(QUERIES), prompt=prompt, convert_to_tensor=True, show_progress_bar=False)
             cosine = torch.nn.functional.cosine_similarity(got.float(), want, dim=-1)

@@ -5,8 +5,10 @@
         --task_to_instructions_fp test_configs/mteb/task_to_instructions.json --output_dir <dir>
 
 ``--help`` lists the options. The defaults of ``--tasks_fp`` and ``--task_to_instructions_fp`` are the files
-in this repository's ``test_configs/mteb``. Inputs are checked before the model is loaded; bad input is
-one ``error:`` line and exit status 2; a task that fails during evaluation gives exit status 1.
+in this repository's ``test_configs/mteb``. Inputs are checked before the model is loaded (the files, every
+name that becomes a folder or file name, that the results folder can be read and written, and that the model
+runs no code of its folder unless ``--trust_remote_code``); bad input is one ``error:`` line and exit
+status 2; a task that fails during evaluation gives exit status 1.
 The library code is :mod:`llm2vec.evaluation`.
 """
 
@@ -94,9 +96,44 @@ def build_arg_parser() -> argparse.ArgumentParser:
         default="auto",
         help="auto (all visible GPUs, one replica each, else CPU), a device (cuda:1, cpu) or a comma-separated list",
     )
-    p.add_argument("--model_name", default=None, help="org/name of the results folder (default: from the model path)")
-    p.add_argument("--revision", default=None, help="revision folder (default: a hash of the model settings)")
+    p.add_argument(
+        "--model_name",
+        default=None,
+        help="org/name of the results folder, written as org__name (default: from the model path); "
+        "each part a plain name",
+    )
+    p.add_argument(
+        "--revision",
+        default=None,
+        help="revision folder (default: a hash of the model settings); a plain name, no '/' or '..'",
+    )
+    p.add_argument(
+        "--trust_remote_code",
+        action="store_true",
+        help="run the Python code that the model folder's config.json or tokenizer_config.json names in its "
+        "auto_map (default: such a model is refused)",
+    )
     return p
+
+
+def check_output(args: argparse.Namespace) -> None:
+    """Every name that becomes a path component is a plain name, and the results folder can be read and
+    written: all before the model loads (:mod:`llm2vec.evaluation.paths`)."""
+    from llm2vec.evaluation.paths import PathNameError, check_name, check_output_folder, model_folder_name
+
+    try:
+        if args.local_retrieval_dir is not None:
+            check_name(args.local_task_name, "--local_task_name")
+        if args.revision is not None:
+            check_name(args.revision, "--revision")
+        results = Path(args.output_dir) / "results"
+        if args.model_name is not None:
+            results = results / model_folder_name(args.model_name, "--model_name")
+            if args.revision is not None:
+                results = results / args.revision
+        check_output_folder(results, f"--output_dir {args.output_dir}")
+    except PathNameError as e:
+        raise UsageError(str(e)) from None
 
 
 def select_tasks(args: argparse.Namespace, instructions: Mapping[str, str]) -> list:
@@ -158,12 +195,15 @@ def run(args: argparse.Namespace) -> int:
 
     from llm2vec.evaluation.local_task import LocalRetrievalTask
     from llm2vec.evaluation.mteb_wrapper import InstructionsFileError, LLM2VecMTEBEncoder, evaluate, load_instructions
+    from llm2vec.evaluation.paths import PathNameError
     from llm2vec.evaluation.replicas import resolve_devices
+    from llm2vec.model_files import ModelFilesError, check_model_files
 
     if args.batch_size < 1:
         raise UsageError(f"--batch_size must be >= 1, got {args.batch_size}")
     if args.doc_max_length is not None and args.doc_max_length < 1:
         raise UsageError(f"--doc_max_length must be >= 1 (tokens), got {args.doc_max_length}; leave it out for no cap")
+    check_output(args)
     try:
         instructions = load_instructions(args.task_to_instructions_fp)
     except InstructionsFileError as e:
@@ -176,6 +216,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--device {args.device!r}: {e}") from None
     if any(d.type == "cuda" for d in device_list) and not torch.cuda.is_available():
         raise UsageError(f"--device {args.device!r}: no CUDA device is visible; use --device cpu or auto")
+    try:
+        check_model_files(args.base_model_name_or_path, args.peft_model_name_or_path, args.trust_remote_code)
+    except ModelFilesError as e:
+        raise UsageError(str(e)) from None
 
     try:
         encoder = LLM2VecMTEBEncoder.from_pretrained(
@@ -193,7 +237,10 @@ def run(args: argparse.Namespace) -> int:
             revision=args.revision,
             allow_missing_instructions=args.allow_missing_instructions,
             batch_size=args.batch_size,
+            trust_remote_code=args.trust_remote_code,
         )
+    except (PathNameError, ModelFilesError) as e:  # a model name from a path that is no plain name
+        raise UsageError(str(e)) from None
     except OSError as e:  # transformers / peft: no such folder or hub id, or no weights in it
         first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise UsageError(

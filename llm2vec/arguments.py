@@ -22,7 +22,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -30,8 +29,11 @@ import torch
 from transformers import HfArgumentParser, TrainingArguments
 
 from .config_values import Flag, ValueProblem, check_ranges, coerce_config
+from .dataset.base import DataError, check_path_kind
+from .io import JsonFileError, read_json_file
 from .llm2vec import resolve_dtype
 from .loss.reconstruction import RECONSTRUCTION_TARGETS
+from .model_files import ModelFilesError, check_model_files
 from .pooling import POOLING_MODES
 from .templates import TRAINING_SEPARATOR
 
@@ -104,6 +106,14 @@ class ModelArguments:
             "help": "dtype of the weights: auto (with bf16: as master_weights says; else float32), bfloat16, float16, "
             "float32. With bf16 an explicit value must agree with master_weights.",
             "choices": ("auto", *DTYPE_NAMES),
+        },
+    )
+    trust_remote_code: bool = field(
+        default=False,
+        metadata={
+            "help": "Run the Python code that a model folder's config.json or tokenizer_config.json names in its "
+            "auto_map (transformers' trust_remote_code). false: such a model is refused before anything loads "
+            "(llm2vec.model_files); set true only for code you have read and trust."
         },
     )
     master_weights: str = field(
@@ -535,6 +545,23 @@ class RunConfig:
 
     def validate(self) -> None:
         """The checks that involve several argument classes or the machine; raises :class:`ConfigError`."""
+        try:  # before anything reads the model's config: transformers would offer to run its code
+            check_model_files(
+                self.model.model_name_or_path,
+                getattr(self.stage, "peft_model_name_or_path", None),
+                self.model.trust_remote_code,
+            )
+        except ModelFilesError as e:
+            raise ConfigError(f"{self.source}: {e}") from None
+        try:  # a folder where a file belongs, or the reverse (a missing path is reported by the loader)
+            for path in self.data.dataset_file_path.split(",") if self.data.dataset_name == "jsonl" else []:
+                check_path_kind(path, "jsonl")
+            if self.data.dataset_name == "E5" and self.data.dataset_file_path:
+                check_path_kind(self.data.dataset_file_path, "E5")
+            if self.data.validation_file:
+                check_path_kind(self.data.validation_file, "jsonl", "validation_file")
+        except DataError as e:
+            raise ConfigError(f"{self.source}: {e}") from None
         if self.model.attn_implementation == "flash_attention_2":
             if importlib.util.find_spec("flash_attn") is None:
                 raise ConfigError(
@@ -636,13 +663,10 @@ def load_config(argv: list[str]) -> tuple[dict[str, Any], str]:
     config: dict[str, Any] = {}
     if argv and argv[0].endswith(".json"):
         source = argv[0]
-        if not os.path.isfile(source):
-            raise ConfigError(f"{source}: config file not found")
         try:
-            with open(source) as f:
-                config = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{source}: not valid JSON: {e}") from None
+            config = read_json_file(source, "config file")
+        except JsonFileError as e:
+            raise ConfigError(str(e)) from None
         if not isinstance(config, dict):
             raise ConfigError(f"{source}: the config must be a JSON object of field: value")
         argv = argv[1:]

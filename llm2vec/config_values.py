@@ -241,7 +241,7 @@ def field_hints(classes) -> dict[str, tuple[Any, tuple]]:
 
 # Fields read by this project in a looser way than their declared type says.
 HINT_OVERRIDES: dict[str, Any] = {
-    "resume_from_checkpoint": str | bool | None,  # true / false / a checkpoint folder (llm2vec.resume)
+    "resume_from_checkpoint": str | bool | None,  # true / false / a checkpoint folder (llm2vec.run.plan)
     "fsdp": str | bool | list | None,  # declared str, but the Trainer takes true / false and a list of options
 }
 

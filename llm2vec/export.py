@@ -84,9 +84,10 @@ from typing import Any
 import torch
 
 from . import templates
-from .io import atomic_dir, remove_stale_temporaries
+from .io import JsonFileError, atomic_dir, read_json_file, remove_stale_temporaries
 from .llm2vec import CONFIG_NAME, LLM2Vec, decoder_body, default_device, resolve_dtype
 from .model_card import ModelCardInputs, render_model_card
+from .model_files import check_model_files
 
 logger = logging.getLogger(__name__)
 
@@ -359,12 +360,12 @@ def tokenizer_loading_kwargs(folder: Path, saved) -> dict[str, Any]:
     from transformers import AutoTokenizer
     from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
 
-    if _pipeline(AutoTokenizer.from_pretrained(folder)) == _pipeline(saved):
+    if _pipeline(AutoTokenizer.from_pretrained(folder, trust_remote_code=False)) == _pipeline(saved):
         return {}
     for model_type in GENERIC_TOKENIZER_TYPES:
         if TOKENIZER_MAPPING_NAMES.get(model_type) == "TokenizersBackend":
             kwargs = {"tokenizer_type": model_type}
-            if _pipeline(AutoTokenizer.from_pretrained(folder, **kwargs)) == _pipeline(saved):
+            if _pipeline(AutoTokenizer.from_pretrained(folder, trust_remote_code=False, **kwargs)) == _pipeline(saved):
                 return kwargs
     raise ExportError(
         f"transformers' AutoTokenizer rebuilds this {type(saved).__name__}'s pipeline on loading, dropping the "
@@ -440,7 +441,7 @@ def verify_export(
     from sentence_transformers import SentenceTransformer
 
     adhoc = dict(adhoc or {})
-    model = SentenceTransformer(str(folder), device=str(device), local_files_only=True)
+    model = SentenceTransformer(str(folder), device=str(device), local_files_only=True, trust_remote_code=False)
 
     def encode_kwargs(label: str) -> dict[str, str]:
         return {"prompt": adhoc[label]} if label in adhoc else {"prompt_name": label}
@@ -504,15 +505,15 @@ def read_instructions(path: str | os.PathLike, names: Sequence[str] | None = Non
     """``name -> instruction`` from a JSON object (the repository's MTEB ``task_to_instructions.json``), keeping
     ``names`` (all entries when None or ``["all"]``)."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise ExportError(
             f"instructions file {str(path)!r} not found; pass a JSON object mapping task names to "
             "instructions (the repository ships one as mteb/task_to_instructions.json among its test configs)"
         )
     try:
-        mapping = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ExportError(f"instructions file {str(path)!r} is not valid JSON ({e})") from None
+        mapping = read_json_file(path, "instructions file")
+    except JsonFileError as e:
+        raise ExportError(str(e)) from None
     if not isinstance(mapping, dict) or not all(isinstance(v, str) for v in mapping.values()):
         raise ExportError(f"instructions file {str(path)!r} must be a JSON object mapping names to instruction strings")
     if names is None or list(names) == ["all"]:
@@ -540,11 +541,11 @@ def mteb_category_table(results_dirs: Sequence[str | os.PathLike], tasks_file: s
     return tables.render_category_table(runs, benchmark, paper=None)
 
 
-def _default_dtype(path: str) -> torch.dtype:
+def _default_dtype(path: str, trust_remote_code: bool = False) -> torch.dtype:
     """The dtype in the checkpoint's config.json, float32 when it names none."""
     from transformers import AutoConfig
 
-    dtype = getattr(AutoConfig.from_pretrained(path), "dtype", None)
+    dtype = getattr(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code), "dtype", None)
     if isinstance(dtype, str):
         dtype = resolve_dtype(dtype)
     return dtype if isinstance(dtype, torch.dtype) else torch.float32
@@ -570,6 +571,7 @@ def export_sentence_transformers(
     device: str | torch.device | None = None,
     overwrite: bool = False,
     named_prompts_only: bool = False,
+    trust_remote_code: bool = False,
 ) -> dict[str, Any]:
     """Write a sentence-transformers folder to ``output_dir`` (see the module docstring); returns a summary.
 
@@ -591,7 +593,10 @@ def export_sentence_transformers(
         named_prompts_only: write the text layout (module docstring), where only the exported prompts embed
             exactly and an ad-hoc ``prompt=`` string silently gives other vectors; required for ``mean`` pooling.
             Default: the chat layout, where any instruction passed as ``prompt=`` embeds as ``LLM2Vec.encode``.
+        trust_remote_code: let the model folder's own code run while reading it (:mod:`llm2vec.model_files`;
+            refused by default). The exported folder is read back without it.
     """
+    check_model_files(base_model_name_or_path, peft_model_name_or_path, trust_remote_code)
     output_dir = Path(output_dir)
     if output_dir.exists() and not overwrite:
         raise ExportError(f"output_dir {output_dir} exists; choose another folder or pass overwrite")
@@ -601,7 +606,9 @@ def export_sentence_transformers(
     elif tasks:
         raise ExportError("tasks were named but no task_to_instructions_fp was given to read their instructions from")
 
-    save_dtype = resolve_dtype(dtype) if dtype is not None else _default_dtype(base_model_name_or_path)
+    save_dtype = (
+        resolve_dtype(dtype) if dtype is not None else _default_dtype(base_model_name_or_path, trust_remote_code)
+    )
     encoder = LLM2Vec.load(
         base_model_name_or_path,
         peft_model_name_or_path,
@@ -610,6 +617,7 @@ def export_sentence_transformers(
         max_length=max_length,
         template=template,
         dtype=torch.float32,
+        trust_remote_code=trust_remote_code,
     )
     check_exportable(encoder)
     layout = TEXT_LAYOUT if named_prompts_only else CHAT_LAYOUT

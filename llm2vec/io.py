@@ -1,8 +1,11 @@
-"""Files: JSON-lines reading with ``file:line`` errors, atomic writes, short content hashes.
+"""Files: JSON and JSON-lines reading with one-line errors, atomic writes, short content hashes.
 
 Every reader of a JSON-lines file in the package (training data, local retrieval tasks) goes through
 :func:`iter_jsonl`, so a malformed line gives the same kind of message everywhere: the file, the line
-number, what is wrong, and what to do.
+number, what is wrong, and what to do. Every JSON file a user writes (a run config, an instructions file,
+a tasks file) is read by :func:`read_json_file`, which refuses what would parse but mean something else:
+a text that is not UTF-8 (named with the encoding it looks like), and an object that gives one key twice
+(``json`` keeps the last value silently).
 
 Atomic writes build a file or a folder under a temporary name and rename it into place at the end. A
 rename within one folder is atomic on POSIX (``os.replace``), so a reader sees either the old content or
@@ -29,25 +32,102 @@ def iter_jsonl(
 ) -> Iterator[tuple[int, dict[str, Any] | None]]:
     """``(line number, object)`` for each line of a JSON-lines file; ``None`` for a blank line.
 
-    Raises ``error`` naming ``file:line`` for a line that is not UTF-8, not JSON, or not a JSON object;
-    ``fix`` (what the user should do) ends the message.
+    Raises ``error`` naming ``file:line`` for a line that is not UTF-8 (with the encoding it looks like), not
+    JSON, not a JSON object, or an object that gives one key twice; ``fix`` (what the user should do) ends the
+    message.
     """
     with open(path, "rb") as handle:
         for line_no, raw in enumerate(handle, start=1):
             try:
                 text = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
             except UnicodeDecodeError as err:
-                raise error(f"{path}:{line_no}: not valid UTF-8 ({err.reason}). {fix}") from None
+                looks = _guess_encoding(raw)
+                raise error(
+                    f"{path}:{line_no}: not valid UTF-8 ({err.reason}); it looks like {looks}. Save the file as UTF-8"
+                ) from None
             if not text.strip():
                 yield line_no, None
                 continue
             try:
-                obj = json.loads(text)
+                obj = json.loads(text, object_pairs_hook=_no_duplicates)
+            except _DuplicateKey as err:
+                raise error(f"{path}:{line_no}: the key {err.key!r} is given twice in one object. {fix}") from None
             except json.JSONDecodeError as err:
                 raise error(f"{path}:{line_no}: invalid JSON ({err.msg}). {fix}") from None
             if not isinstance(obj, dict):
                 raise error(f"{path}:{line_no}: expected a JSON object, got {type(obj).__name__}. {fix}")
             yield line_no, obj
+
+
+class JsonFileError(ValueError):
+    """A JSON file that is missing, a folder, not UTF-8, not JSON, or gives a key twice (one line)."""
+
+
+def _guess_encoding(data: bytes) -> str:
+    """A short description of the encoding that bytes which are not UTF-8 look like."""
+    for bom, name in (
+        (b"\xff\xfe\x00\x00", "UTF-32 LE"),
+        (b"\x00\x00\xfe\xff", "UTF-32 BE"),
+        (b"\xff\xfe", "UTF-16 LE"),
+        (b"\xfe\xff", "UTF-16 BE"),
+    ):
+        if data.startswith(bom):
+            return f"{name} (it starts with that byte order mark)"
+    head = data[:4096]
+    if head and head.count(0) * 4 >= len(head):
+        return "UTF-16 or UTF-32 (every other byte is zero)"
+    return "a one-byte encoding such as Latin-1 or Windows-1252"
+
+
+def decode_utf8(data: bytes, path: str | os.PathLike) -> str:
+    """``data`` as UTF-8 text (a UTF-8 byte order mark is allowed); else :class:`JsonFileError` naming ``path``,
+    the first offending byte and the encoding the bytes look like."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise JsonFileError(
+            f"{path}: not UTF-8 (byte {data[err.start]:#04x} at offset {err.start}); it looks like "
+            f"{_guess_encoding(data)}. Save it as UTF-8"
+        ) from None
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str):
+        self.key = key
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def read_json_file(path: str | os.PathLike, what: str = "file") -> Any:
+    """The JSON value in ``path``, read strictly: :class:`JsonFileError` (one line naming ``what`` and the path)
+    for a missing file, a folder, bytes that are not UTF-8, text that is not JSON, or an object that gives
+    one key twice."""
+    path = Path(path)
+    if path.is_dir():
+        raise JsonFileError(f"{what} {path} is a folder; give the path of a JSON file")
+    if not path.is_file():
+        raise JsonFileError(f"{what} {path} not found")
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise JsonFileError(f"{what} {path}: cannot read it ({e.strerror or e})") from None
+    text = decode_utf8(data, f"{what} {path}")
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates)
+    except _DuplicateKey as e:
+        raise JsonFileError(
+            f"{what} {path}: the key {e.key!r} is given twice in one object; JSON keeps only the last one, so keep "
+            "the one you mean and delete the other"
+        ) from None
+    except json.JSONDecodeError as e:
+        raise JsonFileError(f"{what} {path}: not valid JSON ({e})") from None
 
 
 def write_jsonl(path: str | os.PathLike, rows: Iterable[dict[str, Any]]) -> int:

@@ -22,6 +22,8 @@ from transformers import AutoModel, AutoTokenizer
 
 from . import templates
 from .collator import pad_batch
+from .encode_inputs import read_inputs, read_item
+from .model_files import check_model_files
 from .packing import packed_hidden_states
 from .pooling import POOLING_MODES, pool, position_ids_from_mask
 
@@ -165,6 +167,7 @@ class LLM2Vec(nn.Module):
         dtype: torch.dtype = torch.float32,
         attn_implementation: str | None = None,
         model_kwargs: dict[str, Any] | None = None,
+        trust_remote_code: bool = False,
         **kwargs,
     ) -> LLM2Vec:
         """Build the model from a checkpoint (hub id or local folder), optionally with a LoRA adapter.
@@ -173,18 +176,25 @@ class LLM2Vec(nn.Module):
         mode (the trainer moves it). Settings come from, in rising priority: defaults, the base folder's
         ``llm2vec_config.json``, the adapter folder's, then the arguments given here. ``kwargs`` go to
         the class's constructor (e.g. a training subclass's loss settings).
+
+        A model whose files name custom code, or an adapter stored only as a pickle, is refused with
+        :class:`llm2vec.model_files.ModelFilesError` before anything loads; ``trust_remote_code=True`` lets a
+        model folder's code run (:mod:`llm2vec.model_files`).
         """
+        check_model_files(base_model_name_or_path, peft_model_name_or_path, trust_remote_code)
         settings = dict(DEFAULTS)
         settings.update(read_llm2vec_config(base_model_name_or_path))
         settings.update(read_llm2vec_config(peft_model_name_or_path))
         given = {"pooling_mode": pooling_mode, "max_length": max_length, "template": template}
         settings.update({k: v for k, v in given.items() if v is not None})
 
-        tokenizer = AutoTokenizer.from_pretrained(base_model_name_or_path)
+        tokenizer = AutoTokenizer.from_pretrained(base_model_name_or_path, trust_remote_code=trust_remote_code)
         model_kwargs = dict(model_kwargs or {})
         if attn_implementation is not None:
             model_kwargs["attn_implementation"] = attn_implementation
-        model = cls.backbone_class.from_pretrained(base_model_name_or_path, dtype=dtype, **model_kwargs)
+        model = cls.backbone_class.from_pretrained(
+            base_model_name_or_path, dtype=dtype, trust_remote_code=trust_remote_code, **model_kwargs
+        )
         if peft_model_name_or_path is not None:
             from peft import PeftModel
 
@@ -204,7 +214,7 @@ class LLM2Vec(nn.Module):
         **kwargs,
     ) -> LLM2Vec:
         """Load a model for inference: :meth:`load` (which takes ``kwargs``: ``merge_peft``, ``pooling_mode``,
-        ``max_length``, ``template``, ``attn_implementation``, ``model_kwargs``), moved to ``device`` (default:
+        ``max_length``, ``template``, ``attn_implementation``, ``model_kwargs``, ``trust_remote_code``), moved to ``device`` (default:
         the GPU when there is one) and put in eval mode. ``dtype="auto"`` is bfloat16 on a GPU that supports
         it, float32 otherwise.
         """
@@ -242,14 +252,8 @@ class LLM2Vec(nn.Module):
 
     @staticmethod
     def as_item(x: str | Sequence[str], index: int = 0) -> Item:
-        """A text becomes ``("", text)``; an ``[instruction, text]`` pair stays as it is."""
-        if isinstance(x, str):
-            return "", x
-        if isinstance(x, (list, tuple)) and len(x) == 2 and all(isinstance(s, str) for s in x):
-            return x[0], x[1]
-        raise TypeError(
-            f"input {index}: expected a string or an [instruction, text] pair of strings, got {type(x).__name__}: {x!r:.80}"
-        )
+        """A text becomes ``("", text)``; an ``[instruction, text]`` pair stays as it is (:mod:`llm2vec.encode_inputs`)."""
+        return read_item(x, index)
 
     def encode_ids(self, items: Sequence[Item]) -> list[templates.EncodedText]:
         return templates.encode(self.tokenizer, self.template, items, self.max_length, self.doc_max_length)
@@ -307,10 +311,10 @@ class LLM2Vec(nn.Module):
         """Embed texts or ``[instruction, text]`` pairs; returns float32 in the input order.
 
         Inputs are sorted by token length (fewer pad tokens per batch) and the order restored afterwards.
-        A single string gives a single vector.
+        A single string gives a single vector. A mapping, a set, bytes, numbers or ``None`` (as the input or as
+        one item) raise a one-line ``TypeError`` (:mod:`llm2vec.encode_inputs`).
         """
-        single = isinstance(sentences, str)
-        items = [self.as_item(x, i) for i, x in enumerate([sentences] if single else sentences)]
+        items, single = read_inputs(sentences)  # what is accepted and refused: llm2vec.encode_inputs
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         device = torch.device(device) if device is not None else self.device

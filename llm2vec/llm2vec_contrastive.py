@@ -93,6 +93,7 @@ class LLM2VecContrastive(LLM2Vec):
                 loss_scale=stage_args.loss_scale,
                 embedding_token_budget=stage_args.embedding_token_budget,
                 packing=model_args.use_packing,
+                trust_remote_code=model_args.trust_remote_code,
             )
         lora = LoraConfig(
             r=stage_args.lora_r,

@@ -157,6 +157,7 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
             reconstruction_prefix=stage_args.reconstruction_prefix,
             stop_decoder_gradient=stage_args.stop_decoder_gradient,
             packing=model_args.use_packing,
+            trust_remote_code=model_args.trust_remote_code,
         )
 
     def describe(self) -> str:

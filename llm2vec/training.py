@@ -105,8 +105,9 @@ def check_model_family(config: RunConfig):
     adapter = getattr(config.stage, "peft_model_name_or_path", None)
     where = f"{config.source}: " if config.source else ""
     try:
-        model_config = AutoConfig.from_pretrained(path)
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        remote = bool(getattr(config.model, "trust_remote_code", False))
+        model_config = AutoConfig.from_pretrained(path, trust_remote_code=remote)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=remote)
     except (OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(

@@ -444,7 +444,7 @@ def test_cli_task_sets_resolve_to_the_paper_tasks():
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ("{not json", "malformed"),
+        ("{not json", "not valid JSON"),
         ('{"tasks": {}}', "malformed"),
         (
             '{"categories": [{"name": "STS", "label": "STS"}], "tasks": {"A": {"category": "Other", "split": "test", '

@@ -119,10 +119,12 @@ def _convert(gguf_path: Path, folder: Path, say) -> dict:
 
     src_dir, name = str(gguf_path.parent), gguf_path.name
     t0 = time.perf_counter()
-    tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=name)
+    tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=name, trust_remote_code=False)
     t1 = time.perf_counter()
     say(f"  tokenizer read from the GGUF in {t1 - t0:.1f} s (eos {tokenizer.eos_token!r}, pad {tokenizer.pad_token!r})")
-    gguf_model = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype=torch.float32).eval()
+    gguf_model = AutoModelForCausalLM.from_pretrained(
+        src_dir, gguf_file=name, dtype=torch.float32, trust_remote_code=False
+    ).eval()
     t2 = time.perf_counter()
     say(f"  weights de-quantised to float32 in {t2 - t1:.1f} s")
     _check_tokenizer(tokenizer, "read from the GGUF")
@@ -168,7 +170,7 @@ def _verify(folder: Path, gguf_model, gguf_tokenizer, say) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     _check_tokenizer(tokenizer, f"saved in {folder}")
     for text in ("Hello world!", "def f(x):\n    return x ** 2", "<|im_start|>user\nHi<|im_end|>\n"):
         if tokenizer(text)["input_ids"] != gguf_tokenizer(text)["input_ids"]:
@@ -178,7 +180,7 @@ def _verify(folder: Path, gguf_model, gguf_tokenizer, say) -> dict:
     if prompt_saved != prompt_gguf:
         raise MaterialiseError("The saved chat template formats a conversation differently from the GGUF one")
 
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, trust_remote_code=False).eval()
     if getattr(model.config, "quantization_config", None) is not None:
         raise MaterialiseError("The saved model loads as a quantised model")
     if model.get_output_embeddings().weight.data_ptr() != model.get_input_embeddings().weight.data_ptr():

@@ -410,6 +410,36 @@ def hold_out(
     return remaining, [examples_by_source[name][i] for name, i in chosen]
 
 
+def _listing(folder: str, n: int = 2) -> str:
+    """``folder/a.jsonl,folder/b.jsonl``: the first ``n`` JSON-lines files of ``folder`` (for a hint)."""
+    try:
+        names = sorted(name for name in os.listdir(folder) if name.endswith(".jsonl"))[:n]
+    except OSError:
+        names = []
+    return ",".join(os.path.join(folder, name) for name in names) or os.path.join(folder, "<name>.jsonl")
+
+
+def check_path_kind(path: str, dataset_name: str, what: str = "dataset_file_path") -> None:
+    """A data path that exists is of the kind its reader needs: E5's is a folder of ``<source>.jsonl`` files,
+    every other (``jsonl`` training files, ``validation_file``: ``dataset_name`` ``"jsonl"``) a file. Raises
+    :class:`DataError` naming ``what``, the path and what to give instead; a missing path is left to the reader."""
+    if dataset_name == "E5" and os.path.isfile(path):
+        raise DataError(
+            f"{what} {path} is a file; dataset_name E5 reads the folder that holds the E5 <source>.jsonl files: give "
+            "that folder, or set dataset_name jsonl to train on this file"
+        )
+    if dataset_name != "E5" and os.path.isdir(path):
+        raise DataError(
+            f"{what} {path} is a folder; a JSON-lines file is expected here: name the files, joined by ',' "
+            f"(e.g. {_listing(path)})"
+            + (
+                ", or set dataset_name E5 if it holds the E5 <source>.jsonl files"
+                if what == "dataset_file_path"
+                else ""
+            )
+        )
+
+
 def missing_files(paths: Iterable[str]) -> list[str]:
     """The paths in ``paths`` that are not existing files, in order."""
     return [p for p in paths if not os.path.isfile(p)]

@@ -24,6 +24,7 @@ from .base import (
     SourceStats,
     TrainDataset,
     TrainExample,
+    check_path_kind,
     examples_from_records,
     missing_files,
     read_jsonl_pairs,
@@ -156,7 +157,7 @@ def load_e5(
         validation_size: examples held out for validation (:func:`llm2vec.dataset.base.hold_out`).
 
     Raises:
-        DataError: an unknown source name (the config field ``e5_sources``), missing files (all listed in one error), a malformed line, or
+        DataError: an unknown source name (the config field ``e5_sources``), a file given as ``data_dir``, missing files (all listed in one error), a malformed line, or
             not enough data for one global batch.
     """
     names = list(E5_SOURCES) if sources is None else list(dict.fromkeys(sources))
@@ -168,6 +169,7 @@ def load_e5(
     if max_per_source is not None and max_per_source < 1:
         raise ValueError(f"max_per_source must be positive or None, got {max_per_source}")
 
+    check_path_kind(os.fspath(data_dir), "E5")
     paths = {n: os.path.join(data_dir, E5_SOURCES[n].file) for n in names}
     missing = missing_files(paths.values())
     if missing:

@@ -17,6 +17,7 @@ from .base import (
     SourceStats,
     TrainDataset,
     TrainExample,
+    check_path_kind,
     examples_from_records,
     missing_files,
     read_jsonl_pairs,
@@ -43,8 +44,8 @@ def load_jsonl(
 
     Raises:
         ValueError: no paths, or two files with the same stem.
-        DataError: missing files (all listed in one error), a malformed line, or
-            not enough data for one global batch.
+        DataError: a folder where a file belongs, missing files (all listed in one error), a malformed
+            line, or not enough data for one global batch.
     """
     path_list = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     path_list = [os.fspath(p) for p in path_list]
@@ -59,6 +60,8 @@ def load_jsonl(
                 "source of their examples; rename one, or merge them into one file."
             )
         by_stem[stem] = p
+    for p in path_list:
+        check_path_kind(p, "jsonl")
     missing = missing_files(path_list)
     if missing:
         raise DataError(

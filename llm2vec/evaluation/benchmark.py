@@ -16,11 +16,12 @@ named subset). The evaluation uses it to resolve mteb tasks restricted to the pa
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ..io import JsonFileError, read_json_file
 
 FULL_BENCHMARK = "mteb56"
 """Name of the benchmark of all tasks of a tasks file; a subset ``"15"`` is named ``"subset15"``."""
@@ -108,13 +109,16 @@ class Benchmark:
 def load_benchmark(tasks_file: str | os.PathLike, subset: str | None = None) -> Benchmark:
     """The tasks of ``tasks_file`` (see the module docstring), or its subset ``subset`` (``"15"``)."""
     path = Path(tasks_file)
-    if not path.is_file():
+    if not path.exists():
         raise BenchmarkError(
             f"tasks file {str(path)!r} not found; it lists the tasks, their categories, "
             "and the split and subset each is scored on"
         )
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
+        config = read_json_file(path, "tasks file")
+    except JsonFileError as e:
+        raise BenchmarkError(str(e)) from None
+    try:
         tasks = [
             Task(
                 name=name,
@@ -131,7 +135,7 @@ def load_benchmark(tasks_file: str | os.PathLike, subset: str | None = None) -> 
             for cat in config["categories"]
         )
         subsets = {str(key): tuple(entry["tasks"]) for key, entry in config.get("subsets", {}).items()}
-    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+    except (KeyError, TypeError, AttributeError) as e:
         raise BenchmarkError(
             f"tasks file {str(path)!r} is malformed ({type(e).__name__}: {e}); expected "
             '{"categories": [{"name", "label"}, ...], "tasks": {name: {"category", "split", "hf_subset", '

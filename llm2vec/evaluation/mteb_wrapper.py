@@ -33,7 +33,6 @@ to :meth:`LLM2VecMTEBEncoder.results_folder`.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -46,8 +45,9 @@ from mteb.models.abs_encoder import AbsEncoder
 from mteb.models.model_meta import ModelMeta
 from mteb.types import PromptType
 
-from ..io import short_hash
+from ..io import JsonFileError, read_json_file, short_hash
 from ..llm2vec import LLM2Vec, resolve_dtype
+from .paths import check_name, model_folder_name, results_folder
 from .replicas import encode_on_replicas, replicate, resolve_devices
 
 logger = logging.getLogger(__name__)
@@ -65,18 +65,18 @@ class InstructionsFileError(ValueError):
 
 
 def load_instructions(path: str | os.PathLike) -> dict[str, str]:
-    """Read a ``task name -> instruction`` JSON object; clear errors for a missing or malformed file."""
+    """Read a ``task name -> instruction`` JSON object; one-line errors for a missing file, a folder, a file
+    that is not UTF-8 or not JSON, a task given twice, or values that are not strings."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise InstructionsFileError(
             f"instructions file {str(path)!r} not found; it must be a JSON object that maps mteb task names to "
             "instructions"
         )
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except json.JSONDecodeError as e:
-        raise InstructionsFileError(f"instructions file {str(path)!r} is not valid JSON ({e})") from None
+        data = read_json_file(path, "instructions file")
+    except JsonFileError as e:
+        raise InstructionsFileError(str(e)) from None
     if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
         raise InstructionsFileError(
             f"instructions file {str(path)!r} must be a JSON object mapping task names to instruction strings"
@@ -125,6 +125,8 @@ class LLM2VecMTEBEncoder(AbsEncoder):
         instructions: ``task name -> instruction``, or the path of such a JSON file.
         model_name: the ``org/model`` name of the results folder (default: from the model's config path).
         revision: the revision folder (default: a hash of the settings that change the embeddings).
+            Both become folder names (:mod:`llm2vec.evaluation.paths`): a name with ``..``, a path separator or
+            a control character raises :class:`~llm2vec.evaluation.paths.PathNameError`.
         allow_missing_instructions: encode tasks absent from ``instructions`` without an instruction
             (a warning) instead of raising :class:`MissingInstructionError`.
         batch_size: default batch size when mteb's ``encode_kwargs`` give none.
@@ -172,6 +174,8 @@ class LLM2VecMTEBEncoder(AbsEncoder):
             model_name = default_model_name(base, settings.get("peft_model_name_or_path")) if base else "local/llm2vec"
         if revision is None:
             revision = short_hash(settings, n=10)
+        model_folder_name(model_name, "model_name")  # both become folder names of the results cache
+        check_name(revision, "revision")
         body = self.model.model
         config = getattr(body, "config", None)
         self.mteb_model_meta = ModelMeta(
@@ -215,8 +219,11 @@ class LLM2VecMTEBEncoder(AbsEncoder):
         revision: str | None = None,
         allow_missing_instructions: bool = False,
         batch_size: int = 32,
+        trust_remote_code: bool = False,
     ) -> LLM2VecMTEBEncoder:
         """Load the model (LoRA adapter merged) and wrap it.
+
+        ``trust_remote_code``: let the model folder's own code run (:mod:`llm2vec.model_files`; refused by default).
 
         ``doc_max_length``: cut every text to this many tokens before the prompt is added (see
         :class:`llm2vec.LLM2Vec`); recorded in the model identity (and so in the revision) when set.
@@ -238,6 +245,7 @@ class LLM2VecMTEBEncoder(AbsEncoder):
             attn_implementation=attn_implementation,
             doc_max_length=doc_max_length,
             device=load_device,
+            trust_remote_code=trust_remote_code,
         )
         replicas = [first] if len(device_list) == 1 else replicate(first, device_list)
         identity = {
@@ -326,7 +334,7 @@ class LLM2VecMTEBEncoder(AbsEncoder):
     def results_folder(self, output_dir: str | os.PathLike) -> Path:
         """Where :func:`evaluate` with ``output_dir`` writes this model's ``<Task>.json`` files."""
         meta = self.mteb_model_meta
-        return Path(output_dir) / "results" / meta.model_name_as_path() / meta.revision
+        return results_folder(output_dir, meta.name, meta.revision)
 
 
 def evaluate(

@@ -1,0 +1,92 @@
+"""Where evaluation writes: names that become path components, and the results folder checked before a model loads.
+
+mteb writes a task's results to ``<output_dir>/results/<model name>/<revision>/<task name>.json`` (beside
+``model_meta.json`` and ``run_settings.jsonl``). Each of the three names is one path component, so each must
+be a plain file name; otherwise ``..``, a ``/`` or an absolute name would put the files outside
+``output_dir`` while the printed path says they are inside. :func:`check_name` accepts a name when it is
+
+- a non-empty string, not ``.`` or ``..``;
+- free of ``/``, ``\\``, NUL and other control characters;
+- at most :data:`MAX_NAME_BYTES` bytes in UTF-8 (a file name holds 255, and ``.json`` is appended);
+
+and raises :class:`PathNameError` naming the option otherwise. The model name is the exception that mteb
+escapes itself: ``org/name`` becomes ``org__name`` (:func:`model_folder_name`), and that escaped form must
+pass :func:`check_name`.
+
+:func:`check_output_folder` checks, before anything is loaded, that the results folder can be read (mteb
+reads earlier results to skip their tasks) and written, without creating anything.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+MAX_NAME_BYTES = 200
+"""The longest name (UTF-8 bytes) used as one path component; leaves room for ``.json`` and temporary suffixes."""
+
+
+class PathNameError(ValueError):
+    """A name that cannot be one path component, or a results folder that cannot be read or written (one line)."""
+
+
+def check_name(name: object, what: str) -> str:
+    """``name`` if it is a plain file name (module docstring), else :class:`PathNameError` naming ``what``."""
+    if not isinstance(name, str):
+        raise PathNameError(f"{what} {name!r}: must be a string")
+    problem = None
+    if not name:
+        problem = "is empty"
+    elif name in (".", ".."):
+        problem = "names a folder, not a file"
+    elif "/" in name or "\\" in name:
+        problem = "holds a path separator"
+    elif any(ord(c) < 32 or ord(c) == 127 for c in name):
+        problem = "holds a control character"
+    elif len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        problem = f"is longer than {MAX_NAME_BYTES} bytes"
+    if problem:
+        raise PathNameError(
+            f"{what} {name!r} {problem}; it becomes one folder or file name under the output folder, so give a "
+            "plain name (letters, digits, '.', '_', '-'; not '.' or '..')"
+        )
+    return name
+
+
+def model_folder_name(model_name: object, what: str = "--model_name") -> str:
+    """The folder mteb names a model's results after: ``org/name`` as ``org__name``, spaces as ``_``
+    (``ModelMeta.model_name_as_path``). mteb requires at least one ``/``; each part between them must be a
+    plain name and so must the escaped whole (:func:`check_name`)."""
+    if not isinstance(model_name, str) or "/" not in model_name:
+        raise PathNameError(f"{what} {model_name!r}: give it as organization/name (mteb's format), e.g. local/my-model")
+    for part in model_name.split("/"):
+        check_name(part, f"{what} {model_name!r}: its part")
+    return check_name(model_name.replace("/", "__").replace(" ", "_"), what)
+
+
+def results_folder(output_dir: str | os.PathLike, model_name: str, revision: str) -> Path:
+    """``<output_dir>/results/<model folder>/<revision>``, the names checked; always inside ``output_dir``."""
+    return Path(output_dir) / "results" / model_folder_name(model_name) / check_name(revision, "--revision")
+
+
+def check_output_folder(folder: str | os.PathLike, what: str | None = None) -> None:
+    """``folder`` (which need not exist yet) can be made, read and written: its deepest part that exists is a
+    folder this process can read, enter and write in. Creates nothing. Raises :class:`PathNameError` naming
+    ``what`` (default: the folder), the folder at fault and what to do."""
+    folder = Path(folder)
+    what = what or f"output folder {folder}"
+    existing = folder
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent  # a folder that cannot be entered stops here too (exists() is false below it)
+    if not existing.is_dir():
+        raise PathNameError(f"{what}: {existing} is a file, not a folder; choose another output folder")
+    if not os.access(existing, os.R_OK | os.X_OK):
+        raise PathNameError(
+            f"{what}: cannot read the folder {existing} (permission denied); earlier results are read "
+            "from there: fix its permissions or choose another output folder"
+        )
+    if not os.access(existing, os.W_OK):
+        raise PathNameError(
+            f"{what}: cannot write in the folder {existing} (permission denied or a read-only file "
+            "system); fix its permissions or choose another output folder"
+        )

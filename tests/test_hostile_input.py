@@ -1,0 +1,533 @@
+"""Hostile input (issue 31, points 4, 7, 8 and 9): every case is refused in one line, or read as documented.
+
+4. names that become path components (``--local_task_name``, ``--revision``, ``--model_name``) cannot put a
+   file outside ``--output_dir``, and the printed results path is where the files are;
+7. a model folder's code never runs unless ``trust_remote_code`` says so (training, evaluation, export);
+8. one line, naming the file or flag, for: a config, instructions or tasks file in another encoding, an
+   unreadable, unwritable or misplaced evaluation output folder (before the model loads), a pickled
+   adapter, a data path that is a folder where a file belongs or the reverse;
+9. input that parses but means something else: a config or instructions file that gives one key twice, a
+   retrieval folder whose ids or grades cannot give a meaningful score, an ``encode`` input that is not a
+   list of texts or pairs.
+
+References are independent of the code under test: file trees listed before and after, marker files that the
+hostile code writes, scores of a folder with the meaningless queries removed by hand, embeddings of the same
+texts given as a plain list.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import mteb_eval_custom
+import numpy as np
+import pytest
+from _drivers import subprocess_env, tiny_run_flags
+
+from llm2vec import LLM2Vec
+from llm2vec.arguments import ConfigError, parse_config
+from llm2vec.evaluation.benchmark import BenchmarkError, load_benchmark
+from llm2vec.evaluation.local_task import local_retrieval_task
+from llm2vec.evaluation.mteb_wrapper import InstructionsFileError, LLM2VecMTEBEncoder, evaluate, load_instructions
+from llm2vec.model_files import ModelFilesError
+from llm2vec.testing import write_tiny_e5
+from llm2vec.training import main as train_main
+
+ROOT = Path(__file__).resolve().parents[1]
+eval_main = mteb_eval_custom.main
+
+
+@pytest.fixture(scope="module")
+def model(tiny_checkpoints):
+    return str(tiny_checkpoints["llama3"])
+
+
+def write_beir(folder: Path, corpus, queries, qrels) -> Path:
+    """corpus / queries: ``[(id, text)]``; qrels: ``[(query id, corpus id, score)]``, written as given."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = {
+        "corpus.jsonl": [{"_id": i, "title": "", "text": t} for i, t in corpus],
+        "queries.jsonl": [{"_id": i, "text": t} for i, t in queries],
+        "qrels.jsonl": [{"query-id": q, "corpus-id": d, "score": s} for q, d, s in qrels],
+    }
+    for name, records in rows.items():
+        (folder / name).write_text("".join(json.dumps(r) + "\n" for r in records))
+    return folder
+
+
+TEXTS = ["Return the length of a list.", "Open a file for reading.", "Sort items in place.", "Join path parts."]
+GOOD = {
+    "corpus": [(f"d{i}", t) for i, t in enumerate(TEXTS)],
+    "queries": [(f"q{i}", t) for i, t in enumerate(TEXTS)],
+    "qrels": [(f"q{i}", f"d{i}", 1) for i in range(len(TEXTS))],
+}
+
+
+def one_line(err: str) -> str:
+    """The one line of ``err`` holding ``error:``, with no traceback anywhere."""
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def tree(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def eval_argv(model, data, out, *extra) -> list[str]:
+    return [
+        "--base_model_name_or_path",
+        str(model),
+        "--local_retrieval_dir",
+        str(data),
+        "--local_instruction",
+        "",
+        "--output_dir",
+        str(out),
+        "--device",
+        "cpu",
+        "--batch_size",
+        "2",
+        *extra,
+    ]
+
+
+# ---------------------------------------------------------------------------------------------- 4. paths
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--local_task_name", "../../../../x"),
+        ("--local_task_name", ".."),
+        ("--local_task_name", "{abs}/x"),
+        ("--local_task_name", "a\nb"),
+        ("--revision", "../.."),
+        ("--revision", ".."),
+        ("--revision", "{abs}"),
+        ("--model_name", "org/.."),
+        ("--model_name", "../x/.."),
+        ("--model_name", ".."),
+    ],
+)
+def test_a_name_that_is_no_plain_file_name_is_refused_and_nothing_is_written(model, tmp_path, capsys, flag, value):
+    data = write_beir(tmp_path / "data", **GOOD)
+    out = tmp_path / "a" / "b" / "out"
+    value = value.format(abs=tmp_path / "elsewhere")
+    before = tree(tmp_path)
+    assert eval_main(eval_argv(model, data, out, flag, value)) == 2
+    line = one_line(capsys.readouterr().err)
+    assert flag in line and repr(value) in line, line
+    assert tree(tmp_path) == before  # nothing written, inside --output_dir or out of it
+
+
+def test_plain_names_write_inside_output_dir_where_the_printed_path_says(model, tmp_path, capsys):
+    data = write_beir(tmp_path / "data", **GOOD)
+    out = tmp_path / "a" / "b" / "out"
+    before = tree(tmp_path)
+    argv = ["--local_task_name", "My.Task-1", "--revision", "v1.0", "--model_name", "my org/tiny model"]
+    assert eval_main(eval_argv(model, data, out, *argv)) == 0
+    printed = Path(capsys.readouterr().out.split("results: ")[1].strip())
+    assert printed == out / "results" / "my_org__tiny_model" / "v1.0"
+    assert {"My.Task-1.json", "model_meta.json", "run_settings.jsonl"} <= {p.name for p in printed.iterdir()}
+    new = {tmp_path / p for p in tree(tmp_path) - before}
+    assert all(out in p.parents or p == out or p in out.parents for p in new), sorted(new)
+
+
+# ---------------------------------------------------------------------------------------------- 8. output folder
+
+
+def test_an_output_folder_that_is_a_file_is_refused_before_the_model_loads(tmp_path, capsys):
+    data = write_beir(tmp_path / "data", **GOOD)
+    (tmp_path / "taken").write_text("a file")
+    # the model does not exist: had it been loaded first, the error would be about the model
+    for out in (tmp_path / "taken", tmp_path / "taken" / "out"):
+        assert eval_main(eval_argv(tmp_path / "no-model", data, out)) == 2
+        line = one_line(capsys.readouterr().err)
+        assert f"--output_dir {out}: {tmp_path / 'taken'} is a file, not a folder" in line, line
+
+
+def _without_root_powers() -> list[str]:
+    """A prefix that runs a command without the capabilities that let root ignore file permissions."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: file permissions cannot be enforced")
+    return ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+
+
+def test_an_unreadable_or_unwritable_output_folder_is_refused_before_the_model_loads(tmp_path):
+    data = write_beir(tmp_path / "data", **GOOD)
+    locked = {"unwritable": 0o555, "unreadable": 0o333}
+    for name, mode in locked.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name).chmod(mode)
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(ROOT / "experiments")!r})
+        import mteb_eval_custom
+        for name in {list(locked)!r}:
+            argv = {eval_argv(tmp_path / "no-model", data, "OUT")!r}
+            argv[argv.index("OUT")] = {str(tmp_path)!r} + "/" + name
+            print(name, mteb_eval_custom.main(argv), flush=True)
+        """
+    )
+    try:
+        proc = subprocess.run(
+            [*_without_root_powers(), sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            env=subprocess_env(),
+            timeout=300,
+        )
+    finally:
+        for name in locked:
+            (tmp_path / name).chmod(0o755)
+    assert proc.stdout.split() == ["unwritable", "2", "unreadable", "2"], proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert "Traceback" not in proc.stderr and len(lines) == 2, proc.stderr
+    assert f"--output_dir {tmp_path}/unwritable: cannot write in the folder {tmp_path}/unwritable" in lines[0]
+    assert f"--output_dir {tmp_path}/unreadable: cannot read the folder {tmp_path}/unreadable" in lines[1]
+
+
+# ---------------------------------------------------------------------------------------------- 7. remote code
+
+
+EVIL_CODE = """
+from pathlib import Path
+
+Path({marker!r}).write_text("the model folder's code ran")
+
+from transformers import LlamaConfig, LlamaForCausalLM, LlamaModel
+
+
+class EvilConfig(LlamaConfig):
+    model_type = "evil_llama"
+
+
+class EvilModel(LlamaModel):
+    config_class = EvilConfig
+
+
+class EvilForCausalLM(LlamaForCausalLM):
+    config_class = EvilConfig
+"""
+
+
+@pytest.fixture
+def evil_model(model, tmp_path):
+    """A tiny model folder whose config.json maps the Auto classes to its own code, which writes ``marker``."""
+    folder = tmp_path / "evil"
+    shutil.copytree(model, folder)
+    marker = tmp_path / "code-ran.txt"
+    (folder / "evil_code.py").write_text(EVIL_CODE.format(marker=str(marker)))
+    config = json.loads((folder / "config.json").read_text())
+    config["model_type"] = "evil_llama"  # no class of transformers' own: only the folder's code can load it
+    config["auto_map"] = {
+        "AutoConfig": "evil_code.EvilConfig",
+        "AutoModel": "evil_code.EvilModel",
+        "AutoModelForCausalLM": "evil_code.EvilForCausalLM",
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder, marker
+
+
+def test_a_model_folder_s_code_never_runs_in_training_evaluation_or_export(evil_model, tmp_path):
+    """The probe's case: each command gets "y" on standard input, which transformers' prompt would take as a yes.
+    The control at the end loads the folder with trust_remote_code=True: its code runs then, so the fixture's
+    code is live and its absence above is the refusal's doing."""
+    folder, marker = evil_model
+    data = write_tiny_e5(tmp_path / "e5", n=8)
+    beir = write_beir(tmp_path / "beir", **GOOD)
+    commands = {
+        "training": ("llm2vec.training", "main", ["I", tiny_run_flags(folder, data, tmp_path / "run", max_steps=1)]),
+        "evaluation": ("mteb_eval_custom", "main", [eval_argv(folder, beir, tmp_path / "results")]),
+        "export": (
+            "export_sentence_transformers",
+            "main",
+            [["--base_model_name_or_path", str(folder), "--output_dir", str(tmp_path / "st")]],
+        ),
+    }
+    script = textwrap.dedent(
+        f"""
+        import importlib, os, sys
+        sys.path.insert(0, {str(ROOT / "experiments")!r})
+        for name, (module, function, args) in {commands!r}.items():
+            rc = getattr(importlib.import_module(module), function)(*args)
+            print(name, rc, os.path.exists({str(marker)!r}), flush=True)
+            print("---", file=sys.stderr, flush=True)
+        from llm2vec import LLM2Vec
+        try:
+            LLM2Vec.load({str(folder)!r}, trust_remote_code=True)
+        except Exception:
+            pass
+        print("trusted", os.path.exists({str(marker)!r}), flush=True)
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        input="y\n" * 20,
+        capture_output=True,
+        text=True,
+        env=subprocess_env(HF_MODULES_CACHE=str(tmp_path / "modules")),
+        timeout=600,
+    )
+    report = proc.stdout.split("\n")
+    assert report[:3] == ["training 2 False", "evaluation 2 False", "export 2 False"], proc.stdout + proc.stderr
+    for err in proc.stderr.split("---")[:3]:
+        line = one_line(err)
+        assert f"model {folder}: its config.json names custom code to run" in line, line
+        assert "evil_code.EvilModel" in line and "--trust_remote_code" in line, line
+    assert report[3] == "trusted True", proc.stdout + proc.stderr
+
+
+def test_library_loading_refuses_custom_code_before_running_it(evil_model):
+    folder, marker = evil_model
+    with pytest.raises(ModelFilesError, match="names custom code to run"):
+        LLM2Vec.load(str(folder))
+    with pytest.raises(ModelFilesError, match="names custom code to run"):
+        LLM2VecMTEBEncoder.from_pretrained(str(folder), instructions={}, devices="cpu")
+    assert not marker.exists()
+
+
+# ---------------------------------------------------------------------------------------------- 8. pickled adapter
+
+
+@pytest.fixture(scope="module")
+def pickled_adapter(model, tmp_path_factory):
+    """A LoRA adapter of the tiny model saved as adapter_model.bin (a pickle), the way older peft saved them."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModel
+
+    folder = tmp_path_factory.mktemp("pickled") / "adapter"
+    body = get_peft_model(AutoModel.from_pretrained(model), LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"]))
+    body.save_pretrained(folder, safe_serialization=False)
+    assert (folder / "adapter_model.bin").is_file() and not (folder / "adapter_model.safetensors").exists()
+    return folder
+
+
+def test_a_pickled_adapter_is_refused_in_one_line_wherever_adapters_load(model, pickled_adapter, tmp_path, capsys):
+    message = f"adapter {pickled_adapter}: its weights are adapter_model.bin, a pickle"
+    with pytest.raises(ModelFilesError, match="a pickle"):
+        LLM2Vec.load(model, str(pickled_adapter))
+
+    beir = write_beir(tmp_path / "beir", **GOOD)
+    assert eval_main(eval_argv(model, beir, tmp_path / "out", "--peft_model_name_or_path", str(pickled_adapter))) == 2
+    assert message in one_line(capsys.readouterr().err)
+
+    data = write_tiny_e5(tmp_path / "e5", n=8)
+    argv = tiny_run_flags(
+        model, data, tmp_path / "run", stage="II", max_steps=1, lora_r=2, peft_model_name_or_path=pickled_adapter
+    )
+    assert train_main("II", argv) == 2
+    assert message in one_line(capsys.readouterr().err)
+    assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------------------------------------- 8. encodings
+
+
+ENCODINGS = [
+    ("utf-16", "UTF-16 LE (it starts with that byte order mark)"),
+    ("utf-16-le", "UTF-16 or UTF-32 (every other byte is zero)"),
+    ("latin-1", "a one-byte encoding such as Latin-1 or Windows-1252"),
+]
+
+
+@pytest.mark.parametrize(("encoding", "looks_like"), ENCODINGS)
+def test_a_config_file_in_another_encoding_is_one_line(model, tmp_path, capsys, encoding, looks_like):
+    config = tmp_path / "config.json"
+    fields = {"model_name_or_path": model, "output_dir": str(tmp_path / "run"), "default_instruction": "Récupérer"}
+    config.write_text(json.dumps(fields, ensure_ascii=False), encoding=encoding)
+    with pytest.raises(ConfigError) as info:
+        parse_config("I", [str(config)])
+    assert str(info.value).startswith(f"config file {config}: not UTF-8 (byte "), info.value
+    assert f"; it looks like {looks_like}. Save it as UTF-8" in str(info.value), info.value
+    assert train_main("I", [str(config)]) == 2
+    assert "Save it as UTF-8" in one_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize(("encoding", "looks_like"), ENCODINGS)
+def test_instructions_and_tasks_files_in_another_encoding_are_one_line(model, tmp_path, capsys, encoding, looks_like):
+    instructions = tmp_path / "instructions.json"
+    instructions.write_text(json.dumps({"StdlibDocRetrieval": "Récupérer"}, ensure_ascii=False), encoding=encoding)
+    beir = write_beir(tmp_path / "beir", **GOOD)
+    argv = eval_argv(model, beir, tmp_path / "out", "--task_to_instructions_fp", str(instructions))
+    assert eval_main(argv) == 2
+    line = one_line(capsys.readouterr().err)
+    assert f"--task_to_instructions_fp: instructions file {instructions}: not UTF-8" in line, line
+    assert looks_like in line, line
+
+    tasks = tmp_path / "tasks.json"
+    tasks.write_text(json.dumps({"categories": [], "tasks": {}, "note": "é"}, ensure_ascii=False), encoding=encoding)
+    with pytest.raises(BenchmarkError, match=re.escape(f"tasks file {tasks}: not UTF-8")):
+        load_benchmark(tasks)
+
+
+# ---------------------------------------------------------------------------------------------- 8. path kinds
+
+
+def test_a_data_path_of_the_wrong_kind_gets_the_right_hint(model, tmp_path, capsys):
+    data = write_tiny_e5(tmp_path / "e5", n=8)
+    cases = [
+        (dict(dataset_name="jsonl"), f"dataset_file_path {data} is a folder; a JSON-lines file is expected here"),
+        (
+            dict(dataset_file_path=data / "nq.jsonl"),
+            f"dataset_file_path {data / 'nq.jsonl'} is a file; dataset_name E5",
+        ),
+        (dict(validation_file=data), f"validation_file {data} is a folder; a JSON-lines file is expected here"),
+    ]
+    for fields, message in cases:
+        assert train_main("I", tiny_run_flags(model, data, tmp_path / "run", **fields)) == 2
+        line = one_line(capsys.readouterr().err)
+        assert message in line, line
+    assert f"{data / 'fever.jsonl'},{data / 'nq.jsonl'}" in line  # the hint names the files in the folder
+    assert not (tmp_path / "run").exists()
+
+
+def test_evaluation_paths_of_the_wrong_kind_get_the_right_hint(model, tmp_path, capsys):
+    beir = write_beir(tmp_path / "beir", **GOOD)
+    cases = [
+        (["--local_retrieval_dir", str(beir / "corpus.jsonl")], "is a file; give the folder that holds corpus.jsonl"),
+        (["--task_to_instructions_fp", str(beir)], f"instructions file {beir} is a folder; give the path of a JSON"),
+        (["--tasks_fp", str(beir)], f"tasks file {beir} is a folder; give the path of a JSON file"),
+    ]
+    for extra, message in cases:
+        assert eval_main(eval_argv(model, beir, tmp_path / "out", *extra)) == 2
+        line = one_line(capsys.readouterr().err)
+        assert message in line, line
+    folder_config = tmp_path / "config.json"
+    folder_config.mkdir()
+    with pytest.raises(ConfigError, match=re.escape(f"config file {folder_config} is a folder")):
+        parse_config("I", [str(folder_config)])
+
+
+# ---------------------------------------------------------------------------------------------- 9. duplicate keys
+
+
+def test_a_config_that_gives_a_field_twice_is_refused(model, tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(f'{{"model_name_or_path": "{model}", "output_dir": "o", "alpha": 0.2, "alpha": 0.9}}')
+    with pytest.raises(ConfigError, match=re.escape(f"config file {config}: the key 'alpha' is given twice")):
+        parse_config("I", [str(config)])
+    nested = tmp_path / "nested.json"
+    nested.write_text(
+        f'{{"model_name_or_path": "{model}", "output_dir": "o", "fsdp_config": {{"min_num_params": 1, '
+        '"min_num_params": 2}}'
+    )
+    with pytest.raises(ConfigError, match="the key 'min_num_params' is given twice"):
+        parse_config("I", [str(nested)])
+
+
+def test_an_instructions_file_that_gives_a_task_twice_is_refused(tmp_path):
+    path = tmp_path / "instructions.json"
+    path.write_text('{"ArguAna": "Given a claim, find documents", "ArguAna": "Retrieve"}')
+    with pytest.raises(InstructionsFileError, match="the key 'ArguAna' is given twice"):
+        load_instructions(path)
+
+
+def test_a_data_line_that_gives_a_field_twice_is_refused(model, tmp_path, capsys):
+    data = write_tiny_e5(tmp_path / "e5", n=8)
+    with open(data / "nq.jsonl", "a") as f:
+        f.write('{"query": "a", "positive": "b", "negative": "c", "query": "d"}\n')
+    assert train_main("I", tiny_run_flags(model, data, tmp_path / "run")) == 2
+    assert f"{data / 'nq.jsonl'}:9: the key 'query' is given twice" in one_line(capsys.readouterr().err)
+
+
+# ---------------------------------------------------------------------------------------------- 9. retrieval folders
+
+
+def _with(**changes):
+    return {**GOOD, **changes}
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        (_with(corpus=GOOD["corpus"] + [("d1", "another text")]), r"corpus.jsonl:5: _id 'd1' is also the id of line 2"),
+        (_with(queries=GOOD["queries"] + [("q0", "again")]), r"queries.jsonl:5: _id 'q0' is also the id of line 1"),
+        (_with(corpus=[(7, "a"), ("7", "b")], qrels=[("q0", "7", 1)]), r"corpus.jsonl:2: _id '7' is also the id"),
+        (_with(corpus=[(None, "a")]), r"corpus.jsonl:1: _id None must be a string or an integer"),
+        (_with(corpus=[(1.5, "a")]), r"corpus.jsonl:1: _id 1.5 must be a string or an integer"),
+        (_with(qrels=GOOD["qrels"] + [("q0", "d0", 2)]), r"qrels.jsonl:5: query 'q0' and document 'd0' are graded"),
+        (_with(qrels=[("q0", "d0", 1.5)]), r"qrels.jsonl:1: score 1.5 is not an integer"),
+        (_with(qrels=[("q0", "d0", True)]), r"qrels.jsonl:1: score True is not an integer"),
+        (_with(qrels=[("q0", "d0", -1)]), r"qrels.jsonl:1: score -1 is negative"),
+        (_with(qrels=[("q0", "d0", 0), ("q1", "d1", 0)]), r"qrels.jsonl: no query has a relevant document"),
+        (_with(corpus=GOOD["corpus"] + [("d9", 42)]), r"corpus.jsonl:5: text must be a string, got 42"),
+    ],
+)
+def test_a_retrieval_folder_that_cannot_give_a_meaningful_score_is_refused(tmp_path, files, message):
+    with pytest.raises(ValueError, match=message):
+        local_retrieval_task(write_beir(tmp_path / "beir", **files))
+
+
+def test_queries_with_nothing_relevant_are_left_out_with_a_warning(model, tmp_path, caplog):
+    """A query whose documents are all graded 0, and one without any qrels line, score as if absent: the same
+    nDCG@10 as the folder with both queries removed by hand."""
+    encoder = LLM2VecMTEBEncoder.from_pretrained(model, instructions={}, devices="cpu", batch_size=4)
+    extra = _with(
+        queries=GOOD["queries"] + [("zero", "Sort items in place."), ("unjudged", "Join path parts.")],
+        qrels=[("q0", "d1", 1), ("q1", "d0", 1), ("q2", "d2", 1), ("q3", "d3", 0), ("q3", "d2", 1), ("zero", "d2", 0)],
+    )
+    by_hand = _with(queries=GOOD["queries"], qrels=[q for q in extra["qrels"] if q[0] != "zero"])
+    scores = []
+    for name, files in (("Extra", extra), ("ByHand", by_hand)):
+        task = local_retrieval_task(write_beir(tmp_path / name, **files), name=name, instruction="")
+        encoder.add_instruction(name, "")
+        result = evaluate(encoder, [task], tmp_path / "out", show_progress_bar=False, raise_error=True)
+        scores.append(result.task_results[0].get_score())
+    assert scores[0] == pytest.approx(scores[1])
+    assert 0 < scores[1] < 1  # the wrong qrels of q0 and q1 keep the score off both ends
+    assert "2 of 6 queries are left out: 1 without a qrels line, 1 whose documents are all graded 0" in caplog.text
+
+
+# ---------------------------------------------------------------------------------------------- 9. encode input
+
+
+@pytest.fixture(scope="module")
+def encoder(model):
+    return LLM2Vec.from_pretrained(model, device="cpu", max_length=32)
+
+
+@pytest.mark.parametrize(
+    ("sentences", "message"),
+    [
+        (
+            {"a": "first text", "b": "second text"},
+            r"^sentences: .*got a mapping \(dict\), whose iteration gives its keys",
+        ),
+        ({"first text", "second text"}, r"^sentences: .*got a set, which has no order"),
+        (b"some text", r"^sentences: .*got bytes, not text; decode it first"),
+        (None, r"^sentences: .*got None$"),
+        (7, r"^sentences: .*got int 7$"),
+        (np.array([1, 2]), r"^sentences: .*got a numpy array of int64 values, not texts$"),
+        (["fine", None], r"^input 1 is None"),
+        (["fine", b"bytes"], r"^input 1 is bytes, not text; decode it first"),
+        (["fine", 3], r"^input 1: expected a text or an \[instruction, text\] pair of strings, got int 3$"),
+        ([["instruction", "text", "more"]], r"^input 0: a pair is \[instruction, text\], two strings; got 3 item"),
+        ([["instruction", 3]], r"^input 0: the pair's text must be a string, got int 3$"),
+        (np.array(["fine", None], dtype=object), r"^input 1 is None"),
+    ],
+)
+def test_encode_refuses_what_is_not_texts_or_pairs(encoder, sentences, message):
+    with pytest.raises(TypeError, match=message) as info:
+        encoder.encode(sentences, show_progress_bar=False)
+    assert "\n" not in str(info.value)
+
+
+def test_encode_reads_numpy_arrays_of_texts_and_pairs_as_lists(encoder):
+    texts = ["Open a file.", "Sort a list in place.", "Join two paths."]
+    pairs = [["Retrieve the documentation", t] for t in texts]
+    as_list = encoder.encode(texts, show_progress_bar=False)
+    np.testing.assert_array_equal(encoder.encode(np.array(texts), show_progress_bar=False), as_list)
+    pairs_as_list = encoder.encode(pairs, show_progress_bar=False)
+    np.testing.assert_array_equal(encoder.encode(np.array(pairs), show_progress_bar=False), pairs_as_list)
+    assert not np.allclose(pairs_as_list, as_list)  # the instruction reached the model
+    assert encoder.encode(texts[0], show_progress_bar=False).shape == as_list[0].shape  # a str: one vector
