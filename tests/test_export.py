@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from llm2vec import LLM2Vec
+from llm2vec import LLM2Vec, templates
 from llm2vec.export import (
     ADHOC_PROBES,
     MIN_COSINE,
@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 INSTRUCTIONS_FILE = ROOT / "test_configs" / "mteb" / "task_to_instructions.json"
 MAX_LENGTH = 64
 INSTRUCTION = "Retrieve passages that answer the question"
+QUERY = {"query_instruction": INSTRUCTION}
 ADHOC = "Given a one-line summary of a command, retrieve its manual page"  # issue #24's instruction
 assert ADHOC not in ADHOC_PROBES  # the export's own check does not see it
 SHORT = [
@@ -45,6 +46,9 @@ SHORT = [
     "Paris is the capital of France.",
     "",
 ]
+TRAILING = ["hello\n", "a document that ends with a newline\n", "ends with spaces  ", "two lines\n\nand more\n\n", "\n"]
+"""Documents ending in whitespace: the exported tokenizer once stripped the end of every piece it tokenized, so
+``LLM2Vec.from_pretrained(<export>)`` lost the newline of the no-instruction prefix (issue #30)."""
 LONG = "Return the number of items in a container; raise an error if the object has no length. " * 8
 TEXTS = [*SHORT, LONG]
 
@@ -144,15 +148,85 @@ def test_export_embeds_like_llm2vec(exports, tiny_checkpoints, family):
     assert real_ids(st_model.preprocess([LONG], prompt=st_model.prompts["Questions"]))[0][-1] == anchor_id
 
 
-def test_export_loads_in_llm2vec_too(exports, tiny_checkpoints):
-    """The folder holds llm2vec_config.json: LLM2Vec.from_pretrained(export) gives the original embeddings."""
-    ref = reference(tiny_checkpoints["qwen2"])
-    again = LLM2Vec.from_pretrained(str(exports["qwen2"]), device="cpu")
-    assert again.max_length == MAX_LENGTH and again.pooling_mode == "eos_token"
-    items = [[INSTRUCTION, t] for t in TEXTS]
-    np.testing.assert_allclose(
-        again.encode(items, show_progress_bar=False), ref.encode(items, show_progress_bar=False), rtol=0, atol=1e-5
-    )
+def test_the_export_loads_back_identically(exports, tiny_checkpoints, family):
+    """Every family: ``LLM2Vec.from_pretrained(<export>)`` and ``SentenceTransformer(<export>)`` give the token ids
+    and vectors of ``LLM2Vec`` on the source checkpoint, for queries with and without an instruction and documents
+    ending in whitespace or newlines (issue #30: the exported tokenizer stripped the end of every piece, so the
+    no-instruction prefix lost its newline)."""
+    from transformers import AutoTokenizer
+
+    source, folder = tiny_checkpoints[family], exports[family]
+    base_tok, export_tok = AutoTokenizer.from_pretrained(source), AutoTokenizer.from_pretrained(folder)
+    for text in [*TRAILING, "a b  "]:  # plain text, as templates.encode tokenizes its pieces
+        assert (
+            export_tok(text, add_special_tokens=False)["input_ids"]
+            == base_tok(text, add_special_tokens=False)["input_ids"]
+        ), text
+    ref = reference(source)
+    again = LLM2Vec.from_pretrained(str(folder), device="cpu")
+    assert (again.max_length, again.pooling_mode, again.template.name) == (MAX_LENGTH, "eos_token", ref.template.name)
+    st_model = SentenceTransformer(str(folder), device="cpu", local_files_only=True)
+    texts = [*TEXTS, *TRAILING]
+    for instruction in ("", INSTRUCTION, ADHOC):
+        items = [[instruction, t] for t in texts]
+        assert real_ids(again.tokenize(items)) == real_ids(ref.tokenize(items)), instruction
+        want = ref.encode(items, convert_to_tensor=True, normalize_embeddings=True)
+        got = again.encode(items, convert_to_tensor=True, normalize_embeddings=True)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+        got = st_model.encode(texts, prompt=instruction, convert_to_tensor=True, batch_size=4)
+        torch.testing.assert_close(got.float(), want, rtol=0, atol=1e-5)
+
+
+def test_llm2vec_speaks_sentence_transformers(exports, tiny_checkpoints, capsys):
+    """The calls a sentence-transformers user makes first, on ``LLM2Vec`` (the source with the export's prompts, and
+    the export loaded back), give the export's vectors through ``SentenceTransformer``: ``encode_query`` /
+    ``encode_document``, ``prompt=``, ``prompt_name=``, ``truncate_dim``, ``similarity``, ``max_seq_length``, a single
+    text."""
+    folder = exports["llama3"]
+    st_model = SentenceTransformer(str(folder), device="cpu", local_files_only=True)
+    source = reference(tiny_checkpoints["llama3"], prompts={"query": INSTRUCTION, "Questions": INSTRUCTION})
+    again = LLM2Vec.from_pretrained(str(folder), device="cpu")
+    assert again.prompts == st_model.prompts  # the chat layout's prompts are the plain instructions
+    queries, documents = SHORT[:4], [*TRAILING[:3], LONG]
+
+    def close(got, want):
+        torch.testing.assert_close(torch.as_tensor(got).float(), torch.as_tensor(want).float(), rtol=0, atol=1e-5)
+
+    unit = {"normalize_embeddings": True}
+    st_queries, st_documents = st_model.encode_query(queries), st_model.encode_document(documents)
+    assert np.abs(st_queries - st_model.encode(queries)).max() > 1e-3  # the query prompt is not empty
+    for model in (source, again):
+        close(model.encode_query(queries, **unit), st_queries)
+        close(model.encode_document(documents, **unit), st_documents)
+        close(model.encode(queries, prompt=ADHOC, **unit), st_model.encode(queries, prompt=ADHOC))
+        close(model.encode(queries, prompt_name="Questions", **unit), st_model.encode(queries, prompt_name="Questions"))
+        close(
+            model.encode(documents, truncate_dim=8, **unit),
+            st_model.encode(documents, truncate_dim=8, normalize_embeddings=True),
+        )
+        close(
+            model.similarity(model.encode_query(queries), model.encode_document(documents)),
+            st_model.similarity(st_queries, st_documents),
+        )
+        single = model.encode("a single text", **unit)
+        assert single.shape == (st_queries.shape[1],)
+        close(single, st_model.encode("a single text"))
+    with pytest.raises(ValueError, match="prompt_name 'Nope': this model has no such prompt"):
+        again.encode(queries, prompt_name="Nope")
+    with pytest.raises(ValueError, match="input 0 is an \\[instruction, text\\] pair and a prompt was given"):
+        again.encode([[INSTRUCTION, "a text"]], prompt=ADHOC)
+    # max_seq_length: the same name, the same truncation
+    assert again.max_seq_length == st_model.max_seq_length == MAX_LENGTH
+    again.max_seq_length = st_model.max_seq_length = 16
+    assert len(again.tokenize([LONG])["input_ids"][0]) == 16
+    close(again.encode([LONG], **unit), st_model.encode([LONG]))
+    # no progress bar unless asked (a single text, or the default), one when asked
+    capsys.readouterr()
+    again.encode("one text")
+    again.encode(["a text"] * 9, batch_size=2)
+    assert "Encoding" not in capsys.readouterr().err
+    again.encode(["a text"] * 9, batch_size=2, show_progress_bar=True)
+    assert "Encoding" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("named_prompts_only", [False, True], ids=["chat", "text"])
@@ -166,6 +240,7 @@ def test_prompt_layout_and_stripped_text_with_a_dummy_prefix_tokenizer(tiny_chec
         max_length=MAX_LENGTH,
         named_prompts_only=named_prompts_only,
         verify_embeddings=False,
+        query_instruction=INSTRUCTION,
     )
     st_model = SentenceTransformer(str(tmp_path / "st"), device="cpu", local_files_only=True)
     ref = reference(tiny_checkpoints["mistral"])
@@ -177,6 +252,10 @@ def test_prompt_layout_and_stripped_text_with_a_dummy_prefix_tokenizer(tiny_chec
             got = real_ids(st_model.preprocess([text], prompt=f" {ADHOC} "))[0]
             assert got == real_ids(ref.tokenize([[ADHOC, text]]))[0], text
     assert real_ids(ref.tokenize(["  the fox \n"]))[0] == real_ids(ref.tokenize(["the fox"]))[0]
+    again = LLM2Vec.from_pretrained(str(tmp_path / "st"), device="cpu")  # the layout's tokenizer, read back
+    for instruction in ("", ADHOC):
+        items = [[instruction, t] for t in [*TEXTS, *TRAILING]]
+        assert real_ids(again.tokenize(items)) == real_ids(ref.tokenize(items)), instruction
 
 
 def test_chat_template_refuses_what_it_cannot_embed(exports, tiny_checkpoints):
@@ -254,7 +333,12 @@ def test_export_merges_a_lora_adapter(tiny_checkpoints, tmp_path):
     checkpoint = tiny_checkpoints["llama3"]
     adapter = make_adapter(checkpoint, tmp_path / "adapter")
     export_sentence_transformers(
-        str(checkpoint), tmp_path / "st", str(adapter), max_length=MAX_LENGTH, instructions={"Questions": INSTRUCTION}
+        str(checkpoint),
+        tmp_path / "st",
+        str(adapter),
+        max_length=MAX_LENGTH,
+        instructions={"Questions": INSTRUCTION},
+        query_instruction=INSTRUCTION,
     )
     st_model = SentenceTransformer(str(tmp_path / "st"), device="cpu", local_files_only=True)
     ref = reference(checkpoint, adapter)
@@ -274,6 +358,7 @@ def test_export_mean_pooling_leaves_the_prompt_out(tiny_checkpoints, tmp_path):
         instructions={"Questions": INSTRUCTION},
         normalize=False,
         named_prompts_only=True,
+        query_instruction=INSTRUCTION,
     )
     st_model = SentenceTransformer(str(tmp_path / "st"), device="cpu", local_files_only=True)
     assert [type(m).__name__ for m in st_model] == ["Transformer", "Pooling"]
@@ -294,6 +379,7 @@ def test_bfloat16_export(tiny_checkpoints, tmp_path):
         max_length=MAX_LENGTH,
         dtype="bfloat16",
         instructions={"Questions": INSTRUCTION},
+        query_instruction=INSTRUCTION,
     )
     st_model = SentenceTransformer(str(tmp_path / "st"), device="cpu", local_files_only=True)
     assert st_model[0].model.dtype == torch.bfloat16
@@ -316,6 +402,7 @@ def test_bfloat16_export(tiny_checkpoints, tmp_path):
         ({"instructions": {"query": "x"}}, "clash with the prompts the export writes itself"),
         ({"tasks": ["SciFact"]}, "no task_to_instructions_fp"),
         ({"task_to_instructions_fp": "missing.json"}, "instructions file 'missing.json' not found"),
+        ({"query_instruction": None}, "no query instruction: the model has no run_config.json to read it from"),
         (
             {"task_to_instructions_fp": str(INSTRUCTIONS_FILE), "tasks": ["NoSuchTask"]},
             "no instruction for ['NoSuchTask']",
@@ -323,7 +410,7 @@ def test_bfloat16_export(tiny_checkpoints, tmp_path):
     ],
 )
 def test_what_cannot_be_exported_is_refused(tiny_checkpoints, tmp_path, settings, message):
-    settings = {"max_length": MAX_LENGTH, **settings}
+    settings = {"max_length": MAX_LENGTH, "query_instruction": INSTRUCTION, **settings}
     with pytest.raises(ExportError) as err:
         export_sentence_transformers(str(tiny_checkpoints["llama3"]), tmp_path / "st", **settings)
     assert message in str(err.value)
@@ -333,7 +420,7 @@ def test_what_cannot_be_exported_is_refused(tiny_checkpoints, tmp_path, settings
 def test_a_failed_check_writes_nothing(tiny_checkpoints, tmp_path, monkeypatch):
     """If the saved folder embeds differently, the export is refused: a broken post-processor (text layout), a chat
     template with another separator (the ad-hoc prompts differ), one that embeds a conversation."""
-    import llm2vec.export as export
+    import llm2vec.export.writer as export
 
     real_tokenizer, real_template = export.export_tokenizer, export.export_chat_template
     monkeypatch.setattr(
@@ -341,16 +428,16 @@ def test_a_failed_check_writes_nothing(tiny_checkpoints, tmp_path, monkeypatch):
     )
     with pytest.raises(ExportError, match="differ from LLM2Vec's"):
         export_sentence_transformers(
-            str(tiny_checkpoints["llama3"]), tmp_path / "st", max_length=MAX_LENGTH, named_prompts_only=True
+            str(tiny_checkpoints["llama3"]), tmp_path / "st", max_length=MAX_LENGTH, named_prompts_only=True, **QUERY
         )
     monkeypatch.setattr(export, "export_tokenizer", real_tokenizer)
     monkeypatch.setattr(export, "export_chat_template", lambda spec: real_template(spec.with_separator("; ")))
     with pytest.raises(ExportError, match=r"prompt \"prompt=.*differ from LLM2Vec's"):
-        export_sentence_transformers(str(tiny_checkpoints["llama3"]), tmp_path / "st", max_length=MAX_LENGTH)
-    lenient = real_template(export.templates.get_template("llama3")).replace("raise_exception(", "(")
+        export_sentence_transformers(str(tiny_checkpoints["llama3"]), tmp_path / "st", max_length=MAX_LENGTH, **QUERY)
+    lenient = real_template(templates.get_template("llama3")).replace("raise_exception(", "(")
     monkeypatch.setattr(export, "export_chat_template", lambda spec: lenient)
     with pytest.raises(ExportError, match="embeds two user turns instead of refusing them"):
-        export_sentence_transformers(str(tiny_checkpoints["llama3"]), tmp_path / "st", max_length=MAX_LENGTH)
+        export_sentence_transformers(str(tiny_checkpoints["llama3"]), tmp_path / "st", max_length=MAX_LENGTH, **QUERY)
     assert not (tmp_path / "st").exists() and not list(tmp_path.glob(".st.*"))
 
 
@@ -370,6 +457,11 @@ def test_command_line(tiny_checkpoints, tmp_path, capsys):
         "--max_length",
         str(MAX_LENGTH),
     ]
+    assert script.main(argv) == 2  # no query instruction: a tiny checkpoint has no run config to read it from
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "no query instruction" in err and "--query_instruction" in err
+    assert not out.exists()
+    argv += ["--query_instruction", INSTRUCTION]
     assert script.main(argv) == 0
     assert "wrote" in capsys.readouterr().out
     prompts = SentenceTransformer(str(out), device="cpu", local_files_only=True).prompts
@@ -412,6 +504,7 @@ def test_smollm2_export_loads_offline_and_embeds_like_llm2vec(tmp_path_factory, 
         verify_embeddings=False,
         task_to_instructions_fp=INSTRUCTIONS_FILE,
         tasks=["SciFact"],
+        query_instruction=INSTRUCTION,
     )  # compared below
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     st_model = SentenceTransformer(str(out), device="cpu")  # no local_files_only: offline by the environment
