@@ -103,14 +103,15 @@ class LocalRetrievalTask(AbsTaskRetrieval):
 
     @property
     def instruction(self) -> str | None:
-        """The query instruction: the ``"query"`` entry of the metadata's ``prompt`` (None without one)."""
+        """The query instruction: the ``"query"`` entry of the metadata's ``prompt`` (``""``: none, by choice; None:
+        not given)."""
         prompt = self.metadata.prompt
         return prompt.get("query") if isinstance(prompt, dict) else prompt
 
     @instruction.setter
     def instruction(self, value: str | None) -> None:
         # the metadata lives on this dataset's own class (see local_retrieval_task), so this task's alone changes
-        prompt = {"query": value} if value else None
+        prompt = {"query": value} if value is not None else None  # "": the task has no instruction, by choice
         type(self).metadata = type(self).metadata.model_copy(update={"prompt": prompt})
 
     def load_data(self, num_proc: int | None = None, **kwargs: Any) -> None:

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mteb.models.model_meta import ModelMeta
+from mteb.models.model_meta import ModelMeta, ScoringFunction
 
 from ..io import short_hash
 from ..llm2vec import read_llm2vec_config
@@ -69,7 +69,7 @@ def register(
             embed_dim=config.get("hidden_size"),
             open_weights=True,
             framework=["PyTorch", "LLM2Vec"],
-            similarity_fn_name="cosine",
+            similarity_fn_name=ScoringFunction.COSINE,
             use_instructions=True,
         )
     )

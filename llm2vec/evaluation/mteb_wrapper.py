@@ -102,13 +102,13 @@ def batch_texts(batch: Mapping[str, Any]) -> list[str]:
     return [str(t) for t in batch["text"]]
 
 
-def task_own_instruction(task_metadata) -> str:
+def task_own_instruction(task_metadata) -> str | None:
     """The instruction a task carries itself: its metadata's ``prompt`` when a string, else that dict's ``"query"``
-    entry; ``""`` for none."""
+    entry (``""`` when the task says it has none); None when it carries none."""
     prompt = getattr(task_metadata, "prompt", None)
     if isinstance(prompt, Mapping):
         prompt = prompt.get(PromptType.query.value)
-    return prompt.strip() if isinstance(prompt, str) else ""
+    return prompt.strip() if isinstance(prompt, str) else None
 
 
 def _path_or_id(name: str | None) -> str | None:
@@ -290,7 +290,7 @@ class LLM2VecMTEBEncoder(AbsEncoder):
         if task_name in self.instructions:
             return self.instructions[task_name]
         own = task_own_instruction(task_metadata)
-        if own:
+        if own is not None:
             if task_name not in self._warned:
                 logger.info(
                     "task %r: not in %s; using its own instruction %r", task_name, self.instructions_source, own

@@ -85,8 +85,8 @@ def mteb_category_table(results_dirs: Sequence[str | os.PathLike], tasks_file: s
             "mteb_results given without mteb_tasks_file: the card needs the tasks file that groups "
             "the results into categories (the repository's MTEB tasks.json)"
         )
-    from .evaluation import tables
-    from .evaluation.benchmark import load_benchmark
+    from ..evaluation import tables
+    from ..evaluation.benchmark import load_benchmark
 
     benchmark = load_benchmark(tasks_file)
     runs = [tables.read_run(folder, benchmark, label=Path(folder).name) for folder in results_dirs]
@@ -158,6 +158,12 @@ def export_sentence_transformers(
     elif tasks:
         raise ExportError("tasks were named but no task_to_instructions_fp was given to read their instructions from")
 
+    # the query instruction is known from the run configs alone: refused before the model loads
+    history = history_of([p for p in (base_model_name_or_path, peft_model_name_or_path) if p])
+    last_run = history[-1] if history else None
+    query = resolve_query_instruction(
+        query_instruction, last_run.run_config if last_run else None, last_run.folder if last_run else None
+    )
     save_dtype = resolve_dtype(dtype) if dtype is not None else _default_dtype(base_model_name_or_path)
     encoder = LLM2Vec.load(
         base_model_name_or_path,
@@ -176,11 +182,6 @@ def export_sentence_transformers(
             "onto the template, cannot leave the prompt out of the mean; export with named_prompts_only "
             "(--named_prompts_only), where only the exported prompts embed exactly"
         )
-    history = history_of([p for p in (base_model_name_or_path, peft_model_name_or_path) if p])
-    last_run = history[-1] if history else None
-    query = resolve_query_instruction(
-        query_instruction, last_run.run_config if last_run else None, last_run.folder if last_run else None
-    )
     prompts = build_prompts(encoder, given, query.instruction, layout)
     suffix_ids = next(iter(prompts.values())).suffix_ids
     chat_template = export_chat_template(encoder.template) if layout == CHAT_LAYOUT else None
