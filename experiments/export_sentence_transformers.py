@@ -4,10 +4,13 @@
         --base_model_name_or_path output/stage_I/MetaLlama3.2_1b_q2d_d2q \\
         --peft_model_name_or_path output/stage_II/MetaLlama3.2_1b_stage1_2000steps_stage2 \\
         --task_to_instructions_fp test_configs/mteb/task_to_instructions.json \\
+        --query_instruction "Given a web search query, retrieve relevant passages that answer the query" \\
         --output_dir output/st/MetaLlama3.2_1b
 
-Then ``SentenceTransformer("output/st/MetaLlama3.2_1b")`` loads it (no custom code). The logic, the layout of
-the folder and what cannot be exported are in :mod:`llm2vec.export`.
+Then ``SentenceTransformer("output/st/MetaLlama3.2_1b")`` loads it (no custom code), and ``encode_query`` uses
+the query instruction. Without ``--query_instruction`` the export reads the one instruction the run trained its
+queries with from its ``run_config.json``, and refuses when there is no such single instruction (E5's many, none).
+The logic, the layout of the folder and what cannot be exported are in :mod:`llm2vec.export`.
 """
 
 from __future__ import annotations
@@ -47,8 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--query_instruction",
-        default="",
-        help="instruction of the 'query' prompt that encode_query uses (default: none)",
+        default=None,
+        help="instruction of the 'query' prompt that encode_query uses (default: the one instruction the run "
+        "trained its queries with, read from its run_config.json; refused when there is not exactly one). "
+        '--query_instruction "" writes an empty query prompt (encode_query then equals encode_document)',
     )
     p.add_argument("--pooling_mode", default=None, help="override the model's pooling (exportable: eos_token, mean)")
     p.add_argument(
@@ -129,8 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ExportError, ValueError, OSError) as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
+    query = report["query_instruction"]
     print(
-        f"wrote {report['output_dir']}: {len(report['prompts'])} prompts ({report['layout']} layout), "
+        f"wrote {report['output_dir']}: {len(report['prompts'])} prompts ({report['layout']} layout; query prompt "
+        + (f"{query!r}, {report['query_instruction_source']}" if query else "EMPTY: encode_query = encode_document")
+        + "), "
         f"pooling {report['pooling']}, "
         f"max_seq_length {report['max_seq_length']}, weights {report['dtype']}; checked {report['texts']} probe "
         f"texts: same token ids for every prompt"

@@ -38,7 +38,13 @@ def main(argv: list[str] | None = None) -> int:
     for layout, named_only in (("chat", False), ("text", True)):
         folder = Path(args.output_dir) / layout
         export_sentence_transformers(
-            args.model, folder, max_length=args.max_length, overwrite=True, named_prompts_only=named_only, device="cpu"
+            args.model,
+            folder,
+            max_length=args.max_length,
+            overwrite=True,
+            named_prompts_only=named_only,
+            device="cpu",
+            query_instruction=INSTRUCTION,
         )
         model = SentenceTransformer(str(folder), device="cpu", local_files_only=True, trust_remote_code=False)
         for form, prompt in (("prompt=instruction", INSTRUCTION), ('prompt=instruction + ": "', INSTRUCTION + ": ")):

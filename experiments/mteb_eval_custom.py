@@ -174,7 +174,7 @@ def select_tasks(args: argparse.Namespace, instructions: Mapping[str, str]) -> l
             local = local_retrieval_task(args.local_retrieval_dir, name=args.local_task_name)
         except (FileNotFoundError, ValueError) as e:
             raise UsageError(f"--local_retrieval_dir: {e}") from None
-        if args.local_instruction is not None:
+        if args.local_instruction is not None:  # kept on the task, where the encoder reads it
             local.instruction = args.local_instruction
             covered.add(local.metadata.name)
         tasks.append(local)
@@ -193,7 +193,6 @@ def run(args: argparse.Namespace) -> int:
     """Check the inputs (before loading the model), evaluate, print main scores. Returns the exit code."""
     import torch
 
-    from llm2vec.evaluation.local_task import LocalRetrievalTask
     from llm2vec.evaluation.mteb_wrapper import InstructionsFileError, LLM2VecMTEBEncoder, evaluate, load_instructions
     from llm2vec.evaluation.paths import PathNameError
     from llm2vec.evaluation.replicas import resolve_devices
@@ -248,9 +247,6 @@ def run(args: argparse.Namespace) -> int:
             + (f" with adapter {args.peft_model_name_or_path!r}" if args.peft_model_name_or_path else "")
             + f": {first_line}"
         ) from None
-    for task in tasks:
-        if isinstance(task, LocalRetrievalTask) and task.instruction is not None:
-            encoder.add_instruction(task.metadata.name, task.instruction)
     results = evaluate(encoder, tasks, args.output_dir, overwrite=args.overwrite, batch_size=args.batch_size)
     for tr in results.task_results:
         print(f"{tr.task_name}\t{tr.get_score():.4f}")

@@ -66,6 +66,14 @@ class ModelArguments:
             "id (the Baseline) or a Stage I output folder."
         }
     )
+    base_model_hub_id: str | None = field(
+        default=None,
+        metadata={
+            "help": "The hub id the weights of model_name_or_path came from when that is a local folder (a download "
+            "or conversion), e.g. HuggingFaceTB/SmolLM2-135M-Instruct; recorded in run_config.json and given as "
+            "base_model in the model cards. Default: model_name_or_path when it is a hub id."
+        },
+    )
     pooling_mode: str = field(
         default="eos_token",
         metadata={

@@ -9,8 +9,9 @@ tokenizer, the family's prompt template (:mod:`llm2vec.templates`) and a pooling
 from __future__ import annotations
 
 import json
+import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,11 @@ from .packing import packed_hidden_states
 from .pooling import POOLING_MODES, pool, position_ids_from_mask
 
 CONFIG_NAME = "llm2vec_config.json"
-DEFAULTS = {"pooling_mode": "eos_token", "max_length": 512, "template": None}
+DEFAULTS = {"pooling_mode": "eos_token", "max_length": 512, "template": None, "prompts": None}
+DOCUMENT_PROMPT_NAMES = ("document", "passage", "corpus")
+"""The prompts ``encode_document`` uses when given none, the first one the model has (sentence-transformers')."""
+
+logger = logging.getLogger(__name__)
 
 Item = tuple[str, str]
 
@@ -103,6 +108,11 @@ class LLM2Vec(nn.Module):
             faster only with ``flash_attention_2``. An execution setting, not saved with the model. ``True`` needs
             a family that declares packing exact (``TemplateSpec.packing_exact``; a ``ValueError`` otherwise);
             ``"if_exact"`` packs for such a family and runs padded calls for any other.
+        prompts: ``name -> instruction`` for ``encode(prompt_name=...)``, ``encode_query`` (``"query"``) and
+            ``encode_document`` (``"document"``); saved in ``llm2vec_config.json`` (an export writes its prompts
+            there). An instruction is joined to the text in the family's chat layout, as ``[instruction, text]``.
+        truncate_dim: ``encode`` keeps the first ``truncate_dim`` dimensions (before ``normalize_embeddings``), as
+            sentence-transformers does; an encoding-time setting, not saved.
     """
 
     def __init__(
@@ -114,6 +124,8 @@ class LLM2Vec(nn.Module):
         template: str | None = None,
         doc_max_length: int | None = None,
         packing: bool | str = False,
+        prompts: Mapping[str, str] | None = None,
+        truncate_dim: int | None = None,
     ):
         super().__init__()
         if pooling_mode not in POOLING_MODES:
@@ -129,6 +141,12 @@ class LLM2Vec(nn.Module):
             model.config, tokenizer, template, getattr(model, "generation_config", None)
         )
         self.packing = self._packing(packing)
+        if prompts is not None and not (
+            isinstance(prompts, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items())
+        ):
+            raise ValueError(f"prompts must map prompt names to instruction strings, got {prompts!r:.120}")
+        self.prompts: dict[str, str] = dict(prompts or {})
+        self.truncate_dim = _positive_or_none("truncate_dim", truncate_dim)
         self.pad_token_id = tokenizer.pad_token_id
         if self.pad_token_id is None:
             self.pad_token_id = tokenizer.convert_tokens_to_ids(self.template.build("")[1])
@@ -185,7 +203,12 @@ class LLM2Vec(nn.Module):
         settings = dict(DEFAULTS)
         settings.update(read_llm2vec_config(base_model_name_or_path))
         settings.update(read_llm2vec_config(peft_model_name_or_path))
-        given = {"pooling_mode": pooling_mode, "max_length": max_length, "template": template}
+        given = {
+            "pooling_mode": pooling_mode,
+            "max_length": max_length,
+            "template": template,
+            "prompts": kwargs.pop("prompts", None),
+        }
         settings.update({k: v for k, v in given.items() if v is not None})
 
         tokenizer = AutoTokenizer.from_pretrained(base_model_name_or_path, trust_remote_code=trust_remote_code)
@@ -214,7 +237,8 @@ class LLM2Vec(nn.Module):
         **kwargs,
     ) -> LLM2Vec:
         """Load a model for inference: :meth:`load` (which takes ``kwargs``: ``merge_peft``, ``pooling_mode``,
-        ``max_length``, ``template``, ``attn_implementation``, ``model_kwargs``, ``trust_remote_code``), moved to ``device`` (default:
+        ``max_length``, ``template``, ``prompts``, ``truncate_dim``, ``attn_implementation``, ``model_kwargs``,
+        ``trust_remote_code``), moved to ``device`` (default:
         the GPU when there is one) and put in eval mode. ``dtype="auto"`` is bfloat16 on a GPU that supports
         it, float32 otherwise.
         """
@@ -223,7 +247,20 @@ class LLM2Vec(nn.Module):
         return model.to(device).eval()
 
     def llm2vec_config(self) -> dict[str, Any]:
-        return {"pooling_mode": self.pooling_mode, "max_length": self.max_length, "template": self.template.name}
+        """What ``llm2vec_config.json`` records: pooling, length, template, and the prompts when there are any."""
+        config = {"pooling_mode": self.pooling_mode, "max_length": self.max_length, "template": self.template.name}
+        return {**config, "prompts": dict(self.prompts)} if self.prompts else config
+
+    @property
+    def max_seq_length(self) -> int:
+        """sentence-transformers' name for :attr:`max_length` (template, instruction and anchor included)."""
+        return self.max_length
+
+    @max_seq_length.setter
+    def max_seq_length(self, value: int) -> None:
+        if _positive_or_none("max_seq_length", value) is None:
+            raise ValueError("max_seq_length must be a positive whole number, got None")
+        self.max_length = value
 
     def save(self, path: str | os.PathLike, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         """Weights (safetensors), tokenizer and ``llm2vec_config.json``.
@@ -297,26 +334,62 @@ class LLM2Vec(nn.Module):
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    def resolve_prompt(self, prompt: str | None = None, prompt_name: str | None = None) -> str | None:
+        """The instruction of an ``encode`` call, by sentence-transformers' rule: ``prompt`` itself (an instruction;
+        ``prompt_name`` is then ignored, with a warning), else the prompt named ``prompt_name``, else None."""
+        if prompt is not None:
+            if prompt_name is not None:
+                logger.warning("both prompt and prompt_name given: prompt_name %r is ignored", prompt_name)
+            return prompt
+        if prompt_name is None:
+            return None
+        if prompt_name not in self.prompts:
+            raise ValueError(
+                f"prompt_name {prompt_name!r}: this model has no such prompt (its prompts: {sorted(self.prompts)}); "
+                "pass prompt=<instruction>, or load it with prompts={name: instruction}"
+            )
+        return self.prompts[prompt_name]
+
     @torch.no_grad()
     def encode(
         self,
         sentences: str | Sequence[str | Sequence[str]],
+        prompt_name: str | None = None,
+        prompt: str | None = None,
         batch_size: int = 32,
-        show_progress_bar: bool = True,
+        show_progress_bar: bool | None = None,
         convert_to_numpy: bool = True,
         convert_to_tensor: bool = False,
         normalize_embeddings: bool = False,
         device: str | torch.device | None = None,
+        truncate_dim: int | None = None,
     ) -> np.ndarray | torch.Tensor:
         """Embed texts or ``[instruction, text]`` pairs; returns float32 in the input order.
 
-        Inputs are sorted by token length (fewer pad tokens per batch) and the order restored afterwards.
-        A single string gives a single vector. A mapping, a set, bytes, numbers or ``None`` (as the input or as
-        one item) raise a one-line ``TypeError`` (:mod:`llm2vec.encode_inputs`).
+        The arguments mean what they mean in sentence-transformers' ``encode``: ``prompt`` is an instruction given
+        to every text (joined in the family's chat layout: ``encode(texts, prompt=i)`` equals
+        ``encode([[i, t] for t in texts])``, and an export's ``encode(texts, prompt=i)``); ``prompt_name`` names one
+        of :attr:`prompts`; ``truncate_dim`` (default :attr:`truncate_dim`) keeps the first dimensions, before
+        ``normalize_embeddings``. ``show_progress_bar=None`` shows a bar only for more than one batch and when the
+        ``llm2vec`` logger is at INFO or below. A single string gives a single vector. Inputs are sorted by token
+        length (fewer pad tokens per batch) and the order restored afterwards. A mapping, a set, bytes, numbers or
+        ``None`` (as the input or as one item) raise a one-line ``TypeError`` (:mod:`llm2vec.encode_inputs`).
         """
         items, single = read_inputs(sentences)  # what is accepted and refused: llm2vec.encode_inputs
+        instruction = self.resolve_prompt(prompt, prompt_name)
+        if instruction is not None:
+            paired = next((i for i, (given, _) in enumerate(items) if given), None)
+            if paired is not None:
+                raise ValueError(
+                    f"input {paired} is an [instruction, text] pair and a prompt was given too; give the instruction "
+                    "one way: plain texts with prompt=, or pairs without it"
+                )
+            items = [(instruction, text) for _, text in items]
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        truncate_dim = _positive_or_none("truncate_dim", truncate_dim) or self.truncate_dim
+        if show_progress_bar is None:
+            show_progress_bar = len(items) > batch_size and logger.getEffectiveLevel() <= logging.INFO
         device = torch.device(device) if device is not None else self.device
         was_training = self.training
         self.eval()
@@ -332,6 +405,8 @@ class LLM2Vec(nn.Module):
         sorted_embeddings = torch.cat(chunks) if chunks else torch.zeros((0, hidden))
         embeddings = torch.empty_like(sorted_embeddings)
         embeddings[torch.tensor(order, dtype=torch.long)] = sorted_embeddings
+        if truncate_dim is not None:
+            embeddings = embeddings[:, :truncate_dim]
         if normalize_embeddings:
             embeddings = torch.nn.functional.normalize(embeddings, p=2, dim=-1)
         if single:
@@ -339,3 +414,45 @@ class LLM2Vec(nn.Module):
         if convert_to_tensor or not convert_to_numpy:
             return embeddings
         return embeddings.numpy()
+
+    def encode_query(self, sentences, prompt_name: str | None = None, prompt: str | None = None, **kwargs):
+        """:meth:`encode` with the ``query`` prompt when neither ``prompt`` nor ``prompt_name`` is given (as in
+        sentence-transformers). Without a ``query`` prompt the texts get no instruction, with a warning (once)."""
+        if prompt is None and prompt_name is None:
+            if "query" in self.prompts:
+                prompt_name = "query"
+            elif not getattr(self, "_warned_no_query", False):
+                self._warned_no_query = True
+                logger.warning(
+                    "this model has no 'query' prompt: encode_query embeds without an instruction, exactly as "
+                    "encode_document; pass prompt=<instruction>, or load with prompts={'query': <instruction>}"
+                )
+        return self.encode(sentences, prompt_name, prompt, **kwargs)
+
+    def encode_document(self, sentences, prompt_name: str | None = None, prompt: str | None = None, **kwargs):
+        """:meth:`encode` with the first of the ``document``, ``passage``, ``corpus`` prompts the model has when
+        neither ``prompt`` nor ``prompt_name`` is given (as in sentence-transformers; an export's ``document``
+        prompt is no instruction)."""
+        if prompt is None and prompt_name is None:
+            prompt_name = next((n for n in DOCUMENT_PROMPT_NAMES if n in self.prompts), None)
+        return self.encode(sentences, prompt_name, prompt, **kwargs)
+
+    @staticmethod
+    def similarity(embeddings1, embeddings2) -> torch.Tensor:
+        """Cosine similarity of every row of ``embeddings1`` with every row of ``embeddings2`` (numpy arrays or
+        tensors, one vector or a matrix each): a ``(n1, n2)`` float32 tensor, as sentence-transformers' ``cosine``
+        ``similarity``."""
+
+        def matrix(x) -> torch.Tensor:
+            x = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x).float()
+            return torch.nn.functional.normalize(x.reshape(1, -1) if x.dim() == 1 else x, p=2, dim=-1)
+
+        return matrix(embeddings1) @ matrix(embeddings2).T
+
+
+def _positive_or_none(name: str, value: int | None) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive whole number or None, got {value!r}")
+    return value

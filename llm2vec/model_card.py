@@ -16,9 +16,12 @@ A card says what the model is and how it was made, from what the run left on dis
 The card receives everything it prints as data (:class:`ModelCardInputs`): it imports nothing of the export or
 the evaluation, so that saving a checkpoint, which writes a card, loads neither.
 
-The YAML header follows the hub's model-card metadata (``base_model`` only when it is a hub id,
-``library_name``, ``pipeline_tag``, ``tags``). Missing or unreadable history files leave their section
-out with a note; they never stop a save.
+The YAML header follows the hub's model-card metadata (``base_model``: the hub id the weights came from, when
+known, :func:`llm2vec.provenance.base_model_hub_id`; ``library_name``, ``pipeline_tag``, ``tags``), and
+huggingface_hub's ``ModelCard`` reads it without warnings. A card names no machine path: every absolute path (a
+folder of the run, a data file, the run configs' fields) is shown by its last two parts after ``.../``
+(:func:`shown_path`). Missing or unreadable history files leave their section out with a note; they never stop
+a save.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .provenance import base_model_hub_id
+
 logger = logging.getLogger(__name__)
 
 CARD_NAME = "README.md"
@@ -44,7 +49,7 @@ STAGE_TITLES = {
     "I": "Stage I: bidirectional reconstruction (EBQ2D + EBD2Q), full-parameter",
     "II": "Stage II: contrastive fine-tuning (InfoNCE, LoRA)",
 }
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~-])/(?:[^\s/'\"`,;()\[\]<>|*]+/)*[^\s/'\"`,;()\[\]<>|*]+")
 
 
 @dataclass
@@ -63,11 +68,13 @@ class ModelCardInputs:
 
     kind: str  # "export", "model" (full weights) or "adapter" (a LoRA adapter)
     path: str  # the folder the card is written into, as the user named it
-    base_model: str | None  # the first model of the chain
+    base_model: str | None  # the hub id of the first model of the chain, when known
+    base_path: str | None  # the first model of the chain as the run named it (a hub id or a local folder)
     history: list[StageRecord]
     embedding: dict[str, Any]  # pooling_mode, max_length, template, ...
     base_for_adapter: str | None = None  # an adapter's base model folder or id
-    prompts: list[str] = field(default_factory=list)
+    prompts: dict[str, str] = field(default_factory=dict)  # an export's prompts: name -> instruction
+    query_source: str = ""  # where an export's query instruction came from
     adhoc_prompts: bool = False  # an export whose chat template maps any instruction passed as prompt=
     text_marker: str = ""  # an export's marker between prompt and text (llm2vec.export.TEXT_MARKER)
     mteb_results: list[str] = field(default_factory=list)  # the result folders the table was read from
@@ -92,7 +99,8 @@ class ModelCardInputs:
         return cls(
             kind="adapter" if adapter else "model",
             path=str(output_dir),
-            base_model=_root_model(history),
+            base_model=base_model_hub_id(history[0].run_config if history else None),
+            base_path=_root_model(history),
             history=history,
             embedding=embedding,
             base_for_adapter=run_config.get("model_name_or_path") if adapter else None,
@@ -106,7 +114,7 @@ class ModelCardInputs:
         peft_model_name_or_path: str | None,
         *,
         encoder,
-        prompts: Sequence[str],
+        prompts: Mapping[str, str],
         normalize: bool,
         dtype,
         adhoc_prompts: bool = False,
@@ -114,6 +122,7 @@ class ModelCardInputs:
         mteb_results: Sequence[str | os.PathLike] = (),
         mteb_table: str = "",
         output_dir: str | os.PathLike | None = None,
+        query_source: str = "",
     ) -> ModelCardInputs:
         """The card of a sentence-transformers export of ``base`` (+ ``peft``); ``text_marker`` and ``mteb_table``
         (the rendered scores of ``mteb_results``) are the export's."""
@@ -125,14 +134,16 @@ class ModelCardInputs:
             dtype=str(dtype).replace("torch.", ""),
             dimensions=encoder.model.config.hidden_size,
         )
-        root = _root_model(history) or (None if os.path.exists(base_model_name_or_path) else base_model_name_or_path)
+        first = history[0].run_config if history else None
         return cls(
             kind="export",
             path=str(output_dir) if output_dir else "path/to/export",
-            base_model=root,
+            base_model=base_model_hub_id(first, fallback=base_model_name_or_path),
+            base_path=_root_model(history) or base_model_name_or_path,
             history=history,
             embedding=embedding,
-            prompts=list(prompts),
+            prompts=dict(prompts),
+            query_source=query_source,
             adhoc_prompts=adhoc_prompts,
             text_marker=text_marker,
             mteb_results=[str(p) for p in mteb_results],
@@ -212,8 +223,18 @@ def _root_model(history: Sequence[StageRecord]) -> str | None:
     return history[0].run_config.get("model_name_or_path") if history else None
 
 
-def is_hub_id(name: str | None) -> bool:
-    return bool(name) and not os.path.exists(name) and bool(_HUB_ID.match(name))
+def shown_path(path: str) -> str:
+    """``path`` as a card shows it: a relative path or hub id as it is, an absolute path by its last two parts
+    (``.../stage_I/checkpoint-2``)."""
+    if not os.path.isabs(path):
+        return path
+    parts = Path(path).parts[1:]
+    return ".../" + "/".join(parts[-2:]) if parts else path
+
+
+def without_machine_paths(text: str) -> str:
+    """``text`` with every absolute path replaced by :func:`shown_path`'s form."""
+    return _ABSOLUTE_PATH.sub(lambda m: shown_path(m.group(0)), text)
 
 
 # ---------------------------------------------------------------------------------------------- loss curve
@@ -358,19 +379,23 @@ def _front_matter(inputs: ModelCardInputs) -> list[str]:
         "adapter": ("peft", "feature-extraction", ["feature-extraction", "lora"]),
     }[inputs.kind]
     lines = ["---"]
-    if is_hub_id(inputs.base_model):
+    if inputs.base_model:
         lines.append(f"base_model: {inputs.base_model}")
     lines += [f"library_name: {library}", f"pipeline_tag: {pipeline}", "tags:"]
     lines += [f"- {t}" for t in [*tags, "anchor-embedding", "llm2vec", "text-embedding"]]
     return lines + ["---"]
 
 
+def _cell(text: str) -> str:
+    """``text`` on one line, safe in a Markdown table cell."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
 def _usage(inputs: ModelCardInputs) -> list[str]:
-    path = inputs.path
+    path = Path(inputs.path).name if os.path.isabs(inputs.path) else inputs.path
     first = next((p for p in inputs.prompts if p not in ("document", "query") and not p.endswith("-document")), None)
     lines = ["## How to use it", ""]
     if inputs.kind == "export":
-        query_prompt = first or "query"
         if inputs.adhoc_prompts:
             how = (
                 "With sentence-transformers (no custom code; the exported chat template puts the instruction given "
@@ -396,6 +421,7 @@ def _usage(inputs: ModelCardInputs) -> list[str]:
                 "marker) so that both are tokenized as in training; only these prompts embed exactly, an instruction "
                 "of your own passed as `prompt=` does not."
             )
+        query = inputs.prompts.get("query", "")
         lines += [
             how,
             "",
@@ -403,14 +429,31 @@ def _usage(inputs: ModelCardInputs) -> list[str]:
             "from sentence_transformers import SentenceTransformer",
             "",
             f'model = SentenceTransformer("{path}")',
-            f'queries = model.encode(["how do I read a file line by line?"], prompt_name="{query_prompt}")',
-            'documents = model.encode(["Open the file and iterate over it."])  # default prompt: "document"',
+            'queries = model.encode_query(["how do I read a file line by line?"])  # the "query" prompt',
+            'documents = model.encode_document(["Open the file and iterate over it."])  # "document": none',
             "scores = model.similarity(queries, documents)",
+            *(
+                [f'task_queries = model.encode(["a claim to check"], prompt_name="{first}")  # a task\'s prompt']
+                if first
+                else []
+            ),
             *adhoc_line,
             "```",
             "",
-            f"Prompts: {', '.join(f'`{p}`' for p in inputs.prompts)}. `document` (the default) has no instruction; "
-            f"`query` is what `encode_query` uses. {prompt_note}"
+            "Prompts (name: instruction; `document`, the default, has none):",
+            "",
+            "| prompt | instruction |",
+            "|---|---|",
+            *(f"| `{name}` | {_cell(instruction) or '(none)'} |" for name, instruction in inputs.prompts.items()),
+            "",
+            (
+                f'`encode_query` uses the `query` prompt, "{_cell(query)}"'
+                + (f" ({inputs.query_source})" if inputs.query_source else "")
+                + "."
+                if query
+                else "The `query` prompt is empty: `encode_query` embeds exactly as `encode_document`."
+            )
+            + f" {prompt_note}"
             + (
                 " `<task>` carries that task's instruction and `<task>-document` none, so mteb's sentence-transformers "
                 "path gives retrieval corpora no instruction, as this package's evaluation does."
@@ -418,24 +461,26 @@ def _usage(inputs: ModelCardInputs) -> list[str]:
                 else ""
             ),
             "",
-            "With this package (the folder holds `llm2vec_config.json`):",
+            "With this package (the folder holds `llm2vec_config.json`, prompts included), the same vectors:",
             "",
             "```python",
             "from llm2vec import LLM2Vec",
             "",
             f'model = LLM2Vec.from_pretrained("{path}")',
-            'embeddings = model.encode([["Given a question, retrieve passages that answer it", "a query"], '
-            '"a document"])',
+            'queries = model.encode_query(["how do I read a file line by line?"])',
+            'documents = model.encode_document(["Open the file and iterate over it."])',
+            "scores = model.similarity(queries, documents)",
             "```",
         ]
     elif inputs.kind == "adapter":
+        base = shown_path(inputs.base_for_adapter or "path/to/base")
         lines += [
             "This folder holds a LoRA adapter; load it on its base model with this package:",
             "",
             "```python",
             "from llm2vec import LLM2Vec",
             "",
-            f'model = LLM2Vec.from_pretrained("{inputs.base_for_adapter}", peft_model_name_or_path="{path}")',
+            f'model = LLM2Vec.from_pretrained("{base}", peft_model_name_or_path="{path}")',
             'embeddings = model.encode([["an instruction", "a query"], "a document"])',
             "```",
             "",
@@ -444,7 +489,7 @@ def _usage(inputs: ModelCardInputs) -> list[str]:
             "```python",
             "from llm2vec.export import export_sentence_transformers",
             "",
-            f'export_sentence_transformers("{inputs.base_for_adapter}", "{path}-st", peft_model_name_or_path="{path}")',
+            f'export_sentence_transformers("{base}", "{path}-st", peft_model_name_or_path="{path}")',
             "```",
         ]
     else:
@@ -486,7 +531,15 @@ def render_model_card(inputs: ModelCardInputs) -> str:
         "to it.",
         "",
     ]
-    lines += ["## Model", "", f"- base model: `{inputs.base_model or 'unknown'}`"]
+    if inputs.base_model:
+        base = f"`{inputs.base_model}`"
+    else:
+        base = (
+            f"`{shown_path(inputs.base_path)}`, a local folder whose hub id was not recorded (`base_model_hub_id`)"
+            if inputs.base_path
+            else "unknown"
+        )
+    lines += ["## Model", "", f"- base model: {base}"]
     stages = [STAGE_TITLES.get(r.run_config.get("stage"), f"stage {r.run_config.get('stage')}") for r in inputs.history]
     lines.append(f"- stages run: {' -> '.join(stages) if stages else 'none recorded (no run_config.json found)'}")
     lines.append(
@@ -501,7 +554,7 @@ def render_model_card(inputs: ModelCardInputs) -> str:
     for i, record in enumerate(inputs.history, 1):
         config = record.run_config
         stage = config.get("stage")
-        where = f" (`{record.folder}`)" if record.folder else " (this run)"
+        where = f" (`{shown_path(record.folder)}`)" if record.folder else " (this run)"
         lines += [f"## Training, step {i}: {STAGE_TITLES.get(stage, f'stage {stage}')}{where}", ""]
         lines += _stage_settings(config)
         if record.global_step is not None:
@@ -532,7 +585,7 @@ def render_model_card(inputs: ModelCardInputs) -> str:
     lines += _usage(inputs)
     if inputs.notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in inputs.notes]
-    return "\n".join(lines).rstrip() + "\n"
+    return without_machine_paths("\n".join(lines).rstrip() + "\n")
 
 
 def write_training_card(

@@ -267,3 +267,45 @@ def test_bad_llm2vec_config_names_the_file(tiny_checkpoints, tmp_path):
     (folder / "llm2vec_config.json").write_text('{"pooling": "mean"}')
     with pytest.raises(ValueError, match="llm2vec_config.json.*unknown field"):
         LLM2Vec.from_pretrained(str(folder), device="cpu")
+
+
+# ----------------------------------------------------------------------------------------------- sentence-transformers calls
+
+
+def test_sentence_transformers_calls_against_independent_references(tiny_models, caplog):
+    """``prompt=`` equals ``[instruction, text]`` pairs, ``prompt_name`` reads ``prompts``, ``truncate_dim`` is the
+    first dimensions renormalised, ``similarity`` is the per-pair cosine, and ``encode_query`` without a ``query``
+    prompt says so and equals ``encode_document``."""
+    enc = encoder(tiny_models, "qwen2", prompts={"query": "Retrieve passages", "Sim": "Find similar text"})
+    pairs = enc.encode([["Retrieve passages", t] for t in TEXTS], show_progress_bar=False)
+    np.testing.assert_array_equal(enc.encode(TEXTS, prompt="Retrieve passages"), pairs)
+    np.testing.assert_array_equal(enc.encode_query(TEXTS), pairs)
+    np.testing.assert_array_equal(enc.encode_document(TEXTS), enc.encode(TEXTS))
+    np.testing.assert_array_equal(
+        enc.encode(TEXTS, prompt_name="Sim"), enc.encode([["Find similar text", t] for t in TEXTS])
+    )
+    full = enc.encode(TEXTS)
+    cut = enc.encode(TEXTS, truncate_dim=5, normalize_embeddings=True)
+    np.testing.assert_allclose(cut, full[:, :5] / np.linalg.norm(full[:, :5], axis=1, keepdims=True), rtol=0, atol=1e-6)
+    sims = enc.similarity(pairs, full).numpy()
+    for i, a in enumerate(pairs):
+        for j, b in enumerate(full):
+            assert sims[i, j] == pytest.approx(float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)), abs=1e-6)
+    assert enc.similarity(pairs[0], full[0]).shape == (1, 1)
+    bare = encoder(tiny_models, "qwen2")
+    with caplog.at_level("WARNING"):
+        np.testing.assert_array_equal(bare.encode_query(TEXTS), bare.encode_document(TEXTS))
+    assert any("no 'query' prompt" in r.getMessage() for r in caplog.records)
+    with pytest.raises(ValueError, match="truncate_dim must be a positive whole number"):
+        enc.encode(TEXTS, truncate_dim=0)
+
+
+def test_prompts_are_saved_and_loaded_with_the_model(tiny_checkpoints, tmp_path):
+    """``prompts`` go into llm2vec_config.json and come back with ``from_pretrained``; ``max_seq_length`` is
+    ``max_length``."""
+    enc = LLM2Vec.from_pretrained(str(tiny_checkpoints["llama3"]), device="cpu", prompts={"query": "Find it"})
+    enc.max_seq_length = 48
+    enc.save(tmp_path / "saved")
+    again = LLM2Vec.from_pretrained(str(tmp_path / "saved"), device="cpu")
+    assert again.prompts == {"query": "Find it"} and again.max_length == again.max_seq_length == 48
+    np.testing.assert_array_equal(again.encode_query(TEXTS), enc.encode([["Find it", t] for t in TEXTS]))

@@ -11,13 +11,14 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from llm2vec import LLM2Vec
+from llm2vec import LLM2Vec, templates
 from llm2vec.export import (
     ADHOC_PROBES,
     MIN_COSINE,
@@ -27,6 +28,7 @@ from llm2vec.export import (
     export_sentence_transformers,
     read_instructions,
 )
+from llm2vec.model_card import shown_path, without_machine_paths
 from llm2vec.testing import write_tiny_e5
 
 pytest.importorskip("sentence_transformers")
@@ -36,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 INSTRUCTIONS_FILE = ROOT / "test_configs" / "mteb" / "task_to_instructions.json"
 MAX_LENGTH = 64
 INSTRUCTION = "Retrieve passages that answer the question"
+QUERY = {"query_instruction": INSTRUCTION}
 ADHOC = "Given a one-line summary of a command, retrieve its manual page"  # issue #24's instruction
 assert ADHOC not in ADHOC_PROBES  # the export's own check does not see it
 SHORT = [
@@ -45,6 +48,9 @@ SHORT = [
     "Paris is the capital of France.",
     "",
 ]
+TRAILING = ["hello\n", "a document that ends with a newline\n", "ends with spaces  ", "two lines\n\nand more\n\n", "\n"]
+"""Documents ending in whitespace: the exported tokenizer once stripped the end of every piece it tokenized, so
+``LLM2Vec.from_pretrained(<export>)`` lost the newline of the no-instruction prefix (issue #30)."""
 LONG = "Return the number of items in a container; raise an error if the object has no length. " * 8
 TEXTS = [*SHORT, LONG]
 
@@ -144,15 +150,85 @@ def test_export_embeds_like_llm2vec(exports, tiny_checkpoints, family):
     assert real_ids(st_model.preprocess([LONG], prompt=st_model.prompts["Questions"]))[0][-1] == anchor_id
 
 
-def test_export_loads_in_llm2vec_too(exports, tiny_checkpoints):
-    """The folder holds llm2vec_config.json: LLM2Vec.from_pretrained(export) gives the original embeddings."""
-    ref = reference(tiny_checkpoints["qwen2"])
-    again = LLM2Vec.from_pretrained(str(exports["qwen2"]), device="cpu")
-    assert again.max_length == MAX_LENGTH and again.pooling_mode == "eos_token"
-    items = [[INSTRUCTION, t] for t in TEXTS]
-    np.testing.assert_allclose(
-        again.encode(items, show_progress_bar=False), ref.encode(items, show_progress_bar=False), rtol=0, atol=1e-5
-    )
+def test_the_export_loads_back_identically(exports, tiny_checkpoints, family):
+    """Every family: ``LLM2Vec.from_pretrained(<export>)`` and ``SentenceTransformer(<export>)`` give the token ids
+    and vectors of ``LLM2Vec`` on the source checkpoint, for queries with and without an instruction and documents
+    ending in whitespace or newlines (issue #30: the exported tokenizer stripped the end of every piece, so the
+    no-instruction prefix lost its newline)."""
+    from transformers import AutoTokenizer
+
+    source, folder = tiny_checkpoints[family], exports[family]
+    base_tok, export_tok = AutoTokenizer.from_pretrained(source), AutoTokenizer.from_pretrained(folder)
+    for text in [*TRAILING, "a b  "]:  # plain text, as templates.encode tokenizes its pieces
+        assert (
+            export_tok(text, add_special_tokens=False)["input_ids"]
+            == base_tok(text, add_special_tokens=False)["input_ids"]
+        ), text
+    ref = reference(source)
+    again = LLM2Vec.from_pretrained(str(folder), device="cpu")
+    assert (again.max_length, again.pooling_mode, again.template.name) == (MAX_LENGTH, "eos_token", ref.template.name)
+    st_model = SentenceTransformer(str(folder), device="cpu", local_files_only=True)
+    texts = [*TEXTS, *TRAILING]
+    for instruction in ("", INSTRUCTION, ADHOC):
+        items = [[instruction, t] for t in texts]
+        assert real_ids(again.tokenize(items)) == real_ids(ref.tokenize(items)), instruction
+        want = ref.encode(items, convert_to_tensor=True, normalize_embeddings=True)
+        got = again.encode(items, convert_to_tensor=True, normalize_embeddings=True)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+        got = st_model.encode(texts, prompt=instruction, convert_to_tensor=True, batch_size=4)
+        torch.testing.assert_close(got.float(), want, rtol=0, atol=1e-5)
+
+
+def test_llm2vec_speaks_sentence_transformers(exports, tiny_checkpoints, capsys):
+    """The calls a sentence-transformers user makes first, on ``LLM2Vec`` (the source with the export's prompts, and
+    the export loaded back), give the export's vectors through ``SentenceTransformer``: ``encode_query`` /
+    ``encode_document``, ``prompt=``, ``prompt_name=``, ``truncate_dim``, ``similarity``, ``max_seq_length``, a single
+    text."""
+    folder = exports["llama3"]
+    st_model = SentenceTransformer(str(folder), device="cpu", local_files_only=True)
+    source = reference(tiny_checkpoints["llama3"], prompts={"query": INSTRUCTION, "Questions": INSTRUCTION})
+    again = LLM2Vec.from_pretrained(str(folder), device="cpu")
+    assert again.prompts == st_model.prompts  # the chat layout's prompts are the plain instructions
+    queries, documents = SHORT[:4], [*TRAILING[:3], LONG]
+
+    def close(got, want):
+        torch.testing.assert_close(torch.as_tensor(got).float(), torch.as_tensor(want).float(), rtol=0, atol=1e-5)
+
+    unit = {"normalize_embeddings": True}
+    st_queries, st_documents = st_model.encode_query(queries), st_model.encode_document(documents)
+    assert np.abs(st_queries - st_model.encode(queries)).max() > 1e-3  # the query prompt is not empty
+    for model in (source, again):
+        close(model.encode_query(queries, **unit), st_queries)
+        close(model.encode_document(documents, **unit), st_documents)
+        close(model.encode(queries, prompt=ADHOC, **unit), st_model.encode(queries, prompt=ADHOC))
+        close(model.encode(queries, prompt_name="Questions", **unit), st_model.encode(queries, prompt_name="Questions"))
+        close(
+            model.encode(documents, truncate_dim=8, **unit),
+            st_model.encode(documents, truncate_dim=8, normalize_embeddings=True),
+        )
+        close(
+            model.similarity(model.encode_query(queries), model.encode_document(documents)),
+            st_model.similarity(st_queries, st_documents),
+        )
+        single = model.encode("a single text", **unit)
+        assert single.shape == (st_queries.shape[1],)
+        close(single, st_model.encode("a single text"))
+    with pytest.raises(ValueError, match="prompt_name 'Nope': this model has no such prompt"):
+        again.encode(queries, prompt_name="Nope")
+    with pytest.raises(ValueError, match="input 0 is an \\[instruction, text\\] pair and a prompt was given"):
+        again.encode([[INSTRUCTION, "a text"]], prompt=ADHOC)
+    # max_seq_length: the same name, the same truncation
+    assert again.max_seq_length == st_model.max_seq_length == MAX_LENGTH
+    again.max_seq_length = st_model.max_seq_length = 16
+    assert len(again.tokenize([LONG])["input_ids"][0]) == 16
+    close(again.encode([LONG], **unit), st_model.encode([LONG]))
+    # no progress bar unless asked (a single text, or the default), one when asked
+    capsys.readouterr()
+    again.encode("one text")
+    again.encode(["a text"] * 9, batch_size=2)
+    assert "Encoding" not in capsys.readouterr().err
+    again.encode(["a text"] * 9, batch_size=2, show_progress_bar=True)
+    assert "Encoding" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("named_prompts_only", [False, True], ids=["chat", "text"])
@@ -166,6 +242,7 @@ def test_prompt_layout_and_stripped_text_with_a_dummy_prefix_tokenizer(tiny_chec
         max_length=MAX_LENGTH,
         named_prompts_only=named_prompts_only,
         verify_embeddings=False,
+        query_instruction=INSTRUCTION,
     )
     st_model = SentenceTransformer(str(tmp_path / "st"), device="cpu", local_files_only=True)
     ref = reference(tiny_checkpoints["mistral"])
@@ -177,6 +254,10 @@ def test_prompt_layout_and_stripped_text_with_a_dummy_prefix_tokenizer(tiny_chec
             got = real_ids(st_model.preprocess([text], prompt=f" {ADHOC} "))[0]
             assert got == real_ids(ref.tokenize([[ADHOC, text]]))[0], text
     assert real_ids(ref.tokenize(["  the fox \n"]))[0] == real_ids(ref.tokenize(["the fox"]))[0]
+    again = LLM2Vec.from_pretrained(str(tmp_path / "st"), device="cpu")  # the layout's tokenizer, read back
+    for instruction in ("", ADHOC):
+        items = [[instruction, t] for t in [*TEXTS, *TRAILING]]
+        assert real_ids(again.tokenize(items)) == real_ids(ref.tokenize(items)), instruction
 
 
 def test_chat_template_refuses_what_it_cannot_embed(exports, tiny_checkpoints):
@@ -228,7 +309,7 @@ def test_export_folder_layout(exports):
     assert json.loads((folder / "config.json").read_text())["architectures"] == ["LlamaModel"]  # no LM head
     card = (folder / "README.md").read_text()
     assert card.startswith("---\n") and "library_name: sentence-transformers" in card
-    assert f'SentenceTransformer("{folder}")' in card
+    assert f'SentenceTransformer("{folder.name}")' in card and str(folder.parent) not in card  # no machine path
 
 
 # ----------------------------------------------------------------------------------------------- variants
@@ -254,7 +335,12 @@ def test_export_merges_a_lora_adapter(tiny_checkpoints, tmp_path):
     checkpoint = tiny_checkpoints["llama3"]
     adapter = make_adapter(checkpoint, tmp_path / "adapter")
     export_sentence_transformers(
-        str(checkpoint), tmp_path / "st", str(adapter), max_length=MAX_LENGTH, instructions={"Questions": INSTRUCTION}
+        str(checkpoint),
+        tmp_path / "st",
+        str(adapter),
+        max_length=MAX_LENGTH,
+        instructions={"Questions": INSTRUCTION},
+        query_instruction=INSTRUCTION,
     )
     st_model = SentenceTransformer(str(tmp_path / "st"), device="cpu", local_files_only=True)
     ref = reference(checkpoint, adapter)
@@ -274,6 +360,7 @@ def test_export_mean_pooling_leaves_the_prompt_out(tiny_checkpoints, tmp_path):
         instructions={"Questions": INSTRUCTION},
         normalize=False,
         named_prompts_only=True,
+        query_instruction=INSTRUCTION,
     )
     st_model = SentenceTransformer(str(tmp_path / "st"), device="cpu", local_files_only=True)
     assert [type(m).__name__ for m in st_model] == ["Transformer", "Pooling"]
@@ -294,6 +381,7 @@ def test_bfloat16_export(tiny_checkpoints, tmp_path):
         max_length=MAX_LENGTH,
         dtype="bfloat16",
         instructions={"Questions": INSTRUCTION},
+        query_instruction=INSTRUCTION,
     )
     st_model = SentenceTransformer(str(tmp_path / "st"), device="cpu", local_files_only=True)
     assert st_model[0].model.dtype == torch.bfloat16
@@ -312,10 +400,14 @@ def test_bfloat16_export(tiny_checkpoints, tmp_path):
         ({"pooling_mode": "weighted_mean"}, "pooling_mode 'weighted_mean' cannot be exported"),
         ({"pooling_mode": "mean"}, "cannot leave the prompt out of the mean; export with named_prompts_only"),
         ({"max_length": 512}, "exceeds the model's max_position_embeddings 256"),
-        ({"max_length": 16, "instructions": {"Long": INSTRUCTION * 3}}, "prompt 'Long': template and instruction take"),
+        (
+            {"max_length": 16, "instructions": {"Long": INSTRUCTION * 3}, "query_instruction": ""},
+            "prompt 'Long': template and instruction take",
+        ),
         ({"instructions": {"query": "x"}}, "clash with the prompts the export writes itself"),
         ({"tasks": ["SciFact"]}, "no task_to_instructions_fp"),
         ({"task_to_instructions_fp": "missing.json"}, "instructions file 'missing.json' not found"),
+        ({"query_instruction": None}, "no query instruction: the model has no run_config.json to read it from"),
         (
             {"task_to_instructions_fp": str(INSTRUCTIONS_FILE), "tasks": ["NoSuchTask"]},
             "no instruction for ['NoSuchTask']",
@@ -323,7 +415,7 @@ def test_bfloat16_export(tiny_checkpoints, tmp_path):
     ],
 )
 def test_what_cannot_be_exported_is_refused(tiny_checkpoints, tmp_path, settings, message):
-    settings = {"max_length": MAX_LENGTH, **settings}
+    settings = {"max_length": MAX_LENGTH, "query_instruction": INSTRUCTION, **settings}
     with pytest.raises(ExportError) as err:
         export_sentence_transformers(str(tiny_checkpoints["llama3"]), tmp_path / "st", **settings)
     assert message in str(err.value)
@@ -333,7 +425,7 @@ def test_what_cannot_be_exported_is_refused(tiny_checkpoints, tmp_path, settings
 def test_a_failed_check_writes_nothing(tiny_checkpoints, tmp_path, monkeypatch):
     """If the saved folder embeds differently, the export is refused: a broken post-processor (text layout), a chat
     template with another separator (the ad-hoc prompts differ), one that embeds a conversation."""
-    import llm2vec.export as export
+    import llm2vec.export.writer as export
 
     real_tokenizer, real_template = export.export_tokenizer, export.export_chat_template
     monkeypatch.setattr(
@@ -341,16 +433,18 @@ def test_a_failed_check_writes_nothing(tiny_checkpoints, tmp_path, monkeypatch):
     )
     with pytest.raises(ExportError, match="differ from LLM2Vec's"):
         export_sentence_transformers(
-            str(tiny_checkpoints["llama3"]), tmp_path / "st", max_length=MAX_LENGTH, named_prompts_only=True
+            str(tiny_checkpoints["llama3"]), tmp_path / "st", max_length=MAX_LENGTH, named_prompts_only=True, **QUERY
         )
     monkeypatch.setattr(export, "export_tokenizer", real_tokenizer)
     monkeypatch.setattr(export, "export_chat_template", lambda spec: real_template(spec.with_separator("; ")))
-    with pytest.raises(ExportError, match=r"prompt \"prompt=.*differ from LLM2Vec's"):
-        export_sentence_transformers(str(tiny_checkpoints["llama3"]), tmp_path / "st", max_length=MAX_LENGTH)
-    lenient = real_template(export.templates.get_template("llama3")).replace("raise_exception(", "(")
+    with pytest.raises(ExportError, match=r"prompt \"prompt=.*differ from LLM2Vec's"):  # no exported instruction
+        export_sentence_transformers(
+            str(tiny_checkpoints["llama3"]), tmp_path / "st", max_length=MAX_LENGTH, query_instruction=""
+        )
+    lenient = real_template(templates.get_template("llama3")).replace("raise_exception(", "(")
     monkeypatch.setattr(export, "export_chat_template", lambda spec: lenient)
     with pytest.raises(ExportError, match="embeds two user turns instead of refusing them"):
-        export_sentence_transformers(str(tiny_checkpoints["llama3"]), tmp_path / "st", max_length=MAX_LENGTH)
+        export_sentence_transformers(str(tiny_checkpoints["llama3"]), tmp_path / "st", max_length=MAX_LENGTH, **QUERY)
     assert not (tmp_path / "st").exists() and not list(tmp_path.glob(".st.*"))
 
 
@@ -370,6 +464,11 @@ def test_command_line(tiny_checkpoints, tmp_path, capsys):
         "--max_length",
         str(MAX_LENGTH),
     ]
+    assert script.main(argv) == 2  # no query instruction: a tiny checkpoint has no run config to read it from
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "no query instruction" in err and "--query_instruction" in err
+    assert not out.exists()
+    argv += ["--query_instruction", INSTRUCTION]
     assert script.main(argv) == 0
     assert "wrote" in capsys.readouterr().out
     prompts = SentenceTransformer(str(out), device="cpu", local_files_only=True).prompts
@@ -412,6 +511,7 @@ def test_smollm2_export_loads_offline_and_embeds_like_llm2vec(tmp_path_factory, 
         verify_embeddings=False,
         task_to_instructions_fp=INSTRUCTIONS_FILE,
         tasks=["SciFact"],
+        query_instruction=INSTRUCTION,
     )  # compared below
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     st_model = SentenceTransformer(str(out), device="cpu")  # no local_files_only: offline by the environment
@@ -475,10 +575,12 @@ def mteb_runs(tiny_checkpoints, tmp_path_factory):
 
     encoder = LLM2VecMTEBEncoder(reference(checkpoint), instructions)
     ours = evaluate(encoder, [task()], root / "project", show_progress_bar=False, raise_error=True, overwrite=True)
-    export_sentence_transformers(str(checkpoint), root / "st", max_length=MAX_LENGTH, instructions=instructions)
+    export_sentence_transformers(
+        str(checkpoint), root / "st", max_length=MAX_LENGTH, instructions=instructions, query_instruction=""
+    )
 
     # an export with no task prompts at all: mteb is given the task's instruction itself (below)
-    export_sentence_transformers(str(checkpoint), root / "st-plain", max_length=MAX_LENGTH)
+    export_sentence_transformers(str(checkpoint), root / "st-plain", max_length=MAX_LENGTH, query_instruction="")
 
     def st_run(out, folder="st", **wrapper_kwargs):
         wrapper = SentenceTransformerEncoderWrapper(str(root / folder), device="cpu", **wrapper_kwargs)
@@ -500,6 +602,8 @@ def mteb_runs(tiny_checkpoints, tmp_path_factory):
         "root": root,
         "folder": root / "st_results",
         "instruction": instructions["SciFact"],
+        "data": data,
+        "checkpoint": checkpoint,
     }
 
 
@@ -521,20 +625,101 @@ def test_mteb_sentence_transformers_path_scores_like_the_project_encoder(mteb_ru
     assert any(abs(control[k] - ours[k]) > 1e-6 for k in ours if not (np.isnan(ours[k]) or np.isnan(control[k])))
 
 
-def test_mteb_sentence_transformers_path_with_the_task_instruction_as_prompt(mteb_runs):
-    """mteb's own way to give a task an instruction (``model_prompts`` with the plain instruction text) on an export
-    without task prompts scores as the project's encoder with that task's instruction."""
-    instruction = mteb_runs["instruction"]
-    run = mteb_runs["st_run"](
-        mteb_runs["root"] / "st_instruction", folder="st-plain", model_prompts={"SciFact-query": instruction}
-    )
-    ours, theirs = scores_of(mteb_runs["project"]), scores_of(run)
+DOCS_EXPORT, DOCS_DATA, DOCS_CACHE = "output/st/MetaLlama3.2_1b_anchor", "cache/demo-runs/data/eval", "results/st"
+
+
+def docs_python_block(containing: str) -> str:
+    """The ```python block of docs/export.md that contains ``containing``."""
+    text = (ROOT / "docs" / "export.md").read_text(encoding="utf-8")
+    blocks = [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
+    (block,) = [b for b in blocks if containing in b]
+    return block
+
+
+def project_scores(mteb_runs, task, out):
+    """The local task scored by the project's encoder on the source checkpoint, with an empty instructions mapping:
+    the task's own instruction is used (issue #30)."""
+    from llm2vec.evaluation.mteb_wrapper import LLM2VecMTEBEncoder, evaluate
+
+    encoder = LLM2VecMTEBEncoder(reference(mteb_runs["checkpoint"]), {})
+    return scores_of(evaluate(encoder, [task], out, show_progress_bar=False, raise_error=True, overwrite=True))
+
+
+def test_docs_model_prompts_recipe_runs_as_printed(mteb_runs, tmp_path):
+    """docs/export.md's ``model_prompts`` recipe for a task outside mteb's registry, run as printed (its paths
+    replaced by the tiny export, the local task's folder and a cache here), scores as the project's encoder."""
+    from llm2vec.evaluation.local_task import local_retrieval_task
+
+    code = docs_python_block("model_prompts=")
+    for printed, here in (
+        (DOCS_EXPORT, mteb_runs["root"] / "st-plain"),
+        (DOCS_DATA, mteb_runs["data"]),
+        (DOCS_CACHE, tmp_path / "st"),
+    ):
+        assert printed in code
+        code = code.replace(printed, str(here))
+    namespace: dict = {}
+    exec(compile(code, "docs/export.md", "exec"), namespace)  # noqa: S102 -- the documented recipe itself
+    task = namespace["task"]
+    assert task.metadata.name not in mteb_task_names()  # outside mteb's registry
+    theirs = scores_of(namespace["results"])
+    twin = local_retrieval_task(mteb_runs["data"], name=task.metadata.name, instruction=task.instruction)
+    ours = project_scores(mteb_runs, twin, tmp_path / "project")
     assert ours.keys() == theirs.keys()
     for key in ours:
         assert theirs[key] == pytest.approx(ours[key], abs=1e-6, nan_ok=True), key
     # control: the same export without the instruction scores differently
-    plain = scores_of(mteb_runs["st_run"](mteb_runs["root"] / "st_no_instruction", folder="st-plain"))
+    plain = scores_of(mteb_runs["st_run"](tmp_path / "plain", folder="st-plain"))
     assert any(abs(plain[k] - ours[k]) > 1e-6 for k in ours if not (np.isnan(ours[k]) or np.isnan(plain[k])))
+
+
+def mteb_task_names() -> set[str]:
+    import mteb
+
+    return {t.metadata.name for t in mteb.get_tasks()}
+
+
+def test_mteb_get_model_evaluates_an_export_with_each_tasks_instruction(mteb_runs, tmp_path):
+    """``mteb.get_model(<export>)`` after :func:`register`: the export's task prompts become the instructions, a
+    local task outside mteb's registry is encoded with its own instruction, the scores are the project encoder's,
+    and the ``model_meta.json`` files mteb writes load the model back."""
+    import mteb
+    from mteb.models.model_meta import ModelMeta
+
+    from llm2vec.evaluation.local_task import local_retrieval_task
+    from llm2vec.evaluation.mteb_models import register, register_results
+    from llm2vec.evaluation.mteb_wrapper import LLM2VecMTEBEncoder, load_encoder
+
+    folder = mteb_runs["root"] / "st"
+    meta = register(folder)
+    assert meta.loader is load_encoder and mteb.get_model_meta(str(folder)) is meta
+    assert mteb.get_model_meta(meta.name) is meta
+    model = mteb.get_model(str(folder), devices="cpu")
+    assert isinstance(model, LLM2VecMTEBEncoder) and model.instructions == {"SciFact": mteb_runs["instruction"]}
+    instruction = "Given a short query, retrieve the sentence it was taken from"
+    task = local_retrieval_task(mteb_runs["data"], name="StdlibLocalRetrieval", instruction=instruction)
+    assert task.metadata.name not in mteb_task_names()
+    got = mteb.evaluate(
+        model,
+        [task],
+        cache=mteb.ResultCache(cache_path=tmp_path / "get_model"),
+        co2_tracker=False,
+        raise_error=True,
+        show_progress_bar=False,
+    )
+    ours = project_scores(
+        mteb_runs, local_retrieval_task(mteb_runs["data"], "StdlibLocalRetrieval", instruction), tmp_path / "p"
+    )
+    assert scores_of(got) == pytest.approx(ours, abs=1e-6, nan_ok=True)
+    # the model_meta.json files name a real loader: the registered one, and the project encoder's own
+    (saved,) = (tmp_path / "get_model").rglob("model_meta.json")
+    assert ModelMeta.model_validate_json_resolved(saved.read_text()).loader is load_encoder
+    encoder = LLM2VecMTEBEncoder.from_pretrained(str(mteb_runs["checkpoint"]), instructions={}, devices="cpu")
+    file = tmp_path / "model_meta.json"
+    file.write_text(json.dumps(encoder.mteb_model_meta.to_dict(), default=str))
+    again = mteb.get_model(register_results(file).name)
+    texts = [[instruction, "a query"], ["", "a document"]]
+    np.testing.assert_allclose(again.encode_items(texts), encoder.encode_items(texts), rtol=0, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------------------------- model cards
@@ -565,7 +750,19 @@ def test_model_cards_of_a_two_stage_run_and_its_export(tiny_checkpoints, mteb_ru
         "none",
     ]
     stage_I, stage_II = tmp_path / "stage_I", tmp_path / "stage_II"
-    run("I", ["--model_name_or_path", str(tiny_checkpoints["llama3"]), "--output_dir", str(stage_I), *common])
+    hub_id = "example-org/tiny-llama3"  # where a run records the hub id its local base folder came from
+    run(
+        "I",
+        [
+            "--model_name_or_path",
+            str(tiny_checkpoints["llama3"]),
+            "--base_model_hub_id",
+            hub_id,
+            "--output_dir",
+            str(stage_I),
+            *common,
+        ],
+    )
     run(
         "II",
         [
@@ -585,7 +782,7 @@ def test_model_cards_of_a_two_stage_run_and_its_export(tiny_checkpoints, mteb_ru
         assert (folder / "README.md").is_file(), folder
     card_I = (stage_I / "README.md").read_text()
     assert "library_name: transformers" in card_I and "Stage I: bidirectional reconstruction" in card_I
-    assert str(tiny_checkpoints["llama3"]) in card_I and "alpha = 0.2" in card_I
+    assert shown_path(str(tiny_checkpoints["llama3"])) in card_I and "alpha = 0.2" in card_I
     # the loss table holds the logged losses (read independently from trainer_state.json)
     history = json.loads((stage_I / "trainer_state.json").read_text())["log_history"]
     losses = [e for e in history if "loss" in e]
@@ -597,16 +794,16 @@ def test_model_cards_of_a_two_stage_run_and_its_export(tiny_checkpoints, mteb_ru
     best = min(losses, key=lambda e: e["loss"])
     assert f"lowest loss {best['loss']:.4f} at step {best['step']}" in card_I
     resolved = json.loads((stage_I / "run_config.json").read_text())
-    assert json.dumps(resolved, indent=2, sort_keys=True) in card_I
+    assert without_machine_paths(json.dumps(resolved, indent=2, sort_keys=True)) in card_I
     assert "optimizer steps done: 2" in (stage_I / "checkpoint-2" / "README.md").read_text()
 
     card_II = (stage_II / "README.md").read_text()
     assert "library_name: peft" in card_II
     assert card_II.index("Training, step 1: Stage I") < card_II.index("Training, step 2: Stage II")
-    assert f'peft_model_name_or_path="{stage_II}"' in card_II and "tau = 0.05" in card_II
+    assert 'peft_model_name_or_path="stage_II"' in card_II and "tau = 0.05" in card_II
 
     folder = mteb_runs["folder"]
-    export_sentence_transformers(
+    report = export_sentence_transformers(  # no query_instruction: the Stage II run's, read from its run_config
         str(stage_I),
         tmp_path / "st",
         str(stage_II),
@@ -614,16 +811,58 @@ def test_model_cards_of_a_two_stage_run_and_its_export(tiny_checkpoints, mteb_ru
         mteb_results=[folder],
         mteb_tasks_file=ROOT / "test_configs" / "mteb" / "tasks.json",
     )
+    nq = "Given a question, retrieve Wikipedia passages that answer the question"  # the paper's Table 6, NQ
+    assert report["query_instruction"] == nq and "run_config.json" in report["query_instruction_source"]
+    st_model = SentenceTransformer(str(tmp_path / "st"), device="cpu", local_files_only=True)
+    assert st_model.prompts["query"] == nq
+    ref = reference(stage_I, stage_II)
+    torch.testing.assert_close(
+        st_model.encode_query(["a question"], convert_to_tensor=True),
+        ref.encode([[nq, "a question"]], convert_to_tensor=True, normalize_embeddings=True),
+        rtol=0,
+        atol=1e-5,
+    )
     card = (tmp_path / "st" / "README.md").read_text()
+    assert f"| `query` | {nq} |" in card and "the instruction its queries trained with" in card
+    # cards: the hub id recorded by the first run, no machine path, read by huggingface_hub without a warning
+    for path in (stage_I / "README.md", stage_II / "README.md", tmp_path / "st" / "README.md"):
+        text = path.read_text()
+        assert str(tmp_path) not in text and str(tiny_checkpoints["llama3"]) not in text, path
+        assert not re.search(r"(?<![\w:/.~-])/(tmp|home|root|work|Users)/", text), path
+        assert_card_parses(path, base_model=hub_id)
     if os.environ.get("LLM2VEC_KEEP_CARD"):
         Path(os.environ["LLM2VEC_KEEP_CARD"]).write_text(card)
     assert "Stage I: bidirectional reconstruction" in card and "Stage II: contrastive" in card
-    assert f"- base model: `{tiny_checkpoints['llama3']}`" in card
+    assert f"- base model: `{hub_id}`" in card
     score = 100 * scores_of(mteb_runs["st"])["ndcg_at_10"]
     header = "| Model | Retr. | Rerank. | Clust. | PairClass. | Class. | STS | Summ. | Avg |"
     row = f"| `st_results` | {score:.2f}* | missing | missing | missing | missing | missing | missing | {score:.2f}* |"
     assert header in card and row in card  # one of the 15 retrieval tasks: marked incomplete
     assert "SentenceTransformer(" in card and "LLM2Vec.from_pretrained(" in card
+
+
+def assert_card_parses(path, base_model):
+    """huggingface_hub reads the card's metadata, with no warning (Python warnings or its logger)."""
+    import logging
+    import warnings
+
+    from huggingface_hub import ModelCard, metadata_load
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    hub_logger = logging.getLogger("huggingface_hub")
+    hub_logger.addHandler(handler)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            card = ModelCard.load(path)
+            metadata = metadata_load(path)
+    finally:
+        hub_logger.removeHandler(handler)
+    assert not [r for r in records if r.levelno >= logging.WARNING], [r.getMessage() for r in records]
+    assert card.data.base_model == metadata["base_model"] == base_model
+    assert card.data.library_name in ("sentence-transformers", "peft", "transformers")
 
 
 def test_loss_curve_summary_picks_even_points_and_parts():
@@ -657,4 +896,4 @@ def test_card_of_a_checkpoint_survives_unreadable_history(tmp_path):
     )
     card = render_model_card(inputs)
     assert "could not be read" in card and "No training loss was logged." in card
-    assert os.fspath(upstream) in card
+    assert shown_path(os.fspath(upstream)) in card and os.fspath(upstream) not in card

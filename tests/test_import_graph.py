@@ -84,7 +84,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_package_has_no_import_cycle():
     graph = import_graph()
-    assert "llm2vec.model_card" in graph["llm2vec.export"]  # the graph sees the imports it must see
+    assert "llm2vec.model_card" in graph["llm2vec.export.writer"]  # the graph sees the imports it must see
     assert cycles(graph) == []
 
 

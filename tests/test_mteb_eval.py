@@ -163,7 +163,7 @@ def test_missing_instruction_is_a_clear_error_or_an_explicit_fallback(llama_path
     meta = MockSTSTask().metadata
     with pytest.raises(MissingInstructionError) as err:
         strict.encode([{"text": ["a"]}], task_metadata=meta, hf_split="test", hf_subset="default")
-    assert "MockSTSTask" in str(err.value) and str(fp) in str(err.value)
+    assert "MockSTSTask" in str(err.value) and str(fp) in str(err.value) and "instructions={" in str(err.value)
 
     lenient = LLM2VecMTEBEncoder.from_pretrained(
         llama_path, instructions=str(fp), devices="cpu", allow_missing_instructions=True
@@ -276,6 +276,31 @@ def test_local_retrieval_task_scores_ndcg_one_for_identical_texts(encoder, tmp_p
     encoder.add_instruction("WrongQrels", "")
     res = evaluate(encoder, [task], tmp_path / "out", show_progress_bar=False, raise_error=True)
     assert res.task_results[0].get_score() < 0.9
+
+
+def test_a_local_tasks_own_instruction_reaches_its_queries(encoder, tmp_path, monkeypatch):
+    """A local task's instruction is used with no add_instruction and no entry in the mapping (issue #30): its queries
+    get it, its documents none; a task with no instruction anywhere fails with a message that says what to pass."""
+    data = tmp_path / "eval"
+    write_beir(data, TEXTS, QRELS)
+    instruction = "Given a sentence, retrieve the same sentence"
+    task = local_retrieval_task(data, name="OwnInstructionTask", instruction=instruction)
+    assert task.metadata.name not in encoder.instructions
+    spy = Spy(encoder.model, monkeypatch)
+    evaluate(encoder, [task], tmp_path / "out", show_progress_bar=False, raise_error=True)
+    by_instruction = {}
+    for given, text in spy.items():
+        by_instruction.setdefault(given, []).append(text)
+    assert sorted(by_instruction) == ["", instruction]
+    assert sorted(by_instruction[instruction]) == sorted(TEXTS[int(d[1:])] for d in QRELS.values())  # the queries
+    assert sorted(by_instruction[""]) == sorted(TEXTS)  # the corpus
+
+    bare = local_retrieval_task(data, name="NoInstructionTask")
+    with pytest.raises(MissingInstructionError) as err:
+        evaluate(encoder, [bare], tmp_path / "out", show_progress_bar=False, raise_error=True)
+    message = str(err.value)
+    assert "NoInstructionTask" in message and "instructions={'NoInstructionTask'" in message
+    assert "instruction=..." in message and "allow_missing_instructions" in message
 
 
 def test_local_retrieval_task_rejects_bad_folders(tmp_path):

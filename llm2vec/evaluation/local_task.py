@@ -15,8 +15,9 @@ naming an unknown query or document or repeating a pair, a grade that is not a w
 relevant document at all) is an error naming ``file:line`` (:func:`read_beir_folder`). The dataset "revision" in the task
 metadata is a hash of the three files, so the results file records which version of the data was scored.
 
-The task's instruction (for its queries; documents get none) is kept on the task as ``task.instruction``;
-register it with the encoder (``LLM2VecMTEBEncoder.add_instruction(task.metadata.name, task.instruction)``).
+The task's instruction (for its queries; documents get none) is ``task.instruction``, kept in the task's
+metadata as mteb keeps a task's own prompt (``metadata.prompt = {"query": instruction}``), where
+``LLM2VecMTEBEncoder`` reads it when its instructions mapping has no entry for the task.
 """
 
 from __future__ import annotations
@@ -207,8 +208,22 @@ class LocalRetrievalTask(AbsTaskRetrieval):
 
     def __init__(self, data_dir: str | Path, instruction: str | None = None, **kwargs: Any):
         self.data_dir = Path(data_dir)
-        self.instruction = instruction
         super().__init__(**kwargs)
+        if instruction is not None:
+            self.instruction = instruction
+
+    @property
+    def instruction(self) -> str | None:
+        """The query instruction: the ``"query"`` entry of the metadata's ``prompt`` (``""``: none, by choice; None:
+        not given)."""
+        prompt = self.metadata.prompt
+        return prompt.get("query") if isinstance(prompt, dict) else prompt
+
+    @instruction.setter
+    def instruction(self, value: str | None) -> None:
+        # the metadata lives on this dataset's own class (see local_retrieval_task), so this task's alone changes
+        prompt = {"query": value} if value is not None else None  # "": the task has no instruction, by choice
+        type(self).metadata = type(self).metadata.model_copy(update={"prompt": prompt})
 
     def load_data(self, num_proc: int | None = None, **kwargs: Any) -> None:
         if self.data_loaded:

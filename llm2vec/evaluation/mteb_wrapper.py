@@ -14,14 +14,21 @@ Instruction routing (paper, Appendix / Table 13; the LLM2Vec convention):
   summarization, bitext mining), for which mteb passes ``prompt_type=None``.
 
 The instruction is looked up by the task's mteb name (``task_metadata.name``) in a ``task name ->
-instruction`` mapping (a dict, or a JSON file read with :func:`load_instructions`). A task that is not in
-the mapping is an error that names the source and the task (:class:`MissingInstructionError`), unless
-``allow_missing_instructions=True``, in which case the task is encoded without an instruction and a
-warning is logged once per task.
+instruction`` mapping (a dict, or a JSON file read with :func:`load_instructions`); a task that is not in
+the mapping gets its own instruction, the query prompt of its metadata (``task_metadata.prompt``: a string, or
+its ``"query"`` entry; a local task's ``instruction``, :mod:`llm2vec.evaluation.local_task`, and many of mteb's
+own tasks carry one). A task with neither is an error that names the task, the source and what to pass
+(:class:`MissingInstructionError`), unless ``allow_missing_instructions=True``, in which case the task is
+encoded without an instruction and a warning is logged once per task.
 
 Text that reaches the model is mteb's own ``text`` field: for a retrieval corpus entry mteb 2.x has
 already joined title and body as ``f"{title} {text}".strip()`` (``mteb._create_dataloaders._corpus_to_dict``);
 for the queries of instruction-retrieval tasks it has appended the per-query instruction to the text.
+
+mteb's model metadata: the encoder's ``ModelMeta`` names :func:`load_encoder` as its loader, with the settings
+(and the instructions' source) as ``loader_kwargs``, so the ``model_meta.json`` mteb writes beside the results
+records how to load the model again; :mod:`llm2vec.evaluation.mteb_models` registers a model folder with mteb so
+that ``mteb.get_model`` / ``mteb.get_model_meta`` find it.
 
 Several GPUs: :meth:`LLM2VecMTEBEncoder.from_pretrained` with ``devices="auto"`` loads one replica per
 visible CUDA device, and ``encode`` spreads the inputs over them (:mod:`llm2vec.evaluation.replicas`). On
@@ -46,7 +53,7 @@ from mteb.models.model_meta import ModelMeta
 from mteb.types import PromptType
 
 from ..io import JsonFileError, read_json_file, short_hash
-from ..llm2vec import LLM2Vec, resolve_dtype
+from ..llm2vec import LLM2Vec, read_llm2vec_config, resolve_dtype
 from .paths import check_name, model_folder_name, results_folder
 from .replicas import encode_on_replicas, replicate, resolve_devices
 
@@ -54,7 +61,7 @@ logger = logging.getLogger(__name__)
 
 
 class MissingInstructionError(KeyError):
-    """A task has no entry in the instructions mapping."""
+    """A task has no entry in the instructions mapping and no instruction of its own."""
 
     def __str__(self) -> str:  # KeyError would print the repr of the message
         return str(self.args[0]) if self.args else ""
@@ -93,6 +100,15 @@ def batch_texts(batch: Mapping[str, Any]) -> list[str]:
     if "text" not in batch:
         raise ValueError(f"mteb batch without a 'text' field (fields: {sorted(batch)}); only text tasks are supported")
     return [str(t) for t in batch["text"]]
+
+
+def task_own_instruction(task_metadata) -> str | None:
+    """The instruction a task carries itself: its metadata's ``prompt`` when a string, else that dict's ``"query"``
+    entry (``""`` when the task says it has none); None when it carries none."""
+    prompt = getattr(task_metadata, "prompt", None)
+    if isinstance(prompt, Mapping):
+        prompt = prompt.get(PromptType.query.value)
+    return prompt.strip() if isinstance(prompt, str) else None
 
 
 def _path_or_id(name: str | None) -> str | None:
@@ -155,9 +171,11 @@ class LLM2VecMTEBEncoder(AbsEncoder):
         if isinstance(instructions, (str, os.PathLike)):
             self.instructions_source = str(instructions)
             self.instructions = load_instructions(instructions)
+            loadable_instructions: str | dict[str, str] = os.path.abspath(instructions)
         else:
             self.instructions_source = "the instructions mapping given to LLM2VecMTEBEncoder"
             self.instructions = dict(instructions)
+            loadable_instructions = dict(self.instructions)
         self.allow_missing_instructions = allow_missing_instructions
         self.batch_size = int(batch_size)
         self.chunk_size = chunk_size
@@ -179,8 +197,8 @@ class LLM2VecMTEBEncoder(AbsEncoder):
         body = self.model.model
         config = getattr(body, "config", None)
         self.mteb_model_meta = ModelMeta(
-            loader=None,
-            loader_kwargs=settings,
+            loader=load_encoder,
+            loader_kwargs={**settings, "instructions": loadable_instructions},
             name=model_name,
             revision=revision,
             release_date=None,
@@ -274,9 +292,19 @@ class LLM2VecMTEBEncoder(AbsEncoder):
         """Register (or replace) the instruction of one task, e.g. a local task absent from the file."""
         self.instructions[task_name] = instruction
 
-    def task_instruction(self, task_name: str) -> str:
+    def task_instruction(self, task_name: str, task_metadata=None) -> str:
+        """The instruction of a task's queries (and of both sides of a symmetric task): the mapping's entry, else
+        the task's own (:func:`task_own_instruction`), else :class:`MissingInstructionError` saying what to pass."""
         if task_name in self.instructions:
             return self.instructions[task_name]
+        own = task_own_instruction(task_metadata)
+        if own is not None:
+            if task_name not in self._warned:
+                logger.info(
+                    "task %r: not in %s; using its own instruction %r", task_name, self.instructions_source, own
+                )
+                self._warned.add(task_name)
+            return own
         if self.allow_missing_instructions:
             if task_name not in self._warned:
                 logger.warning(
@@ -285,15 +313,17 @@ class LLM2VecMTEBEncoder(AbsEncoder):
                 self._warned.add(task_name)
             return ""
         raise MissingInstructionError(
-            f"task {task_name!r} has no instruction in {self.instructions_source}; add it there "
-            "(or set allow_missing_instructions=True to encode it without one)"
+            f"task {task_name!r} has no instruction in {self.instructions_source} and none of its own (its "
+            f"metadata's query prompt); add it there, pass instructions={{{task_name!r}: '<instruction>'}} (to "
+            "LLM2VecMTEBEncoder, or to mteb.get_model), call add_instruction, give a local task "
+            "instruction=..., or set allow_missing_instructions=True to encode it without one"
         )
 
     def instruction_for(self, task_metadata, prompt_type: PromptType | str | None) -> str:
         """The routing rule: documents get no instruction, everything else the task's instruction."""
         if _is_document(prompt_type):
             return ""
-        return self.task_instruction(task_metadata.name)
+        return self.task_instruction(task_metadata.name, task_metadata)
 
     # ------------------------------------------------------------------ encoding
 
@@ -335,6 +365,38 @@ class LLM2VecMTEBEncoder(AbsEncoder):
         """Where :func:`evaluate` with ``output_dir`` writes this model's ``<Task>.json`` files."""
         meta = self.mteb_model_meta
         return results_folder(output_dir, meta.name, meta.revision)
+
+
+def load_encoder(
+    model_name: str, revision: str | None = None, device: str | None = None, **kwargs: Any
+) -> LLM2VecMTEBEncoder:
+    """mteb's loader (``ModelMeta.load_model`` calls ``loader(name, revision=..., device=..., **loader_kwargs)``):
+    :meth:`LLM2VecMTEBEncoder.from_pretrained` of ``base_model_name_or_path`` (default ``model_name``, a folder or
+    hub id) and ``peft_model_name_or_path``, named ``model_name``, with the other keyword arguments of
+    ``from_pretrained``. ``instructions`` default: the task prompts of the model's ``llm2vec_config.json`` (an
+    export's, :func:`prompt_instructions`); tasks without one use their own instruction."""
+    kwargs = dict(kwargs)
+    base = kwargs.pop("base_model_name_or_path", None) or model_name
+    peft = kwargs.pop("peft_model_name_or_path", None)
+    instructions = kwargs.pop("instructions", None)
+    if instructions is None:
+        instructions = {**prompt_instructions(base), **prompt_instructions(peft)}
+    devices = device if device is not None else kwargs.pop("devices", "auto")
+    kwargs.pop("devices", None)
+    return LLM2VecMTEBEncoder.from_pretrained(
+        base, peft, instructions=instructions, devices=devices, model_name=model_name, revision=revision, **kwargs
+    )
+
+
+def prompt_instructions(folder: str | None) -> dict[str, str]:
+    """``task -> instruction`` of the prompts in ``folder``'s ``llm2vec_config.json`` (an export writes them): every
+    prompt but ``document``, ``query`` and the ``<task>-document`` ones; ``{}`` without any."""
+    prompts = read_llm2vec_config(folder).get("prompts") or {}
+    return {
+        name: text
+        for name, text in prompts.items()
+        if name not in ("document", "query") and not name.endswith("-document")
+    }
 
 
 def evaluate(

@@ -1,0 +1,189 @@
+"""The exported tokenizer and chat template: sentence-transformers' input becomes ``templates.encode``'s token ids.
+
+The rendered input carries :data:`~llm2vec.export.prompts.TEXT_MARKER` between prefix and text (and, in the chat
+layout, between text and closing); the exported tokenizer's pre-tokenizer splits the input there and drops the
+marker, so the pieces are tokenized separately, exactly as ``templates.encode`` does, even where tokenizing them
+as one string would merge tokens across a boundary (Mistral's ``"[INST] "`` followed by a word).
+
+An input without the markers tokenizes exactly as with the source tokenizer (``add_special_tokens=False``, which
+is how ``templates.encode`` calls it), so ``LLM2Vec.from_pretrained(<export>)`` gives the source's token ids:
+
+- chat layout: only the split is added; the normalizer and post-processor are the source's (the chat template
+  trims the text and renders the closing itself);
+- text layout: the prompt ends in :data:`~llm2vec.export.prompts.STRIP_MARKER`; the normalizer strips the text's
+  leading and trailing whitespace only in a piece that carries that marker, and the post-processor appends the
+  suffix (the anchor) when called with special tokens, which reserves its room when truncating.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .. import templates
+from .prompts import STRIP_MARKER, TEXT_MARKER, ExportError
+
+SUFFIX_TOKEN_NAME = "llm2vec_anchor"
+
+
+# ---------------------------------------------------------------------------------------------- chat template
+
+
+def _jinja_literal(text: str) -> str:
+    """``text`` as a Jinja string literal (JSON's escapes are Jinja's)."""
+    return json.dumps(text)
+
+
+def export_chat_template(spec: templates.TemplateSpec) -> str:
+    """A chat template that renders what :func:`templates.encode` tokenizes, for sentence-transformers' message path.
+
+    It accepts ``[user]`` (no instruction) or ``[system, user]`` (the system message is the instruction, which is
+    how sentence-transformers passes ``prompt=``), both with string contents, and renders
+    ``body + TEXT_MARKER + lead + text.strip() + TEXT_MARKER + closing``: ``body`` is ``opening +
+    join_instruction(instruction, separator)`` without its trailing spaces, ``lead`` those spaces (left out for an
+    empty text, as ``templates.encode`` does). Every other conversation raises, naming what it got. Opening,
+    separator and closing are read from ``spec``; no family is named here.
+    """
+    turn = spec.turn()
+    mark = spec.separator.strip()
+    after_mark = spec.separator[spec.separator.index(mark) + len(mark) :] if mark else ""
+    opening, closing, separator = (_jinja_literal(x) for x in (turn.opening, turn.closing, spec.separator))
+    marker = _jinja_literal(TEXT_MARKER)
+    refused = _jinja_literal(
+        "this anchor-embedding export embeds one text, with an optional instruction passed as prompt= (rendered as "
+        "a system message); it cannot embed a conversation of roles "
+    )
+    advice = _jinja_literal(
+        " (text pairs, other roles and a system message next to prompt= are refused: encode each text by itself)"
+    )
+    joined = (
+        f"{{%- elif instruction.endswith({_jinja_literal(mark)}) -%}}"
+        f"{{%- set prefix = {opening} ~ instruction ~ {_jinja_literal(after_mark)} -%}}"
+        if mark
+        else ""
+    )
+    return (
+        f"{{#- anchor-embedding export of template {spec.name!r}: LLM2Vec's prompt, text and anchor -#}}\n"
+        "{%- set roles = messages | map(attribute='role') | list -%}\n"
+        "{%- if roles == ['user'] -%}{%- set instruction = '' -%}\n"
+        "{%- elif roles == ['system', 'user'] -%}{%- set instruction = messages[0]['content'] -%}\n"
+        f"{{%- else -%}}{{{{- raise_exception({refused} ~ roles | join(', ') ~ {advice}) -}}}}\n"
+        "{%- endif -%}\n"
+        "{%- set content = messages[-1]['content'] -%}\n"
+        "{%- if instruction is not string or content is not string -%}\n"
+        f"{{{{- raise_exception({_jinja_literal('this anchor-embedding export embeds text only: the prompt and the input must be strings')}) -}}}}\n"
+        "{%- endif -%}\n"
+        "{%- set instruction = instruction | trim -%}\n"
+        f"{{%- if not instruction -%}}{{%- set prefix = {opening} -%}}\n"
+        f"{joined}"
+        f"{{%- else -%}}{{%- set prefix = {opening} ~ instruction ~ {separator} -%}}{{%- endif -%}}\n"
+        "{%- set body = prefix.rstrip(' ') -%}\n"
+        "{%- set text = content | trim -%}\n"
+        f"{{{{- body ~ {marker} -}}}}{{%- if text -%}}{{{{- prefix[body | length:] ~ text -}}}}{{%- endif -%}}"
+        f"{{{{- {marker} ~ {closing} -}}}}\n"
+    )
+
+
+# ---------------------------------------------------------------------------------------------- tokenizer
+
+
+def export_tokenizer(tokenizer, suffix_ids: Sequence[int], max_length: int, chat_template: str | None = None):
+    """A copy of ``tokenizer`` that splits its input at :data:`TEXT_MARKER`, truncates and pads right, and carries
+    ``chat_template`` (the chat layout's) or none (the text layout). In the text layout it also strips the text
+    (:data:`STRIP_MARKER`) and appends ``suffix_ids`` when called with special tokens. Input without the markers
+    tokenizes as with ``tokenizer`` when called without special tokens (the module docstring)."""
+    import copy
+
+    from tokenizers import Regex, normalizers, pre_tokenizers, processors
+
+    tok = copy.deepcopy(tokenizer)
+    backend = tok.backend_tokenizer
+    split = pre_tokenizers.Split(TEXT_MARKER, behavior="removed")
+    backend.pre_tokenizer = (
+        split if backend.pre_tokenizer is None else pre_tokenizers.Sequence([split, backend.pre_tokenizer])
+    )
+    if chat_template is None:  # the text layout
+        strip = _regex_literal(STRIP_MARKER)
+        # Only a piece that carries the strip marker (the prompt's end and the text) is touched. An empty text
+        # (only whitespace after the marker) is no tokens at all, lead spaces before the marker included (as in
+        # templates.encode; it also makes the prompt alone tokenize to the prefix, which sentence-transformers'
+        # mean pooling takes as the prompt's length). Then the text's trailing whitespace (\K: the match starts
+        # after the marker and the text), then the marker with the text's leading whitespace.
+        stripping = [
+            normalizers.Replace(Regex(rf"\s*{strip}\s*\z"), ""),
+            normalizers.Replace(Regex(rf"{strip}[\s\S]*?\K\s+\z"), ""),
+            normalizers.Replace(Regex(rf"{strip}\s*"), ""),
+        ]
+        backend.normalizer = normalizers.Sequence(stripping + ([backend.normalizer] if backend.normalizer else []))
+        suffix = {
+            "id": SUFFIX_TOKEN_NAME,
+            "ids": list(suffix_ids),
+            "tokens": tok.convert_ids_to_tokens(list(suffix_ids)),
+        }
+        backend.post_processor = processors.TemplateProcessing(
+            single=["$A", SUFFIX_TOKEN_NAME], pair=["$A", "$B:1", SUFFIX_TOKEN_NAME], special_tokens=[suffix]
+        )
+    tok.model_max_length = max_length
+    tok.padding_side = "right"
+    tok.truncation_side = "right"
+    tok.chat_template = chat_template  # None in the text layout: the model's own would be applied to messages
+    return tok
+
+
+def _regex_literal(text: str) -> str:
+    """``text`` as a literal in the tokenizers library's (Oniguruma) regex syntax."""
+    return "".join("\\" + c if c in ".^$*+?()[]{}|\\" else c for c in text)
+
+
+GENERIC_TOKENIZER_TYPES = ("stablelm", "gpt_bigcode", "olmo2")
+"""Model types that transformers maps to its generic ``TokenizersBackend`` (which reads ``tokenizer.json`` as it
+is); one is named as ``tokenizer_type`` when the model's own tokenizer class would rebuild the pipeline."""
+
+
+def _pipeline(tokenizer) -> dict[str, Any]:
+    state = json.loads(tokenizer.backend_tokenizer.to_str())
+    return {k: state.get(k) for k in ("normalizer", "pre_tokenizer", "post_processor")}
+
+
+def tokenizer_loading_kwargs(folder: Path, saved) -> dict[str, Any]:
+    """``processor_kwargs`` under which ``AutoTokenizer`` reads the saved tokenizer with its exported pipeline.
+
+    transformers 5 rebuilds the normalizer and pre-tokenizer of some model types from code (Qwen2's
+    ``Qwen2Tokenizer``, whatever ``tokenizer.json`` says), which drops the split at :data:`TEXT_MARKER`. For
+    those, ``tokenizer_type`` names a model type whose tokenizer class is the generic ``TokenizersBackend``,
+    which loads ``tokenizer.json`` unchanged (the model type's own pipeline is in that file: it was saved from
+    the tokenizer LLM2Vec uses).
+    """
+    from transformers import AutoTokenizer
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
+
+    if _pipeline(AutoTokenizer.from_pretrained(folder, trust_remote_code=False)) == _pipeline(saved):
+        return {}
+    for model_type in GENERIC_TOKENIZER_TYPES:
+        if TOKENIZER_MAPPING_NAMES.get(model_type) == "TokenizersBackend":
+            kwargs = {"tokenizer_type": model_type}
+            if _pipeline(AutoTokenizer.from_pretrained(folder, trust_remote_code=False, **kwargs)) == _pipeline(saved):
+                return kwargs
+    raise ExportError(
+        f"transformers' AutoTokenizer rebuilds this {type(saved).__name__}'s pipeline on loading, dropping the "
+        "split between prompt and text that exact export needs; this tokenizer cannot be exported"
+    )
+
+
+def _fix_tokenizer_config(folder: Path, chat_template: str | None = None) -> None:
+    """Make every transformers version read ``tokenizer.json`` as it is (no class that rebuilds the pipeline), with
+    ``chat_template`` as the only chat template (in ``chat_template.jinja``) or none."""
+    path = folder / "tokenizer_config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    for key in ("add_bos_token", "add_eos_token", "chat_template", "is_local", "local_files_only"):
+        config.pop(key, None)
+    config.update(padding_side="right", truncation_side="right")
+    path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    template_file = folder / "chat_template.jinja"
+    if chat_template is not None:
+        template_file.write_text(chat_template, encoding="utf-8")
+    elif template_file.exists():
+        template_file.unlink()

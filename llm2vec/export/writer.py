@@ -1,0 +1,348 @@
+"""Write the export: :func:`export_sentence_transformers` (the steps of the package docstring) and the folder's
+sentence-transformers files."""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..io import JsonFileError, atomic_dir, read_json_file, remove_stale_temporaries
+from ..llm2vec import CONFIG_NAME, LLM2Vec, decoder_body, default_device, resolve_dtype
+from ..model_card import ModelCardInputs, history_of, render_model_card
+from ..model_files import check_model_files
+from .prompts import (
+    ADHOC_PROBES,
+    CHAT_LAYOUT,
+    DOCUMENT_PROMPT,
+    TEXT_LAYOUT,
+    TEXT_MARKER,
+    ExportedPrompt,
+    ExportError,
+    build_prompts,
+    resolve_query_instruction,
+)
+from .tokenizer import _fix_tokenizer_config, export_chat_template, export_tokenizer, tokenizer_loading_kwargs
+from .verify import ST_POOLING, check_exportable, probe_texts, verify_export, verify_llm2vec_loading
+
+logger = logging.getLogger(__name__)
+
+ST_TRANSFORMER_CONFIG = {
+    "transformer_task": "feature-extraction",
+    "modality_config": {"text": {"method": "forward", "method_output_name": "last_hidden_state"}},
+    "module_output_name": "token_embeddings",
+}
+"""``sentence_bert_config.json`` of the text layout: text only, so that sentence-transformers never renders a chat
+template."""
+
+ST_CHAT_TRANSFORMER_CONFIG = {
+    "transformer_task": "feature-extraction",
+    "modality_config": {
+        "text": {"method": "forward", "method_output_name": "last_hidden_state"},
+        "message": {"method": "forward", "method_output_name": "last_hidden_state", "format": "flat"},
+    },
+    "module_output_name": "token_embeddings",
+}
+"""``sentence_bert_config.json`` of the chat layout: with the ``message`` modality declared, sentence-transformers
+turns every text into a user message and a prompt into a system message, and renders them with the exported chat
+template; ``flat`` gives the template string contents."""
+
+
+def read_instructions(path: str | os.PathLike, names: Sequence[str] | None = None) -> dict[str, str]:
+    """``name -> instruction`` from a JSON object (the repository's MTEB ``task_to_instructions.json``), keeping
+    ``names`` (all entries when None or ``["all"]``)."""
+    path = Path(path)
+    if not path.exists():
+        raise ExportError(
+            f"instructions file {str(path)!r} not found; pass a JSON object mapping task names to "
+            "instructions (the repository ships one as mteb/task_to_instructions.json among its test configs)"
+        )
+    try:
+        mapping = read_json_file(path, "instructions file")
+    except JsonFileError as e:
+        raise ExportError(str(e)) from None
+    if not isinstance(mapping, dict) or not all(isinstance(v, str) for v in mapping.values()):
+        raise ExportError(f"instructions file {str(path)!r} must be a JSON object mapping names to instruction strings")
+    if names is None or list(names) == ["all"]:
+        return mapping
+    missing = [n for n in names if n not in mapping]
+    if missing:
+        raise ExportError(f"{path}: no instruction for {missing}; add them there or leave them out of the task list")
+    return {n: mapping[n] for n in names}
+
+
+def mteb_category_table(results_dirs: Sequence[str | os.PathLike], tasks_file: str | os.PathLike | None) -> str:
+    """Category averages in the layout of the paper's Table 1 for mteb result folders, the tasks grouped as
+    ``tasks_file`` says (the repository's MTEB ``tasks.json``), for the export's model card. Raises
+    :class:`llm2vec.evaluation.tables.TableError` for a folder without result files of those tasks."""
+    if not tasks_file:
+        raise ValueError(
+            "mteb_results given without mteb_tasks_file: the card needs the tasks file that groups "
+            "the results into categories (the repository's MTEB tasks.json)"
+        )
+    from ..evaluation import tables
+    from ..evaluation.benchmark import load_benchmark
+
+    benchmark = load_benchmark(tasks_file)
+    runs = [tables.read_run(folder, benchmark, label=Path(folder).name) for folder in results_dirs]
+    return tables.render_category_table(runs, benchmark, paper=None)
+
+
+def _default_dtype(path: str, trust_remote_code: bool = False) -> torch.dtype:
+    """The dtype in the checkpoint's config.json, float32 when it names none."""
+    from transformers import AutoConfig
+
+    dtype = getattr(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code), "dtype", None)
+    if isinstance(dtype, str):
+        dtype = resolve_dtype(dtype)
+    return dtype if isinstance(dtype, torch.dtype) else torch.float32
+
+
+def export_sentence_transformers(
+    base_model_name_or_path: str,
+    output_dir: str | os.PathLike,
+    peft_model_name_or_path: str | None = None,
+    *,
+    instructions: Mapping[str, str] | None = None,
+    task_to_instructions_fp: str | os.PathLike | None = None,
+    tasks: Sequence[str] | None = None,
+    query_instruction: str | None = None,
+    pooling_mode: str | None = None,
+    max_length: int | None = None,
+    template: str | None = None,
+    normalize: bool = True,
+    dtype: str | torch.dtype | None = None,
+    mteb_results: Sequence[str | os.PathLike] = (),
+    mteb_tasks_file: str | os.PathLike | None = None,
+    verify_embeddings: bool = True,
+    device: str | torch.device | None = None,
+    overwrite: bool = False,
+    named_prompts_only: bool = False,
+    trust_remote_code: bool = False,
+) -> dict[str, Any]:
+    """Write a sentence-transformers folder to ``output_dir`` (see the package docstring); returns a summary.
+
+    Args:
+        base_model_name_or_path, peft_model_name_or_path: as :meth:`LLM2Vec.load`; the adapter is merged.
+        instructions: prompt name -> instruction (e.g. mteb task name -> its instruction).
+        task_to_instructions_fp, tasks: read ``instructions`` from a ``task -> instruction`` JSON file,
+            keeping the named ``tasks`` (all entries when ``tasks`` is None or ``["all"]``).
+        query_instruction: the instruction of the ``query`` prompt (``encode_query``). None: the one instruction
+            the run trained its queries with, read through its ``run_config.json`` (the adapter's, else the
+            base's); an :class:`ExportError` when that is not one non-empty instruction
+            (:func:`~llm2vec.export.prompts.resolve_query_instruction`). ``""``: an empty ``query`` prompt, with a
+            warning.
+        pooling_mode, max_length, template: override the saved ``llm2vec_config.json``.
+        normalize: add a ``Normalize`` module (unit-length embeddings; cosine = dot product).
+        dtype: dtype of the saved weights; default the base checkpoint's (float32 if it names none).
+        mteb_results: folders of mteb result files, shown in the model card (Table 1 layout).
+        mteb_tasks_file: the tasks file that groups ``mteb_results`` into categories (needed with them).
+        verify_embeddings: also compare embeddings (loads the model a second time); token ids are always
+            compared.
+        device: where the check embeds (both models); default the GPU when there is one.
+        overwrite: replace an existing ``output_dir``.
+        named_prompts_only: write the text layout (module docstring), where only the exported prompts embed
+            exactly and an ad-hoc ``prompt=`` string silently gives other vectors; required for ``mean`` pooling.
+            Default: the chat layout, where any instruction passed as ``prompt=`` embeds as ``LLM2Vec.encode``.
+        trust_remote_code: let the model folder's own code run while reading it (:mod:`llm2vec.model_files`;
+            refused by default). The exported folder is read back without it.
+    """
+    check_model_files(base_model_name_or_path, peft_model_name_or_path, trust_remote_code)
+    output_dir = Path(output_dir)
+    if output_dir.exists() and not overwrite:
+        raise ExportError(f"output_dir {output_dir} exists; choose another folder or pass overwrite")
+    given = dict(instructions or {})
+    if task_to_instructions_fp is not None:
+        given.update(read_instructions(task_to_instructions_fp, tasks))
+    elif tasks:
+        raise ExportError("tasks were named but no task_to_instructions_fp was given to read their instructions from")
+
+    # the query instruction is known from the run configs alone: refused before the model loads
+    history = history_of([p for p in (base_model_name_or_path, peft_model_name_or_path) if p])
+    last_run = history[-1] if history else None
+    query = resolve_query_instruction(
+        query_instruction, last_run.run_config if last_run else None, last_run.folder if last_run else None
+    )
+    save_dtype = (
+        resolve_dtype(dtype) if dtype is not None else _default_dtype(base_model_name_or_path, trust_remote_code)
+    )
+    encoder = LLM2Vec.load(
+        base_model_name_or_path,
+        peft_model_name_or_path,
+        merge_peft=True,
+        pooling_mode=pooling_mode,
+        max_length=max_length,
+        template=template,
+        dtype=torch.float32,
+        trust_remote_code=trust_remote_code,
+    )
+    check_exportable(encoder)
+    layout = TEXT_LAYOUT if named_prompts_only else CHAT_LAYOUT
+    if layout == CHAT_LAYOUT and encoder.pooling_mode != "eos_token":
+        raise ExportError(
+            f"pooling_mode {encoder.pooling_mode!r}: sentence-transformers' chat path, which maps an ad-hoc prompt= "
+            "onto the template, cannot leave the prompt out of the mean; export with named_prompts_only "
+            "(--named_prompts_only), where only the exported prompts embed exactly"
+        )
+    prompts = build_prompts(encoder, given, query.instruction, layout)
+    suffix_ids = next(iter(prompts.values())).suffix_ids
+    chat_template = export_chat_template(encoder.template) if layout == CHAT_LAYOUT else None
+    body = decoder_body(encoder.model).eval()  # saved from the CPU below
+    for parameter in body.parameters():  # parameters only: buffers such as RoPE's inv_freq stay float32, as
+        parameter.data = parameter.data.to(save_dtype)  # from_pretrained(dtype=...) leaves them
+    encoder.eval()
+
+    device = torch.device(device) if device is not None else default_device()
+    texts = probe_texts(encoder.tokenizer, encoder.max_length)
+    instruction_of = {name: p.instruction for name, p in prompts.items()}
+    adhoc = {}
+    if layout == CHAT_LAYOUT:  # instructions that are no exported prompt, passed as prompt= as they are
+        adhoc = {f"prompt={text!r}": text for text in ADHOC_PROBES}
+        instruction_of.update(adhoc)
+    encoder_ids = {
+        label: [list(e.input_ids) for e in encoder.encode_ids([(instruction, t) for t in texts])]
+        for label, instruction in instruction_of.items()
+    }
+    reference = {}
+    if verify_embeddings:  # the plain prompt, one with an instruction, one ad-hoc (token ids are checked for all)
+        encoder.to(device)
+        for label in [DOCUMENT_PROMPT, *[n for n in given][:1], *list(adhoc)[:1]]:
+            items = [[instruction_of[label], t] for t in texts]
+            reference[label] = encoder.encode(
+                items,
+                batch_size=1,
+                show_progress_bar=False,
+                convert_to_tensor=True,
+                normalize_embeddings=normalize,
+                device=device,
+            ).cpu()
+
+    card = render_model_card(
+        ModelCardInputs.for_export(
+            base_model_name_or_path,
+            peft_model_name_or_path,
+            encoder=encoder,
+            prompts=instruction_of_prompt(prompts),
+            normalize=normalize,
+            dtype=save_dtype,
+            adhoc_prompts=layout == CHAT_LAYOUT,
+            text_marker=TEXT_MARKER,
+            mteb_results=mteb_results,
+            mteb_table=mteb_category_table(mteb_results, mteb_tasks_file) if mteb_results else "",
+            output_dir=output_dir,
+            query_source=query.source,
+        )
+    )
+    remove_stale_temporaries(output_dir)
+    with atomic_dir(output_dir, replace=overwrite) as tmp:
+        body.to("cpu").save_pretrained(tmp, safe_serialization=True)
+        exported_tokenizer = export_tokenizer(encoder.tokenizer, suffix_ids, encoder.max_length, chat_template)
+        exported_tokenizer.save_pretrained(tmp)
+        _fix_tokenizer_config(tmp, chat_template)
+        processor_kwargs = tokenizer_loading_kwargs(tmp, exported_tokenizer)
+        llm2vec_settings = {**encoder.llm2vec_config(), "prompts": instruction_of_prompt(prompts)}
+        hidden = body.config.hidden_size
+        del encoder, body
+        gc.collect()
+        _write_st_files(tmp, prompts, hidden, llm2vec_settings, normalize, processor_kwargs, layout)
+        (tmp / "README.md").write_text(card, encoding="utf-8")
+        for path in tmp.rglob("*"):  # some writers leave files private (0600); the folder is meant to be shared
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        report = verify_export(tmp, encoder_ids, reference, texts, normalize, device, adhoc)
+        verify_llm2vec_loading(tmp, llm2vec_settings, encoder_ids, instruction_of, texts)
+    report.update(
+        output_dir=str(output_dir),
+        layout=layout,
+        processor_kwargs=processor_kwargs,
+        prompts=list(prompts),
+        query_instruction=query.instruction,
+        query_instruction_source=query.source,
+        dtype=str(save_dtype).replace("torch.", ""),
+        pooling=ST_POOLING[llm2vec_settings["pooling_mode"]],
+        max_seq_length=llm2vec_settings["max_length"],
+    )
+    return report
+
+
+def instruction_of_prompt(prompts: Mapping[str, ExportedPrompt]) -> dict[str, str]:
+    """``name -> instruction`` of the exported prompts (what ``llm2vec_config.json`` records as ``prompts``)."""
+    return {name: p.instruction for name, p in prompts.items()}
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _write_st_files(
+    folder: Path,
+    prompts: Mapping[str, ExportedPrompt],
+    hidden: int,
+    settings: Mapping[str, Any],
+    normalize: bool,
+    processor_kwargs: Mapping[str, Any],
+    layout: str = CHAT_LAYOUT,
+) -> None:
+    """sentence-transformers' own configuration files (the layout ``SentenceTransformer.save`` writes)."""
+    import sentence_transformers
+    import transformers
+
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.transformer.Transformer"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.sentence_transformer.modules.pooling.Pooling",
+        },
+    ]
+    if normalize:
+        modules.append(
+            {
+                "idx": 2,
+                "name": "2",
+                "path": "2_Normalize",
+                "type": "sentence_transformers.base.modules.normalize.Normalize",
+            }
+        )
+        _write_json(
+            folder / "2_Normalize" / "config.json",
+            {"module_input_name": "sentence_embedding", "module_output_name": "sentence_embedding"},
+        )
+    _write_json(folder / "modules.json", modules)
+    _write_json(
+        folder / "sentence_bert_config.json",
+        {
+            **(ST_CHAT_TRANSFORMER_CONFIG if layout == CHAT_LAYOUT else ST_TRANSFORMER_CONFIG),
+            **({"processor_kwargs": dict(processor_kwargs)} if processor_kwargs else {}),
+        },
+    )
+    _write_json(
+        folder / "1_Pooling" / "config.json",
+        {
+            "embedding_dimension": hidden,
+            "pooling_mode": ST_POOLING[settings["pooling_mode"]],
+            "include_prompt": settings["pooling_mode"] == "eos_token",  # mean pooling leaves the prompt out
+        },
+    )
+    _write_json(
+        folder / "config_sentence_transformers.json",
+        {
+            "__version__": {
+                "sentence_transformers": sentence_transformers.__version__,
+                "transformers": transformers.__version__,
+                "pytorch": torch.__version__,
+            },
+            "model_type": "SentenceTransformer",
+            "prompts": {name: p.text for name, p in prompts.items()},
+            "default_prompt_name": DOCUMENT_PROMPT,
+            "similarity_fn_name": "cosine",
+        },
+    )
+    _write_json(folder / CONFIG_NAME, dict(settings))

@@ -1,0 +1,105 @@
+"""What a saved model's run configs say about where it came from: the hub id of its base weights and the query
+instruction it was trained with.
+
+Each training run saves its resolved config as ``run_config.json`` beside the model (:mod:`llm2vec.model_card`
+follows them back from a Stage II folder to the first stage). Two facts are read from them:
+
+- **the base model's hub id** (:func:`base_model_hub_id`): ``base_model_hub_id`` of the first run when it
+  recorded one (a run that starts from a local download or conversion of a hub model names it there), else its
+  ``model_name_or_path`` when that is a hub id or a folder of the Hugging Face cache
+  (``.../models--<org>--<name>/snapshots/<revision>``); never a machine path;
+- **the query instructions** (:func:`trained_query_instructions`): what the training loader put before the
+  queries. ``query_instructions: false``: none. ``E5``: the Table 6 instructions of the sources used
+  (``e5_sources``, default all). ``jsonl``: each line's ``instruction`` field, else ``default_instruction``,
+  read from the data files the run recorded (``inputs.data``, else ``dataset_file_path``).
+
+Nothing here imports the export or the evaluation: saving a checkpoint writes a model card, which reads this.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .io import iter_jsonl
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_CACHE_SNAPSHOT = re.compile(r"(?:^|/)models--([^/]+)--([^/]+)/snapshots/[^/]+/?$")
+
+
+def is_hub_id(name: str | None) -> bool:
+    """``org/name`` that is not a local path."""
+    return bool(name) and not os.path.exists(name) and bool(_HUB_ID.match(name))
+
+
+def hub_id_of(name: str | os.PathLike | None) -> str | None:
+    """The hub id ``name`` stands for: itself when it is one, ``org/name`` for a snapshot folder of the Hugging
+    Face cache, else None (a local folder says nothing about where its weights came from)."""
+    if not name:
+        return None
+    name = os.fspath(name)
+    if is_hub_id(name):
+        return name
+    match = _CACHE_SNAPSHOT.search(Path(name).as_posix())
+    return f"{match.group(1)}/{match.group(2)}" if match else None
+
+
+def base_model_hub_id(first_run_config: Mapping[str, Any] | None, fallback: str | None = None) -> str | None:
+    """The hub id of the weights a chain of runs started from: the first run's ``base_model_hub_id``, else the hub
+    id its ``model_name_or_path`` stands for (:func:`hub_id_of`); ``fallback`` (the model being exported or
+    loaded) when no run config is known."""
+    if first_run_config:
+        recorded = first_run_config.get("base_model_hub_id")
+        if recorded:
+            return str(recorded) if _HUB_ID.match(str(recorded)) else None
+        return hub_id_of(first_run_config.get("model_name_or_path"))
+    return hub_id_of(fallback)
+
+
+class UnknownInstructions(ValueError):
+    """The run config does not say which query instructions the run trained with; the message says why."""
+
+
+def _data_files(run_config: Mapping[str, Any]) -> list[str]:
+    recorded = (run_config.get("inputs") or {}).get("data") or {}
+    if recorded:
+        return sorted(recorded)
+    given = run_config.get("dataset_file_path") or ""
+    return [p.strip() for p in str(given).split(",") if p.strip()]
+
+
+def trained_query_instructions(run_config: Mapping[str, Any]) -> Counter[str]:
+    """``instruction -> number of training queries`` of the run (E5: one count per source using it; ``""``: queries
+    without one). Raises :class:`UnknownInstructions` when the data cannot be read back."""
+    if run_config.get("query_instructions") is False:
+        return Counter({"": 1})
+    dataset = run_config.get("dataset_name", "E5")
+    if dataset == "E5":
+        from .dataset.e5 import E5_SOURCES
+
+        sources = run_config.get("e5_sources") or list(E5_SOURCES)
+        unknown = [s for s in sources if s not in E5_SOURCES]
+        if unknown:
+            raise UnknownInstructions(f"e5_sources {unknown} are not E5 sources of the paper's Table 6")
+        return Counter(i for s in sources for i in E5_SOURCES[s].instructions)
+    if dataset != "jsonl":
+        raise UnknownInstructions(f"dataset_name {dataset!r}: no rule for its query instructions")
+    default = str(run_config.get("default_instruction") or "").strip()
+    files = _data_files(run_config)
+    missing = [f for f in files if not os.path.isfile(f)]
+    if not files or missing:
+        raise UnknownInstructions(
+            f"the training data {missing or files or '(none recorded)'} cannot be read from {os.getcwd()}"
+        )
+    counts: Counter[str] = Counter()
+    for path in files:
+        for _, row in iter_jsonl(path, error=UnknownInstructions):
+            if row is None:
+                continue
+            instruction = row.get("instruction")
+            counts[instruction.strip() if isinstance(instruction, str) else default] += 1
+    return counts
