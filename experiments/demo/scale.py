@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "experiments"), str(REPO)]
 
 from demo import gpu_carry  # noqa: E402
-from demo.settings import (  # noqa: E402  # noqa: E402
+from demo.settings import (  # noqa: E402
     ANCHOR_CONFIG,
     BASELINE_CONFIG,
     INSTRUCTION,
