@@ -52,7 +52,8 @@ def test_splits_are_disjoint_by_module_and_copies_are_kept_once(built):
     provenance = _read(out / PROVENANCE_FILE)
     assert {p["module"] for p in provenance} == train
     rows = _read(out / TRAIN_FILE) + [
-        {"query": q["text"], "positive": c["text"]} for q, c in zip(_read(out / QUERIES_FILE), _read(out / CORPUS_FILE))
+        {"query": q["text"], "positive": c["text"]}
+        for q, c in zip(_read(out / QUERIES_FILE), _read(out / CORPUS_FILE))
     ]
     queries = [" ".join(r["query"].split()).lower() for r in _read(out / TRAIN_FILE)]
     assert len(queries) == len(set(queries))
