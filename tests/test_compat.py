@@ -1,0 +1,73 @@
+"""The paths that differ between transformers releases (:mod:`llm2vec.compat`), on whichever release is installed:
+CI runs this file at the newest releases and at setup.py's lower bounds (``tests/lower_bounds.txt``).
+
+The loss scaling under gradient accumulation is judged by ``tests/test_trainer.py`` (the gradient of one big batch)
+and ``tests/test_stage_I.py`` (one process with accumulation equals two processes), both in the same list.
+"""
+
+import pytest
+import torch
+
+from llm2vec import LLM2Vec
+from llm2vec.arguments import parse_config
+from llm2vec.testing import build_tiny_model
+from llm2vec.trainer import LLM2VecTrainer
+
+
+def layer_calls_in_one_step(encoder: LLM2Vec) -> int:
+    """How often the first decoder layer's MLP runs in one forward and backward pass of a batch: twice when
+    activation checkpointing recomputes the layer in the backward pass, once otherwise. (transformers checkpoints
+    the layer's ``forward``, so hooks on the layer itself run once either way; its submodules' run again.)"""
+    calls = []
+    mlp = encoder.model.model.layers[0].mlp
+    handle = mlp.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        encoder.train()
+        batch = encoder.tokenize(["Paris is the capital of France.", "The quick brown fox."])
+        encoder(batch).pow(2).sum().backward()
+    finally:
+        handle.remove()
+    return len(calls)
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_activation_checkpointing_of_a_config_reaches_the_layers(tmp_path, on):
+    """``activation_checkpointing`` (a training argument only since transformers 5.23) is accepted on every
+    supported release, saved under its name, and the Trainer then recomputes the decoder layers."""
+    flags = ["--model_name_or_path", "m", "--output_dir", str(tmp_path), "--use_cpu", "true"]
+    config = parse_config("II", [*flags, "--activation_checkpointing", str(on).lower()])
+    assert config.training.activation_checkpointing is on
+    resolved = config.resolved()
+    assert resolved["activation_checkpointing"] is on
+    assert resolved["activation_checkpointing_kwargs"] == ({"use_reentrant": False} if on else None)
+
+    model, tokenizer = build_tiny_model("llama3")
+    encoder = LLM2Vec(model, tokenizer, max_length=32)
+    assert layer_calls_in_one_step(encoder) == 1  # before the Trainer: no checkpointing
+    LLM2VecTrainer(model=encoder, args=config.training)  # the Trainer turns it on as the arguments say
+    assert layer_calls_in_one_step(encoder) == (2 if on else 1)
+
+
+def test_the_encoder_enables_checkpointing_by_either_name():
+    """``LLM2Vec.activation_checkpointing_enable`` (what transformers >= 5.23 calls) and
+    ``gradient_checkpointing_enable`` (what older Trainers call) both checkpoint the wrapped model's layers."""
+    for method in ("activation_checkpointing_enable", "gradient_checkpointing_enable"):
+        model, tokenizer = build_tiny_model("llama3")
+        encoder = LLM2Vec(model, tokenizer, max_length=32)
+        getattr(encoder, method)({"use_reentrant": False})
+        assert layer_calls_in_one_step(encoder) == 2, method
+
+
+def test_checkpointing_keeps_the_gradients():
+    """The recomputation changes memory, not results: the same gradients with and without it."""
+    grads = []
+    for on in (False, True):
+        model, tokenizer = build_tiny_model("llama3")
+        encoder = LLM2Vec(model, tokenizer, max_length=32)
+        if on:
+            encoder.activation_checkpointing_enable({"use_reentrant": False})
+        layer_calls_in_one_step(encoder)
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-7, msg=name)
