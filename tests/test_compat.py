@@ -15,12 +15,14 @@ from llm2vec.trainer import LLM2VecTrainer
 
 
 def layer_calls_in_one_step(encoder: LLM2Vec) -> int:
-    """How often the first decoder layer's MLP runs in one forward and backward pass of a batch: twice when
-    activation checkpointing recomputes the layer in the backward pass, once otherwise. (transformers checkpoints
-    the layer's ``forward``, so hooks on the layer itself run once either way; its submodules' run again.)"""
+    """How often the first decoder layer's attention is entered in one forward and backward pass of a batch: twice
+    when activation checkpointing recomputes the layer in the backward pass, once otherwise. (A pre-hook of a
+    submodule: transformers 5.24 checkpoints the layer's ``forward`` (5.17 its ``__call__``), so the layer's own
+    hooks may run once either way, and torch ends a recomputation once it has the tensors it needs, so a late
+    post-hook may never run.)"""
     calls = []
-    mlp = encoder.model.model.layers[0].mlp
-    handle = mlp.register_forward_hook(lambda *_: calls.append(1))
+    attention = encoder.model.model.layers[0].self_attn
+    handle = attention.register_forward_pre_hook(lambda *_: calls.append(1))
     try:
         encoder.train()
         batch = encoder.tokenize(["Paris is the capital of France.", "The quick brown fox."])
