@@ -15,8 +15,9 @@ CI runs at the lower bounds (``.ci/run``), and these paths are among what they e
   old names stay as deprecated aliases) and the models' ``gradient_checkpointing_enable`` to
   ``activation_checkpointing_enable``. The configs use the new names on every version: where the installed
   ``TrainingArguments`` lacks them, :class:`TrainingArguments` here adds the two fields and copies them onto the old
-  ones, so the Trainer of that release checkpoints as asked; :func:`enable_activation_checkpointing` calls
-  whichever method the model has.
+  ones, so the Trainer of that release checkpoints as asked; :func:`enable_activation_checkpointing` and
+  :func:`disable_activation_checkpointing` call whichever method the model has (for scripts that switch it on
+  a bare transformers model, such as ``experiments/gpu_check.py``).
 """
 
 from __future__ import annotations
@@ -76,3 +77,11 @@ def enable_activation_checkpointing(
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=activation_checkpointing_kwargs, **kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=activation_checkpointing_kwargs, **kwargs)
+
+
+def disable_activation_checkpointing(model: nn.Module) -> None:
+    """Turn it off again, by ``activation_checkpointing_disable`` (>= 5.23) or ``gradient_checkpointing_disable``."""
+    if hasattr(model, "activation_checkpointing_disable"):
+        model.activation_checkpointing_disable()
+    else:
+        model.gradient_checkpointing_disable()

@@ -5,13 +5,16 @@ The loss scaling under gradient accumulation is judged by ``tests/test_trainer.p
 and ``tests/test_stage_I.py`` (one process with accumulation equals two processes), both in the same list.
 """
 
+import json
+
 import pytest
 import torch
+from _drivers import tiny_run_flags
 
 from llm2vec import LLM2Vec
-from llm2vec.arguments import parse_config
-from llm2vec.testing import build_tiny_model
-from llm2vec.trainer import LLM2VecTrainer
+from llm2vec.compat import disable_activation_checkpointing, enable_activation_checkpointing
+from llm2vec.testing import build_tiny_model, write_tiny_e5
+from llm2vec.training import run
 
 
 def layer_calls_in_one_step(encoder: LLM2Vec) -> int:
@@ -21,33 +24,41 @@ def layer_calls_in_one_step(encoder: LLM2Vec) -> int:
     hooks may run once either way, and torch ends a recomputation once it has the tensors it needs, so a late
     post-hook may never run.)"""
     calls = []
-    attention = encoder.model.model.layers[0].self_attn
+    attention = next(m.self_attn for m in encoder.model.modules() if hasattr(m, "self_attn"))
     handle = attention.register_forward_pre_hook(lambda *_: calls.append(1))
     try:
         encoder.train()
         batch = encoder.tokenize(["Paris is the capital of France.", "The quick brown fox."])
-        encoder(batch).pow(2).sum().backward()
+        encoder.embed(batch).pow(2).sum().backward()
     finally:
         handle.remove()
     return len(calls)
 
 
 @pytest.mark.parametrize("on", [True, False])
-def test_activation_checkpointing_of_a_config_reaches_the_layers(tmp_path, on):
+def test_activation_checkpointing_of_a_config_reaches_the_layers(tmp_path, tiny_checkpoints, on):
     """``activation_checkpointing`` (a training argument only since transformers 5.23) is accepted on every
-    supported release, saved under its name, and the Trainer then recomputes the decoder layers."""
-    flags = ["--model_name_or_path", "m", "--output_dir", str(tmp_path), "--use_cpu", "true"]
-    config = parse_config("II", [*flags, "--activation_checkpointing", str(on).lower()])
-    assert config.training.activation_checkpointing is on
-    resolved = config.resolved()
+    supported release, saved under its name, and the training run's model recomputes its decoder layers."""
+    data = write_tiny_e5(tmp_path / "data", n=8, sources=("nq",))
+    out = tmp_path / "out"
+    flags = tiny_run_flags(
+        tiny_checkpoints["llama3"],
+        data,
+        out,
+        stage="II",
+        e5_sources='["nq"]',
+        max_steps=1,
+        save_strategy="no",
+        max_seq_length=64,
+        attn_implementation="sdpa",
+        activation_checkpointing=str(on).lower(),
+    )
+    trainer = run("II", flags)
+    assert trainer.args.activation_checkpointing is on
+    resolved = json.loads((out / "run_config.json").read_text())
     assert resolved["activation_checkpointing"] is on
     assert resolved["activation_checkpointing_kwargs"] == ({"use_reentrant": False} if on else None)
-
-    model, tokenizer = build_tiny_model("llama3")
-    encoder = LLM2Vec(model, tokenizer, max_length=32)
-    assert layer_calls_in_one_step(encoder) == 1  # before the Trainer: no checkpointing
-    LLM2VecTrainer(model=encoder, args=config.training)  # the Trainer turns it on as the arguments say
-    assert layer_calls_in_one_step(encoder) == (2 if on else 1)
+    assert layer_calls_in_one_step(trainer.model) == (2 if on else 1)
 
 
 def test_the_encoder_enables_checkpointing_by_either_name():
@@ -73,3 +84,13 @@ def test_checkpointing_keeps_the_gradients():
     assert grads[0].keys() == grads[1].keys() and grads[0]
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_a_bare_model_is_switched_on_and_off_by_the_compat_helpers():
+    """What a script does to a transformers model without the encoder: on, then off again, on any release."""
+    model, tokenizer = build_tiny_model("llama3")
+    encoder = LLM2Vec(model, tokenizer, max_length=32)
+    enable_activation_checkpointing(model, {"use_reentrant": False})
+    assert layer_calls_in_one_step(encoder) == 2
+    disable_activation_checkpointing(model)
+    assert layer_calls_in_one_step(encoder) == 1
