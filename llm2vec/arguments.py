@@ -8,7 +8,8 @@ that override it (``config.json --max_steps 2``). The fields of a stage are thos
 - :class:`DataArguments` (both stages): the training data;
 - :class:`StageIArguments` or :class:`StageIIArguments`: what only that stage has (the reconstruction
   loss; the contrastive loss and LoRA);
-- ``transformers.TrainingArguments``: optimiser, schedule, batch, precision, saving, distribution.
+- ``transformers.TrainingArguments``: optimiser, schedule, batch, precision, saving, distribution (on
+  transformers < 5.23 with the ``activation_checkpointing`` fields added, :mod:`llm2vec.compat`).
 
 Every value is checked in its dataclass's ``__post_init__``; what depends on several classes or on the
 machine (the global batch, FlashAttention) is checked once, in :meth:`RunConfig.validate`. A field that
@@ -26,8 +27,9 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import torch
-from transformers import HfArgumentParser, TrainingArguments
+from transformers import HfArgumentParser
 
+from .compat import TrainingArguments
 from .config_values import Flag, ValueProblem, check_ranges, coerce_config
 from .dataset.base import DataError, check_path_kind
 from .io import JsonFileError, read_json_file

@@ -23,6 +23,7 @@ from transformers import AutoModel, AutoTokenizer
 
 from . import templates
 from .collator import pad_batch
+from .compat import enable_activation_checkpointing
 from .encode_inputs import read_inputs, read_item
 from .model_files import check_model_files
 from .packing import packed_hidden_states
@@ -281,9 +282,14 @@ class LLM2Vec(nn.Module):
         from the model it is given, so each decoder layer becomes its own shard group instead of the whole model."""
         return list(getattr(self.model, "_no_split_modules", None) or [])
 
-    def activation_checkpointing_enable(self, **kwargs) -> None:
-        """Gradient (activation) checkpointing of the wrapped model's layers; the Trainer calls this."""
-        self.model.activation_checkpointing_enable(**kwargs)
+    def activation_checkpointing_enable(self, activation_checkpointing_kwargs=None, **kwargs) -> None:
+        """Gradient (activation) checkpointing of the wrapped model's layers; the Trainer calls this. ``kwargs``
+        (``every_n_layers``, ``offload``) go to transformers as they are."""
+        enable_activation_checkpointing(self.model, activation_checkpointing_kwargs, **kwargs)
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None, **kwargs) -> None:
+        """The same under the name that the Trainer of transformers < 5.23 calls (:mod:`llm2vec.compat`)."""
+        self.activation_checkpointing_enable(gradient_checkpointing_kwargs, **kwargs)
 
     # ------------------------------------------------------------------ tokenization and forward
 

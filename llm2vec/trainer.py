@@ -19,6 +19,11 @@ The contract with a model and its collator:
   for the plain step; ``backward`` and ``no_sync`` are :func:`llm2vec.chunked_steps.trainer_hooks`. See
   :meth:`training_step`.
 
+Both scalings are done by :func:`llm2vec.collator.loss_weight`, so the Trainer's own division is switched off
+(``loss_is_scaled_for_ga``, a documented Trainer attribute since transformers 5.19; before 5.19 by
+``model_accepts_loss_kwargs`` and a non-``None`` ``num_items_in_batch``, :mod:`llm2vec.compat`; a test checks
+that the Trainer does not divide again).
+
 Data order: the dataset is pre-arranged so that each optimizer step's global batch comes from one
 source (:func:`llm2vec.dataset.arrange_global_batches`); the sampler is therefore sequential (the public
 ``train_sampling_strategy``, set by :meth:`LLM2VecTrainer.__init__`), and accelerate deals consecutive per-device
@@ -56,6 +61,7 @@ from transformers import Trainer
 
 from .chunked_steps import trainer_hooks
 from .collator import loss_weight, step_counts
+from .compat import TRAINER_READS_LOSS_IS_SCALED_FOR_GA
 from .model_card import write_training_card
 from .run import RUN_CONFIG_NAME, CheckpointError, newest_checkpoint, staged_checkpoint
 
@@ -124,6 +130,8 @@ class LLM2VecTrainer(Trainer):
     def __init__(self, *args, run_config: dict | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.args.train_sampling_strategy = "sequential"  # the data order is pre-arranged (see the module docstring)
+        if not TRAINER_READS_LOSS_IS_SCALED_FOR_GA:  # transformers < 5.19: see training_step
+            self.model_accepts_loss_kwargs = True
         self.run_config = run_config or {}
         self._part_sums: dict[str, torch.Tensor] = {}
         self._part_steps = 0
@@ -171,6 +179,11 @@ class LLM2VecTrainer(Trainer):
     def training_step(self, model, inputs, num_items_in_batch=None):
         """The Trainer's step, or the model's own ``step_in_parts`` (see the module docstring) when it has one
         and uses it for this batch. Either way the returned loss is the micro-batch's weighted loss."""
+        if num_items_in_batch is None and not TRAINER_READS_LOSS_IS_SCALED_FOR_GA:
+            # transformers < 5.19 ignores loss_is_scaled_for_ga and divides the loss by the accumulation steps
+            # unless model_accepts_loss_kwargs (set in __init__) and num_items_in_batch is given; compute_loss
+            # does not read the count, so any number says "already scaled" (llm2vec.compat)
+            num_items_in_batch = 1
         loss = self._micro_batch_step(model, inputs, num_items_in_batch)
         self._step_loss = self._step_loss + loss.detach().float()
         return loss

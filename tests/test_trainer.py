@@ -63,8 +63,9 @@ def test_step_counts_are_summed_over_the_micro_batches(make_trainer):
 
 @pytest.mark.parametrize("with_counts", [True, False])
 def test_accumulated_gradient_is_the_gradient_of_one_big_batch(make_trainer, with_counts):
-    """The Trainer must use our scaled loss as it is (``loss_is_scaled_for_ga``): if transformers stopped
-    honouring that attribute, it would divide by the accumulation steps again and this test would fail."""
+    """The Trainer must use our scaled loss as it is (``loss_is_scaled_for_ga``; before transformers 5.19
+    ``model_accepts_loss_kwargs`` with a ``num_items_in_batch``, :mod:`llm2vec.compat`): if it divided by the
+    accumulation steps again, this test would fail (as it did at 5.17 before the compat path)."""
     xs = [torch.arange(1.0, 4.0), torch.arange(4.0, 9.0)]  # 3 and 5 elements
     trainer = make_trainer(accumulation=2)
     if with_counts:

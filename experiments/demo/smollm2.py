@@ -112,6 +112,25 @@ def _check_tokenizer(tokenizer, where: str) -> None:
         raise MaterialiseError(f"The tokenizer {where} is not the SmolLM2-Instruct one: {'; '.join(problems)}")
 
 
+def _gguf_special_tokens(gguf_path: Path) -> dict[str, str]:
+    """The GGUF's own special tokens, from its ``tokenizer.ggml.{bos,eos,padding}_token_id`` metadata read with the
+    ``gguf`` package: ``{"bos_token": ..., "eos_token": ..., "pad_token": ...}`` (those the file sets).
+
+    transformers 5.17 (setup.py's lower bound) reads them wrong from this file's GPT-2-style tokenizer: bos and eos
+    both become ``<|im_start|>`` and there is no pad token (5.18 rewrote that code and reads them right)."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(gguf_path)).fields
+    tokens = fields["tokenizer.ggml.tokens"]
+    out = {}
+    for name, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"), ("pad_token", "padding_token_id")):
+        field = fields.get(f"tokenizer.ggml.{key}")
+        if field is not None:
+            token_id = int(field.parts[field.data[0]][0])
+            out[name] = bytes(tokens.parts[tokens.data[token_id]]).decode("utf-8")
+    return out
+
+
 def _convert(gguf_path: Path, folder: Path, say) -> dict:
     """Load the GGUF, copy it into a plain float32 model, save it and its tokenizer into ``folder``."""
     import torch
@@ -120,6 +139,10 @@ def _convert(gguf_path: Path, folder: Path, say) -> dict:
     src_dir, name = str(gguf_path.parent), gguf_path.name
     t0 = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=name, trust_remote_code=False)
+    for attribute, token in _gguf_special_tokens(gguf_path).items():
+        if getattr(tokenizer, attribute) != token:  # transformers 5.17 (see _gguf_special_tokens)
+            say(f"  {attribute} {getattr(tokenizer, attribute)!r} as transformers read it; the GGUF says {token!r}")
+            setattr(tokenizer, attribute, token)
     t1 = time.perf_counter()
     say(f"  tokenizer read from the GGUF in {t1 - t0:.1f} s (eos {tokenizer.eos_token!r}, pad {tokenizer.pad_token!r})")
     gguf_model = AutoModelForCausalLM.from_pretrained(

@@ -1,0 +1,87 @@
+"""What this package does differently on the older transformers releases that ``setup.py`` admits (>= 5.17).
+
+Each difference is found by feature, not by version number, and names the release that made it unnecessary, so
+that it can be deleted when the lower bound passes that release. ``tests/lower_bounds.txt`` names the tests that
+CI runs at the lower bounds (``.ci/run``), and these paths are among what they exercise.
+
+- **Loss scaling under gradient accumulation.** :class:`llm2vec.trainer.LLM2VecTrainer` scales the loss itself
+  and says so with the Trainer attribute ``loss_is_scaled_for_ga`` (read since transformers 5.19). Before 5.19 the
+  Trainer divides the loss by the accumulation steps again unless ``model_accepts_loss_kwargs`` is true *and* the
+  step's ``num_items_in_batch`` is not ``None`` (the test by which it recognised a loss already normalised over
+  the whole step); there the trainer sets both (:data:`TRAINER_READS_LOSS_IS_SCALED_FOR_GA` false). Without this,
+  every gradient of an accumulated step is ``1 / gradient_accumulation_steps`` too small.
+- **Activation checkpointing.** transformers 5.23 renamed the training arguments ``gradient_checkpointing`` and
+  ``gradient_checkpointing_kwargs`` to ``activation_checkpointing`` and ``activation_checkpointing_kwargs`` (the
+  old names stay as deprecated aliases) and the models' ``gradient_checkpointing_enable`` to
+  ``activation_checkpointing_enable``. The configs use the new names on every version: where the installed
+  ``TrainingArguments`` lacks them, :class:`TrainingArguments` here adds the two fields and copies them onto the old
+  ones, so the Trainer of that release checkpoints as asked; :func:`enable_activation_checkpointing` and
+  :func:`disable_activation_checkpointing` call whichever method the model has (for scripts that switch it on
+  a bare transformers model, such as ``experiments/gpu_check.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import transformers
+from torch import nn
+
+# transformers >= 5.19: the Trainer reads `loss_is_scaled_for_ga` (see the module docstring).
+TRAINER_READS_LOSS_IS_SCALED_FOR_GA = hasattr(transformers.Trainer, "loss_is_scaled_for_ga")
+
+# transformers >= 5.23: `activation_checkpointing` is a field of TrainingArguments.
+HAS_ACTIVATION_CHECKPOINTING = "activation_checkpointing" in {f.name for f in fields(transformers.TrainingArguments)}
+
+if HAS_ACTIVATION_CHECKPOINTING:
+    TrainingArguments = transformers.TrainingArguments
+else:
+
+    @dataclass
+    class TrainingArguments(transformers.TrainingArguments):
+        """transformers' ``TrainingArguments`` with the two fields that 5.23 introduced, mapped onto the names the
+        installed release reads: ``activation_checkpointing`` onto ``gradient_checkpointing`` and
+        ``activation_checkpointing_kwargs`` onto ``gradient_checkpointing_kwargs`` (given names win over the old
+        ones; afterwards both pairs hold the same values, as in 5.23)."""
+
+        activation_checkpointing: bool = field(
+            default=False,
+            metadata={"help": "Recompute each decoder layer's activations in the backward pass to save memory."},
+        )
+        activation_checkpointing_kwargs: dict[str, Any] | str | None = field(
+            default=None,
+            metadata={
+                "help": "Keyword arguments of the activation checkpointing (e.g. {'use_reentrant': false}); "
+                "`every_n_layers` and `offload` as transformers reads them."
+            },
+        )
+
+        def __post_init__(self):
+            if self.activation_checkpointing:
+                self.gradient_checkpointing = True
+            if self.activation_checkpointing_kwargs is not None:
+                self.gradient_checkpointing_kwargs = self.activation_checkpointing_kwargs
+            super().__post_init__()  # parses a JSON string of gradient_checkpointing_kwargs
+            self.activation_checkpointing = self.gradient_checkpointing
+            self.activation_checkpointing_kwargs = self.gradient_checkpointing_kwargs
+
+
+def enable_activation_checkpointing(
+    model: nn.Module, activation_checkpointing_kwargs: dict[str, Any] | None = None, **kwargs
+) -> None:
+    """Turn on activation checkpointing of a transformers model (or a PEFT model around one) by the method its
+    release has: ``activation_checkpointing_enable`` (>= 5.23) or ``gradient_checkpointing_enable``. ``kwargs``
+    (``every_n_layers``, ``offload``) go through unchanged."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=activation_checkpointing_kwargs, **kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=activation_checkpointing_kwargs, **kwargs)
+
+
+def disable_activation_checkpointing(model: nn.Module) -> None:
+    """Turn it off again, by ``activation_checkpointing_disable`` (>= 5.23) or ``gradient_checkpointing_disable``."""
+    if hasattr(model, "activation_checkpointing_disable"):
+        model.activation_checkpointing_disable()
+    else:
+        model.gradient_checkpointing_disable()
