@@ -5,9 +5,11 @@ it, into a validated-per-field :class:`~llm2vec.arguments.run_config.RunConfig` 
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import fields
 from typing import Any
 
+import torch
 from transformers import HfArgumentParser
 
 from ..config_values import Flag, ValueProblem, check_ranges, coerce_config
@@ -75,15 +77,7 @@ def parse_config(stage: str, argv: list[str]) -> RunConfig:
         )
     classes = argument_classes(stage)
     known = {f.name for cls in classes for f in fields(cls)}
-    unknown = sorted(set(config) - known)
-    if unknown:
-        other = next(s for s in STAGES if s != stage)
-        belongs = [k for k in unknown if k in {f.name for f in fields(STAGE_ARGUMENTS[other])}]
-        hint = f" ({', '.join(belongs)}: Stage {other} only)" if belongs else ""
-        raise ConfigError(
-            f"{source}: unknown field(s) for Stage {stage}: {unknown}{hint}. "
-            f"`run_stage_{stage}.py --help` lists the fields."
-        )
+    _refuse_unknown(config, known, stage, source)
     if "model_name_or_path" not in config or "output_dir" not in config:
         raise ConfigError(f"{source}: 'model_name_or_path' and 'output_dir' are required")
     try:
@@ -93,6 +87,7 @@ def parse_config(stage: str, argv: list[str]) -> RunConfig:
         raise ConfigError(f"{source}: {e}") from None
     for key, value in TRAINING_DEFAULTS.items():
         config.setdefault(key, value)
+    config.setdefault("dataloader_pin_memory", has_accelerator())  # torch warns on every CPU batch otherwise
     if config.get("validation_file") or config.get("validation_size"):
         config.setdefault("eval_strategy", "steps")  # held-out pairs are evaluated every eval_steps
     if config.get("activation_checkpointing"):
@@ -104,6 +99,36 @@ def parse_config(stage: str, argv: list[str]) -> RunConfig:
     config = RunConfig(model, data, stage_args, training, source)
     config.apply_precision_policy()
     return config
+
+
+def has_accelerator() -> bool:
+    """Whether torch sees an accelerator (CUDA, XPU, MPS, ...), where pinned host memory speeds up the copies."""
+    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6
+    return bool(accelerator.is_available()) if accelerator is not None else torch.cuda.is_available()
+
+
+def _refuse_unknown(config: dict[str, Any], known: set[str], stage: str, source: str) -> None:
+    """One line for the unknown fields: blamed on the command line when they came as flags (a JSON file may come
+    first), else on the file; each with the closest known name (``difflib``) or the stage it belongs to."""
+    other = next(s for s in STAGES if s != stage)
+    of_other = {f.name for f in fields(STAGE_ARGUMENTS[other])}
+    flags = sorted(k for k, v in config.items() if k not in known and isinstance(v, Flag))
+    in_file = sorted(k for k, v in config.items() if k not in known and not isinstance(v, Flag))
+    for unknown, where, shown in ((flags, "command line", "--{}"), (in_file, source, "'{}'")):
+        if not unknown:
+            continue
+        hints = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+            if name in of_other:
+                hints.append(f"{name}: Stage {other} only")
+            elif close:
+                hints.append(f"{shown.format(name)}: did you mean {shown.format(close[0])}?")
+        hint = f" ({'; '.join(hints)})" if hints else ""
+        raise ConfigError(
+            f"{where}: unknown field(s) for Stage {stage}: {unknown}{hint}. "
+            f"`run_stage_{stage}.py --help` lists the fields."
+        )
 
 
 def help_text(stage: str) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -15,6 +16,7 @@ import torch
 
 from ..compat import TrainingArguments
 from ..dataset.base import DataError, check_path_kind
+from ..io import missing_local_path
 from ..llm2vec import resolve_dtype
 from ..model_files import ModelFilesError, check_model_files
 from .shared import ConfigError, DataArguments, ModelArguments
@@ -88,6 +90,7 @@ class RunConfig:
             )
         except ModelFilesError as e:
             raise ConfigError(f"{self.source}: {e}") from None
+        self._check_adapter_path()
         try:  # a folder where a file belongs, or the reverse (a missing path is reported by the loader)
             for path in self.data.dataset_file_path.split(",") if self.data.dataset_name == "jsonl" else []:
                 check_path_kind(path, "jsonl")
@@ -153,6 +156,39 @@ class RunConfig:
                 "validation_file or validation_size (or eval_strategy 'no')"
             )
         self.stage.check(args, self.source)
+        self._warn_short_run()
+
+    def _check_adapter_path(self) -> None:
+        """A ``peft_model_name_or_path`` written as a local path (:func:`llm2vec.io.missing_local_path`) must be
+        an existing folder, so a typo fails here and not after the data has loaded."""
+        adapter = getattr(self.stage, "peft_model_name_or_path", None)
+        if adapter and (missing_local_path(adapter) or os.path.isfile(adapter)):
+            raise ConfigError(
+                f"{self.source}: peft_model_name_or_path {adapter!r} is not a folder: give the folder of a trained "
+                "adapter (it holds adapter_config.json) or a hub id, or leave the field out"
+            )
+
+    def _warn_short_run(self) -> None:
+        """One warning when ``max_steps`` ends the run inside (or mostly inside) the linear warm-up: the rate then
+        never reaches ``learning_rate``; it peaks at ``(max_steps - 1) / warmup`` of it (the rate of step ``s``,
+        counted from 0, is ``s / warmup`` of the peak)."""
+        args = self.training
+        if args.max_steps <= 0:
+            return
+        warmup = args.get_warmup_steps(args.max_steps)
+        if warmup > 0 and 2 * warmup > args.max_steps:
+            top = min(args.max_steps - 1, warmup) / warmup
+            logger.warning(
+                "%s: max_steps %d with warmup_steps %s: %s, so the learning rate reaches at most %.0f %% of "
+                "learning_rate %g; lower warmup_steps (e.g. --warmup_steps %d) for a short run",
+                self.source,
+                args.max_steps,
+                args.warmup_steps,
+                "the whole run is warm-up" if warmup >= args.max_steps else "warm-up takes most of the run",
+                100 * top,
+                args.learning_rate,
+                args.max_steps // 10,
+            )
 
     def resolved(self) -> dict[str, Any]:
         """Every field of every argument class, JSON-serialisable, to save beside each checkpoint."""
