@@ -103,8 +103,7 @@ def parse_config(stage: str, argv: list[str]) -> RunConfig:
 
 def has_accelerator() -> bool:
     """Whether torch sees an accelerator (CUDA, XPU, MPS, ...), where pinned host memory speeds up the copies."""
-    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6
-    return bool(accelerator.is_available()) if accelerator is not None else torch.cuda.is_available()
+    return torch.accelerator.is_available()
 
 
 def _refuse_unknown(config: dict[str, Any], known: set[str], stage: str, source: str) -> None:
