@@ -19,7 +19,16 @@ import argparse
 import sys
 from pathlib import Path
 
+from huggingface_hub.errors import HFValidationError
+
 from llm2vec.export import ExportError, export_sentence_transformers
+from llm2vec.io import missing_local_path
+
+WHAT_TO_PASS = {
+    "base_model_name_or_path": "the folder of a trained model (a Stage I output folder, or the base model of "
+    "--peft_model_name_or_path) or a hub id such as meta-llama/Llama-3.2-1B-Instruct",
+    "peft_model_name_or_path": "the folder of a Stage II adapter (it holds adapter_config.json) or a hub id",
+}
 
 DEFAULT_TASKS_FILE = Path(__file__).resolve().parents[1] / "test_configs" / "mteb" / "tasks.json"
 
@@ -108,9 +117,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def wrong_model_id(args: argparse.Namespace, error: Exception) -> str:
+    """One line for Hugging Face's "Repo id must ..." (a value that is neither a folder here nor a hub id): the
+    flag whose value it names, and what to pass."""
+    named = [f for f in WHAT_TO_PASS if getattr(args, f) and repr(getattr(args, f)) in str(error)]
+    flag = named[0] if named else "base_model_name_or_path"
+    return (
+        f"--{flag} {getattr(args, flag)!r} is neither a folder here nor a hub id (namespace/name); "
+        f"pass {WHAT_TO_PASS[flag]}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    for flag in ("base_model_name_or_path", "peft_model_name_or_path"):
+        value = getattr(args, flag)
+        if value and missing_local_path(value):
+            print(
+                f"{parser.prog}: error: --{flag} {value!r}: no such folder; pass {WHAT_TO_PASS[flag]}", file=sys.stderr
+            )
+            return 2
     try:
         report = export_sentence_transformers(
             args.base_model_name_or_path,
@@ -132,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
             trust_remote_code=args.trust_remote_code,
         )
     except (ExportError, ValueError, OSError) as e:
+        if isinstance(e, HFValidationError) or isinstance(e.__cause__, HFValidationError):
+            print(f"{parser.prog}: error: {wrong_model_id(args, e)}", file=sys.stderr)
+            return 2
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
     query = report["query_instruction"]

@@ -14,7 +14,7 @@ from llm2vec.arguments import DataArguments, ModelArguments, StageIArguments, St
 
 DOCS_FILE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 HEADER = (
-    "# Configuration reference\n\nGenerated from the argument classes of `llm2vec/arguments.py` by "
+    "# Configuration reference\n\nGenerated from the argument classes of `llm2vec/arguments/` by "
     "`python experiments/write_config_docs.py`; do not edit by hand.\n\n"
 )
 

@@ -130,6 +130,15 @@ def read_json_file(path: str | os.PathLike, what: str = "file") -> Any:
         raise JsonFileError(f"{what} {path}: not valid JSON ({e})") from None
 
 
+def missing_local_path(value: str | os.PathLike) -> bool:
+    """Whether ``value`` is written as a local path that does not exist: absolute, starting with ``.`` or ``~``,
+    or with more than one ``/`` (a hub id is ``name`` or ``namespace/name``), or an OS separator other than ``/``.
+    A bare ``namespace/name`` is a hub id as far as this test goes."""
+    text = os.fspath(value)
+    pathlike = text.startswith(("/", ".", "~")) or text.count("/") > 1 or (os.sep != "/" and os.sep in text)
+    return pathlike and not os.path.exists(os.path.expanduser(text))
+
+
 def write_jsonl(path: str | os.PathLike, rows: Iterable[dict[str, Any]]) -> int:
     """Write ``rows`` as JSON lines (UTF-8, unescaped), atomically; returns the number of rows."""
     n = 0

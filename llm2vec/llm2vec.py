@@ -202,8 +202,16 @@ class LLM2Vec(nn.Module):
         """
         check_model_files(base_model_name_or_path, peft_model_name_or_path, trust_remote_code)
         settings = dict(DEFAULTS)
-        settings.update(read_llm2vec_config(base_model_name_or_path))
-        settings.update(read_llm2vec_config(peft_model_name_or_path))
+        saved = {p: read_llm2vec_config(p) for p in (base_model_name_or_path, peft_model_name_or_path) if p}
+        for saved_settings in saved.values():
+            settings.update(saved_settings)
+        if max_length is None and any("max_length" in c for c in saved.values()):
+            source = [p for p, c in saved.items() if "max_length" in c][-1]
+            logger.info(
+                "max_length %s: inherited from %s (the training length); pass max_length= to override",
+                settings["max_length"],
+                os.path.join(source, CONFIG_NAME),
+            )
         given = {
             "pooling_mode": pooling_mode,
             "max_length": max_length,

@@ -67,6 +67,7 @@ def train(config: RunConfig):
             callbacks=[StopAfterNSteps(schedule)],
         )
         run.train(trainer)  # where training ends, disk space, overwrite; train; the final model, its marker last
+        logger.info("Stage %s: the model is saved in %s", stage, os.path.abspath(args.output_dir))
         return trainer
 
 

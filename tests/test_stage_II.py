@@ -223,22 +223,27 @@ def test_stage_I_then_stage_II_then_load(llama_checkpoint, tmp_path, caplog):
 
     data = write_tiny_e5(tmp_path / "data", n=16, sources=("nq",))
     stage_I, stage_II = tmp_path / "stage_I", tmp_path / "stage_II"
-    run(
-        "I",
-        [
-            "--model_name_or_path",
-            llama_checkpoint,
-            "--output_dir",
-            str(stage_I),
-            "--max_steps",
-            "2",
-            "--per_device_train_batch_size",
-            "4",
-            "--save_strategy",
-            "no",
-            *common_flags(data),
-        ],
-    )
+    with caplog.at_level(logging.INFO, logger="llm2vec"):
+        run(
+            "I",
+            [
+                "--model_name_or_path",
+                llama_checkpoint,
+                "--output_dir",
+                str(stage_I),
+                "--max_steps",
+                "2",
+                "--per_device_train_batch_size",
+                "4",
+                "--save_strategy",
+                "no",
+                *common_flags(data),
+            ],
+        )
+    # a finished run ends by naming where its model is
+    assert [r.getMessage() for r in caplog.records if r.name == "llm2vec"][
+        -1
+    ] == f"Stage I: the model is saved in {stage_I}"
     stage_II_flags = [
         "--stage",
         "II",
@@ -258,8 +263,12 @@ def test_stage_I_then_stage_II_then_load(llama_checkpoint, tmp_path, caplog):
         "1",
         *common_flags(data),
     ]
-    with caplog.at_level(logging.WARNING, logger="llm2vec"):
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="llm2vec"):
         trainer = run("II", [*stage_II_flags, "--output_dir", str(stage_II)])
+    assert [r.getMessage() for r in caplog.records if r.name == "llm2vec"][-1] == (
+        f"Stage II: the model is saved in {stage_II}"
+    )
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("gradient_accumulation_steps = 2" in m and "2 examples of one micro-batch" in m for m in warnings), (
         warnings

@@ -1,0 +1,138 @@
+"""Reading a run's configuration: a JSON file, command-line flags, or a JSON file followed by flags that override
+it, into a validated-per-field :class:`~llm2vec.arguments.run_config.RunConfig` of one stage; and the drivers'
+``--help``.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import fields
+from typing import Any
+
+import torch
+from transformers import HfArgumentParser
+
+from ..config_values import Flag, ValueProblem, check_ranges, coerce_config
+from ..io import JsonFileError, read_json_file
+from .run_config import RunConfig
+from .shared import STAGES, ConfigError
+from .stages import STAGE_ARGUMENTS, argument_classes
+
+# Training defaults that differ from transformers' (set unless the config gives them).
+TRAINING_DEFAULTS = {"remove_unused_columns": False, "report_to": "none", "ddp_find_unused_parameters": False}
+
+
+def _parse_flags(argv: list[str]) -> dict[str, Flag]:
+    """``--key value...`` to ``{key: Flag(values)}``; the strings are read as each field's type later
+    (:func:`llm2vec.config_values.coerce_config`)."""
+    out: dict[str, Flag] = {}
+    i = 0
+    while i < len(argv):
+        key = argv[i]
+        if not key.startswith("--") or len(key) == 2:
+            raise ConfigError(f"command line: expected --field, got {key!r} (a JSON config must come first)")
+        values = []
+        i += 1
+        while i < len(argv) and not argv[i].startswith("--"):
+            values.append(argv[i])
+            i += 1
+        name = key[2:]
+        if "=" in name:  # --field=value
+            name, value = name.split("=", 1)
+            values.insert(0, value)
+        if name in out:
+            raise ConfigError(f"command line: --{name} is given twice; give it once")
+        out[name] = Flag(tuple(values))
+    return out
+
+
+def load_config(argv: list[str]) -> tuple[dict[str, Any], str]:
+    """The merged raw config: a JSON file (if the first argument is one) overridden by flags."""
+    source = "command line"
+    config: dict[str, Any] = {}
+    if argv and argv[0].endswith(".json"):
+        source = argv[0]
+        try:
+            config = read_json_file(source, "config file")
+        except JsonFileError as e:
+            raise ConfigError(str(e)) from None
+        if not isinstance(config, dict):
+            raise ConfigError(f"{source}: the config must be a JSON object of field: value")
+        argv = argv[1:]
+    config.update(_parse_flags(argv))
+    return config, source
+
+
+def parse_config(stage: str, argv: list[str]) -> RunConfig:
+    """Parse a config for ``stage`` (``"I"`` or ``"II"``); field values checked, nothing run-time yet."""
+    config, source = load_config(argv)
+    if isinstance(config.get("stage"), Flag):
+        config["stage"] = " ".join(config["stage"].values)
+    given_stage = config.get("stage", stage)
+    if given_stage != stage:
+        raise ConfigError(
+            f"{source}: this config is for stage {given_stage!r} (field 'stage'); use run_stage_{given_stage}.py"
+            if given_stage in STAGES
+            else f"{source}: stage={given_stage!r}: choose one of {', '.join(STAGES)}"
+        )
+    classes = argument_classes(stage)
+    known = {f.name for cls in classes for f in fields(cls)}
+    _refuse_unknown(config, known, stage, source)
+    if "model_name_or_path" not in config or "output_dir" not in config:
+        raise ConfigError(f"{source}: 'model_name_or_path' and 'output_dir' are required")
+    try:
+        config = coerce_config(config, classes)
+        check_ranges(config)
+    except ValueProblem as e:
+        raise ConfigError(f"{source}: {e}") from None
+    for key, value in TRAINING_DEFAULTS.items():
+        config.setdefault(key, value)
+    config.setdefault("dataloader_pin_memory", has_accelerator())  # torch warns on every CPU batch otherwise
+    if config.get("validation_file") or config.get("validation_size"):
+        config.setdefault("eval_strategy", "steps")  # held-out pairs are evaluated every eval_steps
+    if config.get("activation_checkpointing"):
+        config.setdefault("activation_checkpointing_kwargs", {"use_reentrant": False})
+    try:
+        model, data, stage_args, training = HfArgumentParser(classes).parse_dict(config, allow_extra_keys=False)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{source}: {e}") from None
+    config = RunConfig(model, data, stage_args, training, source)
+    config.apply_precision_policy()
+    return config
+
+
+def has_accelerator() -> bool:
+    """Whether torch sees an accelerator (CUDA, XPU, MPS, ...), where pinned host memory speeds up the copies."""
+    return torch.accelerator.is_available()
+
+
+def _refuse_unknown(config: dict[str, Any], known: set[str], stage: str, source: str) -> None:
+    """One line for the unknown fields: blamed on the command line when they came as flags (a JSON file may come
+    first), else on the file; each with the closest known name (``difflib``) or the stage it belongs to."""
+    other = next(s for s in STAGES if s != stage)
+    of_other = {f.name for f in fields(STAGE_ARGUMENTS[other])}
+    flags = sorted(k for k, v in config.items() if k not in known and isinstance(v, Flag))
+    in_file = sorted(k for k, v in config.items() if k not in known and not isinstance(v, Flag))
+    for unknown, where, shown in ((flags, "command line", "--{}"), (in_file, source, "'{}'")):
+        if not unknown:
+            continue
+        hints = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+            if name in of_other:
+                hints.append(f"{name}: Stage {other} only")
+            elif close:
+                hints.append(f"{shown.format(name)}: did you mean {shown.format(close[0])}?")
+        hint = f" ({'; '.join(hints)})" if hints else ""
+        raise ConfigError(
+            f"{where}: unknown field(s) for Stage {stage}: {unknown}{hint}. "
+            f"`run_stage_{stage}.py --help` lists the fields."
+        )
+
+
+def help_text(stage: str) -> str:
+    """The ``--help`` of a stage's driver: every field with its help and default."""
+    parser = HfArgumentParser(argument_classes(stage))
+    parser.prog = f"run_stage_{stage}.py"
+    parser.usage = f"run_stage_{stage}.py CONFIG.json [--field value ...]  |  run_stage_{stage}.py --field value ..."
+    return parser.format_help()

@@ -1,0 +1,219 @@
+"""A run's history as a model card shows it: the stages that made a model, read from the ``run_config.json`` and
+``trainer_state.json`` each run leaves beside its model, followed back through ``model_name_or_path`` and
+``peft_model_name_or_path`` (:func:`history_of`); a summary of a stage's logged losses (:func:`loss_curve`);
+and :class:`ModelCardInputs`, everything one card prints, gathered for a training save or an export.
+
+Missing or unreadable files leave their stage (or its curve) out with a note; they never raise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..provenance import base_model_hub_id
+
+RUN_CONFIG_NAME = "run_config.json"
+TRAINER_STATE_NAME = "trainer_state.json"
+MAX_CHAIN = 8  # stages followed back through run_config.json files
+CURVE_POINTS = 6
+
+
+@dataclass
+class StageRecord:
+    """One training run: its resolved config and logged history."""
+
+    run_config: dict[str, Any]
+    log_history: list[dict[str, Any]] = field(default_factory=list)
+    folder: str | None = None  # where it was read from; None for the run being saved
+    global_step: int | None = None
+
+
+@dataclass
+class ModelCardInputs:
+    """Everything a card shows; build it with :meth:`for_export` or :meth:`for_training`."""
+
+    kind: str  # "export", "model" (full weights) or "adapter" (a LoRA adapter)
+    path: str  # the folder the card is written into, as the user named it
+    base_model: str | None  # the hub id of the first model of the chain, when known
+    base_path: str | None  # the first model of the chain as the run named it (a hub id or a local folder)
+    history: list[StageRecord]
+    embedding: dict[str, Any]  # pooling_mode, max_length, template, ...
+    base_for_adapter: str | None = None  # an adapter's base model folder or id
+    prompts: dict[str, str] = field(default_factory=dict)  # an export's prompts: name -> instruction
+    query_source: str = ""  # where an export's query instruction came from
+    adhoc_prompts: bool = False  # an export whose chat template maps any instruction passed as prompt=
+    text_marker: str = ""  # an export's marker between prompt and text (llm2vec.export.TEXT_MARKER)
+    mteb_results: list[str] = field(default_factory=list)  # the result folders the table was read from
+    mteb_table: str = ""  # their category table, rendered (Markdown); "" for none
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def for_training(
+        cls,
+        output_dir: str | os.PathLike,
+        run_config: Mapping[str, Any],
+        log_history: Sequence[Mapping[str, Any]],
+        encoder,
+        global_step: int | None = None,
+    ) -> ModelCardInputs:
+        """The card of a checkpoint or final save of the run being trained (the trainer's ``_save``)."""
+        current = StageRecord(dict(run_config), [dict(e) for e in log_history], None, global_step)
+        notes: list[str] = []
+        history = _upstream(current, notes) + [current]
+        adapter = hasattr(encoder.model, "peft_config")
+        embedding = dict(encoder.llm2vec_config())
+        return cls(
+            kind="adapter" if adapter else "model",
+            path=str(output_dir),
+            base_model=base_model_hub_id(history[0].run_config if history else None),
+            base_path=_root_model(history),
+            history=history,
+            embedding=embedding,
+            base_for_adapter=run_config.get("model_name_or_path") if adapter else None,
+            notes=notes,
+        )
+
+    @classmethod
+    def for_export(
+        cls,
+        base_model_name_or_path: str,
+        peft_model_name_or_path: str | None,
+        *,
+        encoder,
+        prompts: Mapping[str, str],
+        normalize: bool,
+        dtype,
+        adhoc_prompts: bool = False,
+        text_marker: str = "",
+        mteb_results: Sequence[str | os.PathLike] = (),
+        mteb_table: str = "",
+        output_dir: str | os.PathLike | None = None,
+        query_source: str = "",
+    ) -> ModelCardInputs:
+        """The card of a sentence-transformers export of ``base`` (+ ``peft``); ``text_marker`` and ``mteb_table``
+        (the rendered scores of ``mteb_results``) are the export's."""
+        notes: list[str] = []
+        history = history_of([p for p in (base_model_name_or_path, peft_model_name_or_path) if p], notes)
+        embedding = dict(
+            encoder.llm2vec_config(),
+            normalize=normalize,
+            dtype=str(dtype).replace("torch.", ""),
+            dimensions=encoder.model.config.hidden_size,
+        )
+        first = history[0].run_config if history else None
+        return cls(
+            kind="export",
+            path=str(output_dir) if output_dir else "path/to/export",
+            base_model=base_model_hub_id(first, fallback=base_model_name_or_path),
+            base_path=_root_model(history) or base_model_name_or_path,
+            history=history,
+            embedding=embedding,
+            prompts=dict(prompts),
+            query_source=query_source,
+            adhoc_prompts=adhoc_prompts,
+            text_marker=text_marker,
+            mteb_results=[str(p) for p in mteb_results],
+            mteb_table=mteb_table,
+            notes=notes,
+        )
+
+
+def read_stage(folder: str | os.PathLike, notes: list[str] | None = None) -> StageRecord | None:
+    """The run saved in ``folder`` (``run_config.json`` and ``trainer_state.json``), or None if there is none."""
+    folder = Path(folder)
+    config_path = folder / RUN_CONFIG_NAME
+    if not config_path.is_file():
+        return None
+    try:
+        run_config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        if notes is not None:
+            notes.append(f"{config_path} could not be read ({e}); that stage is left out.")
+        return None
+    log_history, step = [], None
+    state_path = _trainer_state(folder)
+    if state_path is not None:
+        try:
+            state = json.loads(state_path.read_text(encoding="utf-8"))
+            log_history, step = list(state.get("log_history", [])), state.get("global_step")
+        except (OSError, json.JSONDecodeError, AttributeError) as e:
+            if notes is not None:
+                notes.append(f"{state_path} could not be read ({e}); no loss curve for that stage.")
+    return StageRecord(run_config, log_history, str(folder), step)
+
+
+def _trainer_state(folder: Path) -> Path | None:
+    """``trainer_state.json`` of a final save (beside the model) or a checkpoint folder."""
+    path = folder / TRAINER_STATE_NAME
+    return path if path.is_file() else None
+
+
+def _upstream(record: StageRecord, notes: list[str], depth: int = 0) -> list[StageRecord]:
+    """The stages before ``record`` (oldest first), through the local folders its config names."""
+    if depth >= MAX_CHAIN:
+        return []
+    out: list[StageRecord] = []
+    for key in ("model_name_or_path", "peft_model_name_or_path"):
+        source = record.run_config.get(key)
+        if not source or not os.path.isdir(source):
+            continue
+        previous = read_stage(source, notes)
+        if previous is not None:
+            out += _upstream(previous, notes, depth + 1) + [previous]
+    return out
+
+
+def history_of(paths: Sequence[str | os.PathLike], notes: list[str] | None = None) -> list[StageRecord]:
+    """The stages that produced the models in ``paths`` (a base and an adapter), oldest first, no repeats."""
+    notes = notes if notes is not None else []
+    out: list[StageRecord] = []
+    seen: set[str] = set()
+    for path in paths:
+        if not os.path.isdir(path):
+            continue
+        record = read_stage(path, notes)
+        if record is None:
+            continue
+        for r in _upstream(record, notes) + [record]:
+            key = os.path.abspath(r.folder) if r.folder else id(r)
+            if key not in seen:
+                seen.add(key)
+                out.append(r)
+    return out
+
+
+def _root_model(history: Sequence[StageRecord]) -> str | None:
+    return history[0].run_config.get("model_name_or_path") if history else None
+
+
+def loss_curve(log_history: Sequence[Mapping[str, Any]], points: int = CURVE_POINTS) -> dict[str, Any] | None:
+    """The logged training losses: ``rows`` (evenly spaced points, first and last included), ``min``, ``last``.
+
+    Each row is ``{"step", "loss", <loss parts>..., "learning_rate"}``; parts are the logged keys that start
+    with ``loss_``. None when nothing was logged.
+    """
+    logged = [e for e in log_history if "loss" in e and "step" in e]
+    if not logged:
+        return None
+    if len(logged) <= points:
+        picked = list(range(len(logged)))
+    else:
+        picked = sorted({round(i * (len(logged) - 1) / (points - 1)) for i in range(points)})
+    parts = sorted({k for e in logged for k in e if k.startswith("loss_")})
+    columns = ["step", "loss", *parts, "learning_rate"]
+    rows = [{k: logged[i].get(k) for k in columns} for i in picked]
+    best = min(logged, key=lambda e: e["loss"])
+    summary = next((e for e in log_history if "train_loss" in e), None)
+    return {
+        "columns": columns,
+        "rows": rows,
+        "n": len(logged),
+        "min": (best["step"], best["loss"]),
+        "last": (logged[-1]["step"], logged[-1]["loss"]),
+        "train_loss": summary.get("train_loss") if summary else None,
+    }

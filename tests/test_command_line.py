@@ -1,0 +1,166 @@
+"""The command line's one-line messages (#30 point 6): an unknown flag or field is blamed where it was written,
+with the closest field; a short run's warm-up is warned about; a missing adapter folder fails before the data
+loads; a finished run names its model folder; an inherited max_length is logged; the export names the flag of a
+wrong base; CPU runs do not pin memory."""
+
+import importlib.util
+import json
+import logging
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from _drivers import tiny_run_flags
+
+from llm2vec import LLM2Vec
+from llm2vec.arguments import ConfigError, parse_config
+from llm2vec.testing import build_tiny_model, save_tiny_model, write_tiny_e5
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    return save_tiny_model("llama3", root / "model"), write_tiny_e5(root / "data", n=8, sources=("nq",)), root
+
+
+def flags(setup, **fields):
+    model, data, root = setup
+    return tiny_run_flags(model, data, root / "out", **fields)
+
+
+# ---------------------------------------------------------------------------------------------- unknown names
+
+
+def test_an_unknown_flag_is_blamed_on_the_command_line_with_the_closest_field(setup, tmp_path):
+    config = tmp_path / "stage_I.json"
+    config.write_text(json.dumps({"model_name_or_path": str(setup[0]), "output_dir": str(tmp_path / "o")}))
+    with pytest.raises(ConfigError) as error:
+        parse_config("I", [str(config), "--learing_rate", "1e-3"])
+    message = str(error.value)
+    assert message.startswith("command line: ") and str(config) not in message
+    assert "--learing_rate: did you mean --learning_rate?" in message and "\n" not in message
+
+
+def test_an_unknown_json_field_names_the_file_and_the_closest_field(setup, tmp_path):
+    config = tmp_path / "stage_I.json"
+    fields = {"model_name_or_path": str(setup[0]), "output_dir": str(tmp_path / "o"), "warmup_stpes": 2}
+    config.write_text(json.dumps(fields))
+    with pytest.raises(ConfigError) as error:
+        parse_config("I", [str(config), "--max_steps", "2"])
+    assert str(error.value).startswith(f"{config}: unknown field(s) for Stage I: ['warmup_stpes']")
+    assert "'warmup_stpes': did you mean 'warmup_steps'?" in str(error.value)
+    # a name close to nothing gets no guess; one of the other stage says so
+    with pytest.raises(ConfigError) as error:
+        parse_config("I", flags(setup, zzzqqq=1, loss_scale=50))
+    assert "did you mean" not in str(error.value) and "loss_scale: Stage II only" in str(error.value)
+
+
+# ---------------------------------------------------------------------------------------------- warm-up
+
+
+def test_a_run_shorter_than_its_warm_up_is_warned_about_with_both_values(setup, caplog):
+    config = parse_config("I", flags(setup, max_steps=3, warmup_steps=15, learning_rate=1e-3))
+    with caplog.at_level(logging.WARNING, logger="llm2vec"):
+        config.validate()
+    (message,) = [r.getMessage() for r in caplog.records if "warmup_steps" in r.getMessage()]
+    assert "max_steps 3" in message and "warmup_steps 15" in message
+    # the peak the run reaches, from transformers' own linear schedule: steps 0, 1, 2 of 15 warm-up steps
+    from transformers import get_linear_schedule_with_warmup
+
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    schedule = get_linear_schedule_with_warmup(optimizer, 15, 3)
+    reached = max(schedule.lr_lambdas[0](step) for step in range(3))
+    assert f"at most {100 * reached:.0f} %" in message and round(100 * reached) == 13
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="llm2vec"):
+        parse_config("I", flags(setup, max_steps=100, warmup_steps=15)).validate()
+    assert not [r for r in caplog.records if "warmup_steps" in r.getMessage()]
+
+
+# ---------------------------------------------------------------------------------------------- adapter path
+
+
+def test_a_missing_adapter_folder_fails_before_the_data_loads(setup, tmp_path, monkeypatch):
+    import llm2vec.training as training
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("the data was loaded before the adapter path was checked")
+
+    monkeypatch.setattr(training, "load_data", no_data)
+    missing = tmp_path / "stage_II_typo"
+    argv = flags(setup, peft_model_name_or_path=str(missing), output_dir=str(tmp_path / "o"))
+    with pytest.raises(ConfigError) as error:
+        training.run("II", argv)
+    assert f"peft_model_name_or_path '{missing}' is not a folder" in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+# ---------------------------------------------------------------------------------------------- CPU runs
+
+
+@pytest.mark.skipif(torch.accelerator.is_available(), reason="pinned memory is right with an accelerator")
+def test_a_cpu_run_does_not_pin_memory_nor_warn(setup):
+    args = parse_config("I", flags(setup, use_cpu=None)).training  # use_cpu alone already turns pinning off
+    assert args.dataloader_pin_memory is False
+    data = torch.utils.data.TensorDataset(torch.arange(4.0))
+    with warnings.catch_warnings(record=True) as pinned:  # torch's own warning, to show what is avoided
+        warnings.simplefilter("always")
+        list(torch.utils.data.DataLoader(data, batch_size=2, pin_memory=True))
+    assert any("pin_memory" in str(w.message) for w in pinned)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        list(torch.utils.data.DataLoader(data, batch_size=2, pin_memory=args.dataloader_pin_memory))
+    assert not [w for w in caught if "pin_memory" in str(w.message)]
+    # a config that asks for it keeps it
+    assert (
+        parse_config("I", flags(setup, use_cpu=None, dataloader_pin_memory="true")).training.dataloader_pin_memory
+        is True
+    )
+
+
+# ---------------------------------------------------------------------------------------------- max_length
+
+
+def test_an_inherited_max_length_is_logged_and_an_explicit_one_wins(tmp_path, caplog):
+    causal_lm, tokenizer = build_tiny_model("llama3")
+    folder = tmp_path / "trained"
+    LLM2Vec(causal_lm.model, tokenizer, max_length=64).save(str(folder))
+    saved = json.loads((folder / "llm2vec_config.json").read_text())["max_length"]
+    with caplog.at_level(logging.INFO, logger="llm2vec"):
+        model = LLM2Vec.from_pretrained(str(folder), device="cpu")
+    (message,) = [r.getMessage() for r in caplog.records if "inherited" in r.getMessage()]
+    assert model.max_length == saved == 64
+    assert message.startswith("max_length 64: inherited from") and "llm2vec_config.json" in message
+    assert "max_length=" in message
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="llm2vec"):
+        model = LLM2Vec.from_pretrained(str(folder), device="cpu", max_length=128)
+    assert model.max_length == 128 and not [r for r in caplog.records if "inherited" in r.getMessage()]
+
+
+# ---------------------------------------------------------------------------------------------- the export
+
+
+def export_main():
+    spec = importlib.util.spec_from_file_location("export_cli", ROOT / "experiments/export_sentence_transformers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+@pytest.mark.parametrize(
+    ("base", "expected"),
+    [("bad name!", "is neither a folder here nor a hub id"), ("./output/stage_I/typo", "no such folder")],
+)
+def test_the_export_names_the_flag_of_a_wrong_base(tmp_path, capsys, base, expected):
+    code = export_main()(
+        ["--base_model_name_or_path", base, "--query_instruction", "", "--output_dir", str(tmp_path / "x")]
+    )
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert code == 2 and len(errors) == 1
+    assert f"--base_model_name_or_path {base!r}" in errors[0] and expected in errors[0]
+    assert "Repo id" not in errors[0] and "hub id" in errors[0]
