@@ -1,7 +1,7 @@
 """The paper's pipeline end to end, offline, on a laptop CPU: SmolLM2-135M-Instruct, Stage I, Stage II
 (Anchor and Baseline), mteb evaluation of the four rows of Table 10, and the Stage II loss plot (Figure 4).
 
-    python experiments/run_demo.py            # outputs in cache/demo-runs/ (time: README)
+    python experiments/run_demo.py            # outputs in cache/demo-runs/ (time: docs/demo.md)
     python experiments/run_demo.py --smoke    # tiny random model, 2 steps per stage (CI); cache/demo-smoke/
     python experiments/run_demo.py --fresh    # redo every step
     python experiments/run_demo.py --seeds 1  # one seed (42) instead of two (42, 43)
@@ -17,9 +17,8 @@ import argparse
 import dataclasses
 import sys
 
-from demo.pipeline import run_demo
+from demo.pipeline import DemoError, run_demo
 from demo.settings import DEFAULT_SEED, PRESETS, SIZES
-from demo.steps import DemoError
 
 
 def build_arg_parser() -> argparse.ArgumentParser:

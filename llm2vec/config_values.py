@@ -13,8 +13,8 @@ value into its field's type before any argument class sees it, and refuses what 
 - ``null`` (JSON) or ``null`` / ``none`` (a flag) only where the field may be unset;
 - any other flag given with no value, or with several values where one belongs, is an error.
 
-Fields whose type is none of these (dicts, lists of options, unions such as ``report_to``) keep the old
-reading: a flag's value is parsed as JSON where it parses, else kept as a string.
+Fields whose type is none of these (dicts, lists of options, unions such as ``report_to``) are read
+loosely: a flag's value is parsed as JSON where it parses, else kept as a string.
 
 :data:`TRAINING_RANGES` gives the allowed range of every numeric field of transformers' ``TrainingArguments``
 this project uses (the project's own argument classes check theirs in ``__post_init__``); :func:`check_ranges`

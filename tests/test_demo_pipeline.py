@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 import run_demo as cli
+from compare_demo_runs import largest_difference
 from demo import pipeline, report, smollm2
-from demo.scripts import Hardware, training_command
+from demo.pipeline import MARKER, Hardware, Step, StepRunner, read_marker, training_command
 from demo.settings import (
     ANCHOR_CONFIG,
     BASELINE_CONFIG,
@@ -26,7 +27,6 @@ from demo.settings import (
     STAGE_I_SCRIPT,
     TASK_NAME,
 )
-from demo.steps import MARKER, Step, StepRunner, read_marker
 
 from llm2vec.arguments import parse_config
 
@@ -559,8 +559,6 @@ def test_two_reports_side_by_side(smoke_run, tmp_path):
 
 
 def test_largest_difference_names_the_number_and_counts_nan_against_a_number_as_unbounded():
-    from demo.compare import largest_difference
-
     nan = float("nan")
     a = {"rows": [{"x": 1.0, "y": nan, "z": nan}], "threads": 2, "name": "run"}
     b = {"rows": [{"x": 1.5, "y": 2.0, "z": nan}], "threads": 1, "name": "other"}

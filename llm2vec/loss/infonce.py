@@ -39,11 +39,10 @@ class InfoNCELoss(nn.Module):
     average) this is the mean over all queries of the global batch.
 
     Precision: the normalisation, the score matmul, the softmax and the cross-entropy run in float32 with
-    autocast switched off, whatever the embeddings' dtype and whatever autocast surrounds the call. Under
-    bf16 mixed precision the Trainer's autocast wraps the model's ``forward``, which computes this loss in
-    the plain step; without this the (B, |C|) matmul ran in bf16 there (8 bits of mantissa on scores of
-    magnitude up to ``scale``), while the gradient-cached step, whose loss is computed outside ``forward``,
-    ran it in float32. Both paths now compute the same float32 loss.
+    autocast switched off, whatever the embeddings' dtype and whatever autocast surrounds the call (bf16 has 8
+    bits of mantissa, coarse on scores of magnitude up to ``scale``). So the plain step, whose loss is computed
+    inside the model's ``forward`` under the Trainer's autocast, and the gradient-cached step, whose loss is
+    computed outside it, give the same float32 loss.
 
     ``gather=False`` (``scores`` and ``forward``) takes the given embeddings as the whole batch: nothing is
     gathered and query i's target is candidate i (the validation loss, whose embeddings are gathered already).
