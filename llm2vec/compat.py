@@ -17,7 +17,7 @@ CI runs at the lower bounds (``.ci/run``), and these paths are among what they e
   ``TrainingArguments`` lacks them, :class:`TrainingArguments` here adds the two fields and copies them onto the old
   ones, so the Trainer of that release checkpoints as asked; :func:`enable_activation_checkpointing` and
   :func:`disable_activation_checkpointing` call whichever method the model has (for scripts that switch it on
-  a bare transformers model, such as ``experiments/gpu_check.py``).
+  a bare transformers model, such as the project's GPU check).
 """
 
 from __future__ import annotations

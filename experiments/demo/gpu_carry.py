@@ -107,7 +107,9 @@ def prepare(out: Path, data: Path, gguf: Path, wheel: Path) -> dict:
 def read_manifest(carry: Path) -> dict:
     path = carry / "part2" / MANIFEST
     if not path.is_file():
-        raise CarryError(f"{path}: missing; carry part1 and part2 of experiments/demo/gpu_carry.py (docs/demo_scale.md)")
+        raise CarryError(
+            f"{path}: missing; carry part1 and part2 of experiments/demo/gpu_carry.py (docs/demo_scale.md)"
+        )
     return json.loads(path.read_text())
 
 

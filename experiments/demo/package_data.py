@@ -179,10 +179,16 @@ def installed_distributions() -> dict[str, str]:
 
 
 def package_environment() -> dict:
+    """The interpreter and the distributions the readers see: listed by a fresh interpreter, as the readers are
+    (the calling process may have put other folders on its ``sys.path``)."""
+    code = "import json, sys; sys.path[:0] = [sys.argv[1]]; from demo.package_data import installed_distributions; "
+    code += "print(json.dumps(installed_distributions()))"
+    here = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, "-c", code, here], capture_output=True, text=True, check=True)
     return {
         "python_version": platform.python_version(),
         "python_implementation": platform.python_implementation(),
-        "distributions": installed_distributions(),
+        "distributions": json.loads(done.stdout),
     }
 
 

@@ -17,7 +17,7 @@ Optional fused path: on CUDA, when ``liger_kernel`` is importable (``pip install
 chunked path uses Liger's fused linear cross-entropy instead, which never builds more than a block of
 logits either and computes the gradients in forward; it accumulates in float32 (``accum_dtype``). It has no
 CPU implementation, so the CPU test-suite cannot run it (it checks only the arguments it is given); its
-agreement with the plain path is checked on a GPU (``experiments/gpu_check.py``, the ``liger`` line).
+agreement with the plain path is checked on a GPU (the project's GPU check, the ``liger`` line).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def liger_available(device: torch.device) -> bool:
 
 def _liger_nll(lm_head: nn.Linear, hidden, targets):
     """Liger's fused kernel (CUDA only: its numbers are checked against the blockwise path by
-    ``experiments/gpu_check.py``), summing in float32 (``accum_dtype``) where the installed Liger takes it, as the
+    the project's GPU check), summing in float32 (``accum_dtype``) where the installed Liger takes it, as the
     blockwise path does; a Liger without that argument accumulates in the inputs' dtype."""
     from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
