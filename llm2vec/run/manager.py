@@ -38,7 +38,7 @@ from typing import Any
 
 from ..arguments import RunConfig
 from . import inputs, lock
-from .checks import check_writable
+from .checks import check_apart, check_writable
 from .folder import saved_run_config, step_of
 from .plan import RunPlan, plan_run, prepare
 from .saves import finalize_from_checkpoint, save_final
@@ -60,6 +60,7 @@ class RunManager:
         Raises :class:`llm2vec.arguments.ConfigError` when the run would replace one the user did not ask to
         replace, :class:`.lock.RunLocked` when another live run holds the folder."""
         args = config.training
+        check_apart(args.output_dir, inputs.run_inputs(config))  # before anything is created
         check_writable(args.output_dir)
         with lock.hold(args.output_dir, is_main=args.process_index == 0):
             run = cls(config, plan_run(config))
@@ -89,6 +90,7 @@ class RunManager:
             geometry,
             config.stage.accept_changed_inputs,
             step_of(checkpoint) if checkpoint else 0,
+            config.resolved(),
         )
         return {
             **config.resolved(),
