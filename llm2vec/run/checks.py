@@ -53,13 +53,16 @@ def folder_holds(path: Path) -> str | None:
 
 
 def _runs_below(root: Path, skip) -> list[str]:
-    """``<path> (<what>)`` for each folder below ``root`` (depth 1 to :data:`SCAN_DEPTH`) that :func:`folder_holds`
-    a run or an export; ``skip(child)`` leaves out top-level children (the run's own checkpoints)."""
+    """``<path> (<what>)`` for each folder below ``root`` (depth 1 to :data:`SCAN_DEPTH`, hidden ones aside) that
+    :func:`folder_holds` a run or an export; ``skip(child)`` leaves out top-level children (the run's own
+    checkpoints)."""
     found, frontier, seen = [], [(root, 0)], 0
     while frontier and seen < SCAN_LIMIT:
         folder, depth = frontier.pop()
         try:
-            children = sorted(c for c in folder.iterdir() if c.is_dir() and not c.is_symlink())
+            children = sorted(  # hidden folders aside: a run's staging and deletion folders are its own
+                c for c in folder.iterdir() if c.is_dir() and not c.is_symlink() and not c.name.startswith(".")
+            )
         except OSError:
             continue
         for child in children:

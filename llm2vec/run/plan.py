@@ -5,6 +5,13 @@ space and what ``--overwrite_output_dir`` deletes (:func:`prepare`).
 - **A finished run is not overwritten.** A run refuses to start in a folder that holds a finished model or
   checkpoints, and says what is there and how its ``run_config.json`` differs from the new config:
   ``--resume_from_checkpoint true`` continues it, ``--overwrite_output_dir true`` replaces it.
+- **What the run did not write is not touched.** Files the folder's run did not record
+  (:meth:`llm2vec.run.folder.RunFolder.foreign_files`) refuse a start unless ``--overwrite_output_dir true``, which
+  then writes beside them and never deletes them; one the run would write over is refused whatever the flags.
+- **A resume takes only an intact checkpoint of its own stage.** The checkpoint's stage must be this config's
+  (:func:`checkpoint_stage`); its files must hash as its manifest recorded (:func:`llm2vec.run.folder.content_problem`:
+  with ``--resume_from_checkpoint true`` a changed one is skipped with a warning for the next older one, a
+  named one is refused).
 - **A finished run is recognised.** ``--resume_from_checkpoint true`` on a finished run whose training-length
   fields (:func:`llm2vec.run.folder.training_end_fields`) equal the new config's says so and does nothing
   (exit 0). If the new config trains further, the run continues from its newest complete checkpoint; if it ends

@@ -11,7 +11,7 @@ finished by its completion marker.
 - **Checkpoints carry content hashes.** The manifest records each file's size and SHA-256, computed from the
   staged files before the rename; a resume compares them (:func:`llm2vec.run.folder.content_problem`).
 - **The final model is finished when the marker exists, and the marker lists only what the save wrote.** The
-  final model is written into ``.final-model.staging.tmp/``; then the names of its files are recorded
+  final model is written into ``.final-model.staging.tmp/<name of output_dir>/``; then the names of its files are recorded
   (:data:`~llm2vec.run.folder.FINAL_SAVE_RECORD`, so that a kill in the next moments leaves them known as the
   run's), the old marker is removed, the files are renamed into ``output_dir`` (the run's own files of a
   previous final save that this one did not write again are deleted), and the marker (those names and sizes)
@@ -158,7 +158,7 @@ def _publish_final(staged: Path, out: Path, run_config: dict[str, Any], global_s
         elif target.is_dir():
             remove_path(target)
         os.replace(staged / name, target)
-    shutil.rmtree(staged, ignore_errors=True)
+    shutil.rmtree(out / FINAL_STAGING, ignore_errors=True)
     _fsync(out)
     stage = run_config.get("stage", "I")
     marker = {
@@ -177,17 +177,21 @@ def _publish_final(staged: Path, out: Path, run_config: dict[str, Any], global_s
 
 @contextlib.contextmanager
 def _final_staging(trainer) -> Iterator[Path]:
-    """An empty staging folder for the final model (every process: the same path), removed if the save fails."""
-    staged = Path(trainer.args.output_dir) / FINAL_STAGING
+    """An empty staging folder for the final model (every process: the same path), removed if the save fails. It
+    bears ``output_dir``'s own name (``<output_dir>/.final-model.staging.tmp/<name>/``): the model card names the
+    folder it is written in."""
+    out = Path(trainer.args.output_dir)
+    root = out / FINAL_STAGING
+    staged = root / (out.resolve().name or "model")
     if trainer.args.should_save:
-        shutil.rmtree(staged, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
         staged.mkdir(parents=True)
     trainer.accelerator.wait_for_everyone()
     try:
         yield staged
     except BaseException:
         if trainer.args.should_save:
-            shutil.rmtree(staged, ignore_errors=True)
+            shutil.rmtree(root, ignore_errors=True)
         raise
 
 
