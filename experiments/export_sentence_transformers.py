@@ -107,7 +107,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="write the text layout: only the exported prompts embed exactly, an ad-hoc prompt= does not (needed "
         "for mean pooling); default: any instruction passed as prompt= embeds as LLM2Vec.encode",
     )
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --output_dir")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a previous export in --output_dir (only an export: a run's folder, other files or a folder "
+        "above runs are refused)",
+    )
+    p.add_argument(
+        "--accept_other_base",
+        action="store_true",
+        help="load --peft_model_name_or_path although its run_config.json records another base model (same "
+        "shape, other weights; default: refused)",
+    )
     p.add_argument(
         "--trust_remote_code",
         action="store_true",
@@ -157,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             overwrite=args.overwrite,
             named_prompts_only=args.named_prompts_only,
             trust_remote_code=args.trust_remote_code,
+            accept_other_base=args.accept_other_base,
         )
     except (ExportError, ValueError, OSError) as e:
         if isinstance(e, HFValidationError) or isinstance(e.__cause__, HFValidationError):

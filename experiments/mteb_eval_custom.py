@@ -113,6 +113,12 @@ def build_arg_parser() -> argparse.ArgumentParser:
         help="run the Python code that the model folder's config.json or tokenizer_config.json names in its "
         "auto_map (default: such a model is refused)",
     )
+    p.add_argument(
+        "--accept_other_base",
+        action="store_true",
+        help="load --peft_model_name_or_path although its run_config.json records another base model (same "
+        "shape, other weights; default: refused)",
+    )
     return p
 
 
@@ -216,7 +222,9 @@ def run(args: argparse.Namespace) -> int:
     if any(d.type == "cuda" for d in device_list) and not torch.cuda.is_available():
         raise UsageError(f"--device {args.device!r}: no CUDA device is visible; use --device cpu or auto")
     try:
-        check_model_files(args.base_model_name_or_path, args.peft_model_name_or_path, args.trust_remote_code)
+        check_model_files(
+            args.base_model_name_or_path, args.peft_model_name_or_path, args.trust_remote_code, args.accept_other_base
+        )
     except ModelFilesError as e:
         raise UsageError(str(e)) from None
 
@@ -237,6 +245,7 @@ def run(args: argparse.Namespace) -> int:
             allow_missing_instructions=args.allow_missing_instructions,
             batch_size=args.batch_size,
             trust_remote_code=args.trust_remote_code,
+            accept_other_base=args.accept_other_base,
         )
     except (PathNameError, ModelFilesError) as e:  # a model name from a path that is no plain name
         raise UsageError(str(e)) from None

@@ -187,6 +187,7 @@ class LLM2Vec(nn.Module):
         attn_implementation: str | None = None,
         model_kwargs: dict[str, Any] | None = None,
         trust_remote_code: bool = False,
+        accept_other_base: bool = False,
         **kwargs,
     ) -> LLM2Vec:
         """Build the model from a checkpoint (hub id or local folder), optionally with a LoRA adapter.
@@ -198,9 +199,11 @@ class LLM2Vec(nn.Module):
 
         A model whose files name custom code, or an adapter stored only as a pickle, is refused with
         :class:`llm2vec.model_files.ModelFilesError` before anything loads; ``trust_remote_code=True`` lets a
-        model folder's code run (:mod:`llm2vec.model_files`).
+        model folder's code run (:mod:`llm2vec.model_files`). An adapter that is no LoRA adapter folder, does not
+        fit the base model, or whose ``run_config.json`` records another base is refused the same way
+        (:func:`llm2vec.model_files.check_adapter`); ``accept_other_base=True`` loads the last with a warning.
         """
-        check_model_files(base_model_name_or_path, peft_model_name_or_path, trust_remote_code)
+        check_model_files(base_model_name_or_path, peft_model_name_or_path, trust_remote_code, accept_other_base)
         settings = dict(DEFAULTS)
         saved = {p: read_llm2vec_config(p) for p in (base_model_name_or_path, peft_model_name_or_path) if p}
         for saved_settings in saved.values():
@@ -247,7 +250,7 @@ class LLM2Vec(nn.Module):
     ) -> LLM2Vec:
         """Load a model for inference: :meth:`load` (which takes ``kwargs``: ``merge_peft``, ``pooling_mode``,
         ``max_length``, ``template``, ``prompts``, ``truncate_dim``, ``attn_implementation``, ``model_kwargs``,
-        ``trust_remote_code``), moved to ``device`` (default:
+        ``trust_remote_code``, ``accept_other_base``), moved to ``device`` (default:
         the GPU when there is one) and put in eval mode. ``dtype="auto"`` is bfloat16 on a GPU that supports
         it, float32 otherwise.
         """

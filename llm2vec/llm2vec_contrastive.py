@@ -94,6 +94,7 @@ class LLM2VecContrastive(LLM2Vec):
                 embedding_token_budget=stage_args.embedding_token_budget,
                 packing=model_args.use_packing,
                 trust_remote_code=model_args.trust_remote_code,
+                accept_other_base=stage_args.accept_other_base,
             )
         lora = LoraConfig(
             r=stage_args.lora_r,

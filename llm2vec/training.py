@@ -27,22 +27,50 @@ from .arguments import ConfigError, DataArguments, RunConfig, help_text, parse_c
 from .dataset import DataError, TrainDataset, load_e5, load_jsonl
 from .distributed import release_process_group_at_exit
 from .llm2vec import PackingRefused
-from .run import RunLocked, RunManager
+from .run import RunLocked, RunManager, newest_checkpoint
 from .schedule import StopAfterNSteps, plan_schedule
 
 logger = logging.getLogger("llm2vec")
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) stopped the run; the message says at which step and how to continue."""
+
+
+def interrupted_message(config: RunConfig, trainer) -> str:
+    """What a run stopped by Ctrl-C tells: the step, what is kept (complete checkpoints only: a checkpoint or
+    final model being written is left as its staging folder, which the next run deletes) and how to continue."""
+    out, stage = config.training.output_dir, config.stage.stage
+    step = trainer.state.global_step if trainer is not None else 0
+    where = f"Stage {stage} run in {out} stopped by Ctrl-C" + (f" at step {step}" if step else " before training")
+    newest = newest_checkpoint(out)
+    if newest is None:
+        return f"{where}; no checkpoint had been saved, so nothing is kept to continue from: run the same command again"
+    return (
+        f"{where}; its complete checkpoints are kept (newest: {newest}), nothing half-written counts. Continue with the "
+        "same command and --resume_from_checkpoint true"
+    )
+
+
 def train(config: RunConfig):
     """Train one stage as ``config`` says; returns the trainer (its model is the trained model), or ``None`` when
     ``output_dir`` holds this run finished already. What the run does with its ``output_dir`` (the lock, start,
-    resume or refuse, the saves) is :class:`llm2vec.run.RunManager`'s."""
+    resume or refuse, the saves) is :class:`llm2vec.run.RunManager`'s. Ctrl-C raises :class:`RunInterrupted`
+    (:func:`interrupted_message`) once the lock is released and any half-written save is removed."""
+    setup_logging(config.training)
+    config.validate()
+    made = []  # the trainer, once it exists: the interruption message reads its step
+    try:
+        return _train(config, made)
+    except KeyboardInterrupt:
+        raise RunInterrupted(interrupted_message(config, made[0] if made else None)) from None
+
+
+def _train(config: RunConfig, made: list):
     from .collator import TrainCollator
     from .trainer import LLM2VecTrainer
 
     args, stage = config.training, config.stage.stage
-    setup_logging(args)
-    config.validate()
     with RunManager.open(config) as run:  # output_dir locked and inspected: start, resume, refuse or nothing to do
         if run.finished:
             return None
@@ -66,6 +94,7 @@ def train(config: RunConfig):
             run_config=run_config,
             callbacks=[StopAfterNSteps(schedule)],
         )
+        made.append(trainer)
         run.train(trainer)  # where training ends, disk space, overwrite; train; the final model, its marker last
         logger.info("Stage %s: the model is saved in %s", stage, os.path.abspath(args.output_dir))
         return trainer
@@ -284,7 +313,8 @@ def _save_traceback(error: BaseException) -> str | None:
 def main(stage: str, argv: list[str] | None = None) -> int:
     """The command line of a stage's driver: ``--help``; an error whose cause is the user's is one line on stderr
     (exit 2: configuration, data or folder; 3: the run diverged; 1: disk or permissions), its traceback saved
-    to a temporary file named on that line when it came from a library; ``--debug`` raises it instead."""
+    to a temporary file named on that line when it came from a library; ``--debug`` raises it instead. Ctrl-C is
+    one ``interrupted:`` line saying how to continue, exit 130."""
     argv = sys.argv[1:] if argv is None else argv
     argv, debug = _debug_flag(argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -293,6 +323,11 @@ def main(stage: str, argv: list[str] | None = None) -> int:
     try:
         run(stage, argv)
         release_process_group_at_exit()  # several runs may share the process (and its group) until it exits
+    except KeyboardInterrupt as e:  # Ctrl-C: one line, and the exit status of a process stopped by SIGINT
+        if debug:
+            raise
+        print(f"interrupted: {e if isinstance(e, RunInterrupted) else 'stopped by Ctrl-C'}", file=sys.stderr)
+        return 130
     except Exception as e:
         known = user_error(e)
         if known is None or debug:

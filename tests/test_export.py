@@ -487,9 +487,9 @@ def test_command_line(tiny_checkpoints, tmp_path, capsys):
     instructions = read_instructions(INSTRUCTIONS_FILE)
     assert instructions["SciFact"] in prompts["SciFact"] and instructions["ArguAna"] not in prompts["SciFact"]
     capsys.readouterr()
-    assert script.main(argv) == 2  # the folder exists
+    assert script.main(argv) == 2  # the folder holds the previous export
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "exists" in err and "overwrite" in err
+    assert err.count("\n") == 0 and "holds a previous export; pass --overwrite" in err
     assert script.main([*argv, "--overwrite", "--pooling_mode", "last_token"]) == 2
     assert "cannot be exported" in capsys.readouterr().err
     assert out.is_dir()  # a refused export leaves the previous folder alone

@@ -146,4 +146,8 @@ def test_the_run_folder_is_reached_through_the_run_package_alone():
     assert {"llm2vec.run.folder", "llm2vec.run.lock", "llm2vec.run.plan", "llm2vec.run.saves"} <= parts
     outside = {m: sorted(graph[m] & parts) for m in graph if not m.startswith("llm2vec.run")}
     assert {m: p for m, p in outside.items() if p} == {}
-    assert {m for m in graph if "llm2vec.run" in graph[m]} == {"llm2vec.trainer", "llm2vec.training"}
+    assert {m for m in graph if "llm2vec.run" in graph[m]} == {
+        "llm2vec.trainer",
+        "llm2vec.training",
+        "llm2vec.export.writer",
+    }

@@ -240,7 +240,24 @@ def test_an_interrupted_final_save_is_completed_from_the_last_checkpoint(assets,
     with pytest.raises(OSError, match="injected"):
         run("I", flags(assets, out))
     monkeypatch.undo()
-    assert (out / "model.safetensors").exists() and not (out / COMPLETE_MARKER).exists()
+    # the final model is written into a staging folder, which the failure removed: only the checkpoints are left
+    assert sorted(os.listdir(out)) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+
+    # a kill while the staged files are renamed into place: two of them there, no marker
+    real_replace, moved = os.replace, []
+
+    def killed_after_two(src, dst):
+        if Path(src).parent.parent.name == ".final-model.staging.tmp" and Path(dst).parent == out:
+            if len(moved) == 2:
+                raise OSError("killed (injected)")
+            moved.append(Path(dst).name)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", killed_after_two)
+    with pytest.raises(OSError, match="injected"):
+        run("I", flags(assets, out) + RESUME)  # checkpoint-6 is at the end: the final model is written from it
+    monkeypatch.undo()
+    assert len(moved) == 2 and all((out / name).exists() for name in moved) and not (out / COMPLETE_MARKER).exists()
     with pytest.raises(ConfigError, match="unfinished Stage I run"):
         run("I", flags(assets, out))
 

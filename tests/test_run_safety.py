@@ -237,8 +237,9 @@ def test_a_finished_model_that_does_not_match_its_marker_is_not_called_finished(
 
 
 def test_a_checkpoint_file_that_cannot_be_read_is_one_line(assets, reference, tmp_path, capsys):
-    """Right size and a valid archive, but its pickle overwritten (neither the manifest nor the archive check can
-    see it): the load fails with the checkpoint named, in one line."""
+    """Right size and a valid archive, but its pickle overwritten, in a checkpoint without content hashes (an older
+    version's: neither the manifest's sizes nor the archive check can see it): the load fails with the checkpoint
+    named, in one line. (With hashes the resume skips it: tests/test_run_safety_4.py.)"""
     import zipfile
 
     out = unfinished_copy(reference, tmp_path / "run")
@@ -253,6 +254,9 @@ def test_a_checkpoint_file_that_cannot_be_read_is_one_line(assets, reference, tm
     start = info.header_offset + 30 + name_length + extra_length  # the local header's lengths (torch pads it)
     raw[start : start + 8] = b"\xff" * 8
     rng.write_bytes(bytes(raw))
+    manifest = json.loads((out / "checkpoint-2" / CHECKPOINT_MANIFEST).read_text())
+    del manifest["sha256"]
+    (out / "checkpoint-2" / CHECKPOINT_MANIFEST).write_text(json.dumps(manifest))
     assert main("I", flags(assets, out) + RESUME) == 2
     err = one_line_error(capsys)
     assert f"resume_from_checkpoint {out / 'checkpoint-2'}: cannot read its RNG state" in err, err
@@ -450,9 +454,19 @@ def test_a_folder_holding_files_the_run_did_not_write_is_refused(assets, referen
     err = one_line_error(capsys)
     assert "holds files this run did not write (README.md, config.json)" in err and "--overwrite_output_dir" in err
     assert files(out) == before
+    # the run would write over them (a model card, a model config): refused with --overwrite_output_dir too
+    assert main("I", flags(assets, out, overwrite_output_dir="true")) == 2
+    assert "holds README.md, config.json, which no run wrote there but which this run would write over" in (
+        one_line_error(capsys)
+    )
+    assert files(out) == before
+    # a file of another name: written beside, kept (tests/test_run_safety_4.py: through any number of overwrites)
+    (out / "README.md").rename(out / "notes.md")
+    (out / "config.json").unlink()
     with caplog.at_level(logging.WARNING, logger="llm2vec"):
         run("I", flags(assets, out, overwrite_output_dir="true"))
-    assert any("which holds other files: README.md, config.json" in r.getMessage() for r in caplog.records)
+    assert any("beside files the run did not write (kept): notes.md" in r.getMessage() for r in caplog.records)
+    assert (out / "notes.md").read_text() == "my notes"
     assert_same_weights(out, reference)
 
     # an unfinished run with a stranger beside it: a resume is refused too
@@ -492,7 +506,7 @@ def test_a_resume_after_a_data_file_changed_is_refused(interrupted, capsys):
         f.write(json.dumps({"query": "one more", "positive": "line", "negative": "here"}) + "\n")
     assert main("I", flags(assets, out) + RESUME) == 2
     err = one_line_error(capsys)
-    assert f"the inputs changed since it was saved (data file {assets[1] / 'nq.jsonl'}: size " in err, err
+    assert f"what it was trained with changed since it was saved (data file {assets[1] / 'nq.jsonl'}: size " in err, err
     assert "--accept_changed_inputs true" in err
 
 
@@ -543,8 +557,9 @@ def test_an_adapter_of_another_shape_is_one_line(assets, tmp_path, capsys):
     argv = flags(assets, tmp_path / "run", "II", peft_model_name_or_path=tmp_path / "adapter")
     assert main("II", argv) == 2
     err = one_line_error(capsys)
-    assert f"cannot load the model {assets[0]} with adapter {tmp_path / 'adapter'}: " in err, err
-    assert "size mismatch" in err and "trained on this base model" in err, err
+    # read from the safetensors headers before anything loads (llm2vec.model_files.check_adapter)
+    assert f"adapter {tmp_path / 'adapter'} does not fit the base model {assets[0]}: its layer " in err, err
+    assert "has 96 inputs, the base model's 64" in err and "traceback" not in err, err
 
 
 def test_a_full_disk_is_one_line(assets, tmp_path, capsys, monkeypatch):

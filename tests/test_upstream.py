@@ -148,14 +148,15 @@ def test_a_tiny_run_warns_of_nothing_deprecated_and_calls_the_overrides_as_they_
     assert not all(torch.equal(a, b) for a, b in zip(norms[0]["weights"], norms[1]["weights"]))  # step 1 applied
 
     # _save_checkpoint writes checkpoint-<step> under _get_output_dir(trial): the staging folder; the final model
-    # is saved by save_model -> _save(output_dir) into output_dir, with no gathered state dict on one process
+    # is saved by save_model -> _save(output_dir) into its staging folder (llm2vec.run.saves), with no gathered state
+    # dict on one process
     assert [c["passed"]["trial"] for c in first if c["name"] == "_save_checkpoint"] == [None, None]
     assert {c["passed"]["trial"] for c in first if c["name"] == "_get_output_dir"} == {None}
     saves = [Path(c["passed"]["output_dir"]) for c in first if c["name"] == "_save"]
     assert [str(p.relative_to(out)) for p in saves] == [
         os.path.join(".checkpoint-1.staging.tmp", "checkpoint-1"),
         os.path.join(".checkpoint-2.staging.tmp", "checkpoint-2"),
-        ".",
+        os.path.join(".final-model.staging.tmp", out.name),
     ]
     assert all(c["passed"]["state_dict"] is None for c in first if c["name"] == "_save")
 

@@ -87,6 +87,7 @@ class RunConfig:
                 self.model.model_name_or_path,
                 getattr(self.stage, "peft_model_name_or_path", None),
                 self.model.trust_remote_code,
+                getattr(self.stage, "accept_other_base", False),
             )
         except ModelFilesError as e:
             raise ConfigError(f"{self.source}: {e}") from None

@@ -45,19 +45,24 @@ class _StageArguments:
     overwrite_output_dir: bool = field(
         default=False,
         metadata={
-            "help": "Replace the run already in output_dir (its final model, completion marker and checkpoints are "
-            "deleted once the start-up checks pass). Without it, a run refuses to start in a folder that holds "
-            "a finished model or checkpoints; --resume_from_checkpoint true continues that run instead."
+            "help": "Replace the run already in output_dir: once the start-up checks pass, the files it recorded as its "
+            "own (its completion marker lists them) and its checkpoints are deleted, nothing else. Without it, a "
+            "run refuses to start in a folder that holds a finished model, checkpoints or other files; "
+            "--resume_from_checkpoint true continues that run instead. Never: an output_dir that is, lies inside or "
+            "contains an input or another run's folder, or that holds a file of yours the run would write over "
+            "(say a README.md)."
         },
     )
     accept_changed_inputs: bool = field(
         default=False,
         metadata={
-            "help": "Resume although the data files, the base model (or adapter) or the batch geometry (per-device "
-            "batch, processes, accumulation) differ from what the checkpoint was trained with. Without it such a "
-            "resume is refused with what differs (each run records size, modification time and a hash of the first "
-            "MiB of every input file in run_config.json); with it, run_config.json records the change and the "
-            "step it happened at (resumed_with_changes)."
+            "help": "Resume although what the checkpoint was trained with changed: a training setting (say alpha or "
+            "max_seq_length; not the fields that only say how the run is logged, saved, evaluated or launched, "
+            "llm2vec.run.inputs.RESUME_FREE_FIELDS), the data files, the base model (or adapter) or the batch "
+            "geometry (per-device batch, processes, accumulation). Without it such a resume is refused with what "
+            "differs (each run records its settings and the size, modification time and a hash of the first MiB "
+            "of every input file in run_config.json); with it, run_config.json records each change, its values "
+            "before and after and the step from which it holds (resumed_with_changes), and so does the model card."
         },
     )
     num_threads: int | None = field(
@@ -188,6 +193,14 @@ class StageIIArguments(_StageArguments):
     STAGE = "II"
     peft_model_name_or_path: str | None = field(
         default=None, metadata={"help": "A LoRA adapter merged into the base model before the new adapters are added."}
+    )
+    accept_other_base: bool = field(
+        default=False,
+        metadata={
+            "help": "Merge peft_model_name_or_path although its run_config.json records another base model than "
+            "model_name_or_path (same shape, other weights: llm2vec.model_files.check_adapter); without it such an "
+            "adapter is refused before anything loads. With it, a warning."
+        },
     )
     loss_scale: float = field(
         default=20.0,

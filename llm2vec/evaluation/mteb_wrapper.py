@@ -238,10 +238,13 @@ class LLM2VecMTEBEncoder(AbsEncoder):
         allow_missing_instructions: bool = False,
         batch_size: int = 32,
         trust_remote_code: bool = False,
+        accept_other_base: bool = False,
     ) -> LLM2VecMTEBEncoder:
         """Load the model (LoRA adapter merged) and wrap it.
 
         ``trust_remote_code``: let the model folder's own code run (:mod:`llm2vec.model_files`; refused by default).
+        ``accept_other_base``: load an adapter whose ``run_config.json`` records another base model, with a warning
+        (:func:`llm2vec.model_files.check_adapter`; refused by default).
 
         ``doc_max_length``: cut every text to this many tokens before the prompt is added (see
         :class:`llm2vec.LLM2Vec`); recorded in the model identity (and so in the revision) when set.
@@ -264,6 +267,7 @@ class LLM2VecMTEBEncoder(AbsEncoder):
             doc_max_length=doc_max_length,
             device=load_device,
             trust_remote_code=trust_remote_code,
+            accept_other_base=accept_other_base,
         )
         replicas = [first] if len(device_list) == 1 else replicate(first, device_list)
         identity = {

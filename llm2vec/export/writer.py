@@ -13,10 +13,11 @@ from typing import Any
 
 import torch
 
-from ..io import JsonFileError, atomic_dir, read_json_file, remove_stale_temporaries
+from ..io import JsonFileError, read_json_file
 from ..llm2vec import CONFIG_NAME, LLM2Vec, decoder_body, default_device, resolve_dtype
 from ..model_card import ModelCardInputs, history_of, render_model_card
 from ..model_files import check_model_files
+from ..run import check_export_target, claim_export_folder
 from .prompts import (
     ADHOC_PROBES,
     CHAT_LAYOUT,
@@ -125,6 +126,7 @@ def export_sentence_transformers(
     overwrite: bool = False,
     named_prompts_only: bool = False,
     trust_remote_code: bool = False,
+    accept_other_base: bool = False,
 ) -> dict[str, Any]:
     """Write a sentence-transformers folder to ``output_dir`` (see the package docstring); returns a summary.
 
@@ -146,17 +148,20 @@ def export_sentence_transformers(
         verify_embeddings: also compare embeddings (loads the model a second time); token ids are always
             compared.
         device: where the check embeds (both models); default the GPU when there is one.
-        overwrite: replace an existing ``output_dir``.
+        overwrite: replace a previous export in ``output_dir`` (and nothing else: :mod:`llm2vec.run.claim`).
         named_prompts_only: write the text layout (module docstring), where only the exported prompts embed
             exactly and an ad-hoc ``prompt=`` string silently gives other vectors; required for ``mean`` pooling.
             Default: the chat layout, where any instruction passed as ``prompt=`` embeds as ``LLM2Vec.encode``.
         trust_remote_code: let the model folder's own code run while reading it (:mod:`llm2vec.model_files`;
             refused by default). The exported folder is read back without it.
+        accept_other_base: load an adapter whose ``run_config.json`` records another base model, with a warning
+            (:func:`llm2vec.model_files.check_adapter`; refused by default).
     """
-    check_model_files(base_model_name_or_path, peft_model_name_or_path, trust_remote_code)
+    check_model_files(base_model_name_or_path, peft_model_name_or_path, trust_remote_code, accept_other_base)
     output_dir = Path(output_dir)
-    if output_dir.exists() and not overwrite:
-        raise ExportError(f"output_dir {output_dir} exists; choose another folder or pass overwrite")
+    read = [("base model", base_model_name_or_path), ("adapter", peft_model_name_or_path)]
+    read += [("instructions file", task_to_instructions_fp), *[("mteb results folder", r) for r in mteb_results]]
+    check_export_target(output_dir, overwrite, read)  # the lock and rules of a run's folder (llm2vec.run.claim)
     given = dict(instructions or {})
     if task_to_instructions_fp is not None:
         given.update(read_instructions(task_to_instructions_fp, tasks))
@@ -181,6 +186,7 @@ def export_sentence_transformers(
         template=template,
         dtype=torch.float32,
         trust_remote_code=trust_remote_code,
+        accept_other_base=accept_other_base,
     )
     check_exportable(encoder)
     layout = TEXT_LAYOUT if named_prompts_only else CHAT_LAYOUT
@@ -239,8 +245,7 @@ def export_sentence_transformers(
             query_source=query.source,
         )
     )
-    remove_stale_temporaries(output_dir)
-    with atomic_dir(output_dir, replace=overwrite) as tmp:
+    with claim_export_folder(output_dir, overwrite, read) as tmp:
         body.to("cpu").save_pretrained(tmp, safe_serialization=True)
         exported_tokenizer = export_tokenizer(encoder.tokenizer, suffix_ids, encoder.max_length, chat_template)
         exported_tokenizer.save_pretrained(tmp)

@@ -128,6 +128,13 @@ def _stage_settings(config: Mapping[str, Any]) -> list[str]:
         + (f", sources {', '.join(sources)}" if sources else ", all sources")
         + (f", at most {get('max_examples_per_source')} examples per source" if get("max_examples_per_source") else "")
     )
+    for entry in get("resumed_with_changes") or []:  # what a resume changed, and from which step (run_config.json)
+        if isinstance(entry, Mapping) and entry.get("changes"):
+            lines.append(
+                f"- resumed from `{entry.get('checkpoint')}` with changes that hold from step "
+                f"{entry.get('from_step', '?')} (the steps before were trained without them): "
+                + "; ".join(map(str, entry["changes"]))
+            )
     if get("fsdp"):
         lines.append(f"- distribution: FSDP, fsdp_config `{json.dumps(get('fsdp_config'), sort_keys=True)}`")
     if get("deepspeed"):

@@ -1,6 +1,14 @@
-"""The path and disk checks of a run's ``output_dir``: it can be written (:func:`check_writable`, before the folder
-is locked), and it has room for the checkpoints and the final model the run will write (:func:`estimate_disk`,
-:func:`check_disk_space`, once the model is built and before anything is deleted or trained).
+"""The path and disk checks of a run's ``output_dir``: it lies apart from everything the command reads and from
+other runs (:func:`check_apart`, before anything is created), it can be written (:func:`check_writable`, before
+the folder is locked), and it has room for the checkpoints and the final model the run will write
+(:func:`estimate_disk`, :func:`check_disk_space`, once the model is built and before anything is deleted or
+trained).
+
+**Apart from the inputs.** A command that writes a folder (training, the export) refuses, whatever its flags, an
+output folder that is one of its inputs (the base model, the adapter, a data file or folder, the validation
+file, an instructions file), lies inside one, or contains one: writing there could replace what is being read
+(the base model's weights, by an overwrite). It refuses as well an output folder inside another run's or
+export's folder, or containing one (:func:`folder_holds`), since each is owned by the command that wrote it.
 """
 
 from __future__ import annotations
@@ -13,6 +21,106 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..arguments import ConfigError
+from .folder import COMPLETE_MARKER, FINAL_SAVE_RECORD, is_own_checkpoint
+from .lock import LOCK_NAME, is_held
+
+EXPORT_MARKER = "export_complete.json"  # written last into an export (llm2vec.run.claim); names its files
+SCAN_DEPTH = 3  # how deep below an output folder other runs are looked for
+SCAN_LIMIT = 5000  # ... and in how many folders at most
+
+
+def _resolved(path: str | os.PathLike) -> Path:
+    return Path(path).expanduser().resolve()
+
+
+def folder_holds(path: Path) -> str | None:
+    """What ``path`` holds that a command of this package owns: an export, a finished run, a live run (its lock
+    is held), a run's checkpoints or final save; ``None`` when none of them (a stale lock file alone is none)."""
+    if (path / EXPORT_MARKER).is_file():
+        return "an export"
+    if (path / COMPLETE_MARKER).is_file():
+        return "a finished run"
+    if is_held(path / LOCK_NAME):
+        return "a run in progress"
+    if (path / FINAL_SAVE_RECORD).is_file():
+        return "a run"
+    try:
+        if any(is_own_checkpoint(child) for child in path.iterdir()):
+            return "a run (checkpoints)"
+    except OSError:
+        return None
+    return None
+
+
+def _runs_below(root: Path, skip) -> list[str]:
+    """``<path> (<what>)`` for each folder below ``root`` (depth 1 to :data:`SCAN_DEPTH`, hidden ones aside) that
+    :func:`folder_holds` a run or an export; ``skip(child)`` leaves out top-level children (the run's own
+    checkpoints)."""
+    found, frontier, seen = [], [(root, 0)], 0
+    while frontier and seen < SCAN_LIMIT:
+        folder, depth = frontier.pop()
+        try:
+            children = sorted(  # hidden folders aside: a run's staging and deletion folders are its own
+                c for c in folder.iterdir() if c.is_dir() and not c.is_symlink() and not c.name.startswith(".")
+            )
+        except OSError:
+            continue
+        for child in children:
+            if depth == 0 and skip(child):
+                continue
+            seen += 1
+            what = folder_holds(child)
+            if what:
+                found.append(f"{child} ({what})")
+            elif depth + 1 < SCAN_DEPTH:
+                frontier.append((child, depth + 1))
+    return sorted(found)
+
+
+def check_apart(
+    output_dir: str | os.PathLike,
+    inputs: list[tuple[str, str | os.PathLike | None]],
+    where: str = "output_dir",
+    own_runs: bool = True,
+) -> None:
+    """Raise :class:`ConfigError` (one line) when ``output_dir`` is, lies inside or contains one of ``inputs``
+    (``(label, path)``; a path that does not exist, a hub id, is left out), or lies inside or contains the
+    folder of another run or export (module docstring). ``own_runs``: ``output_dir``'s own checkpoints (a
+    run's) are not "another run"."""
+    out = _resolved(output_dir)
+    for label, path in inputs:
+        if not path or not os.path.exists(path):
+            continue
+        read = _resolved(path)
+        relation = (
+            "is"
+            if read == out
+            else "lies inside"
+            if read in out.parents
+            else "contains"
+            if out in read.parents
+            else None
+        )
+        if relation:
+            raise ConfigError(
+                f"{where} {output_dir} {relation} the {label} {os.fspath(path)}: a command never writes where it "
+                "reads (an overwrite could delete it); choose an output folder apart from every input"
+            )
+    for parent in out.parents:
+        what = folder_holds(parent)
+        if what:
+            raise ConfigError(
+                f"{where} {output_dir} lies inside {parent}, which holds {what}; that folder belongs to the command "
+                "that wrote it. Choose an output folder outside it"
+            )
+    if out.is_dir():
+        below = _runs_below(out, is_own_checkpoint if own_runs else (lambda child: False))
+        if below:
+            listed = ", ".join(below[:4]) + (f" and {len(below) - 4} more" if len(below) > 4 else "")
+            raise ConfigError(
+                f"{where} {output_dir} contains the folders of other runs or exports ({listed}); a command never "
+                "writes over them. Choose an output folder beside them, not above them"
+            )
 
 
 def check_writable(output_dir: str) -> None:

@@ -3,15 +3,22 @@ the checkpoints and whether each is complete, the saved run config.
 
 A finished run's ``output_dir`` holds the final model (what :meth:`llm2vec.LLM2Vec.save` writes),
 ``run_config.json``, ``trainer_state.json``, the ``checkpoint-<step>`` folders the config asked for, and,
-written last, the completion marker :data:`COMPLETE_MARKER` (the files of the final model with their sizes, the
-step, and the training-length fields :func:`end_values`). A checkpoint written by this version holds
-:data:`CHECKPOINT_MANIFEST` (each file's size). :class:`RunFolder` reads all of that: which checkpoints are
-complete (:func:`checkpoint_problem`), whether the final model matches its marker (:func:`marker_problem`),
-which files no run of this package wrote.
+written last, the completion marker :data:`COMPLETE_MARKER` (the files the final save wrote, with their sizes,
+the step, and the training-length fields :func:`end_values`). A checkpoint written by this version holds
+:data:`CHECKPOINT_MANIFEST` (each file's size and SHA-256). :class:`RunFolder` reads all of that: which
+checkpoints are complete (:func:`checkpoint_problem`) and hold what they held when saved
+(:func:`content_problem`), whether the final model matches its marker (:func:`marker_problem`), which files
+the run wrote (:meth:`RunFolder.own_names`) and which it did not (:meth:`RunFolder.foreign_files`).
+
+**A run owns only what it recorded.** The top-level files of a run are the ones its completion marker lists
+(or, while the final save moves them into place, its record :data:`FINAL_SAVE_RECORD`); a ``checkpoint-<step>``
+folder is the run's when it holds a manifest or a ``trainer_state.json``. Everything else in the folder is the
+user's: never listed as the run's, never deleted, never written over (:func:`llm2vec.run.plan.plan_run`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -40,13 +47,14 @@ NOT_COMPARED = (
     "resume_from_checkpoint",
     "overwrite_output_dir",
     "accept_changed_inputs",
+    "accept_other_base",
     "config_file",
     "lr_schedule",
     "inputs",
     "batch_geometry",
     "resumed_with_changes",
 )  # lr_schedule: derived from the compared fields and the data; inputs and batch: llm2vec.run.inputs
-# Files of a final model that an interrupted final save may leave without a marker (removed on overwrite).
+# The names of a final model's files (what a final save may write at the top of output_dir).
 MODEL_FILE_PATTERNS = (
     "*.safetensors",
     "*.safetensors.index.json",
@@ -57,9 +65,15 @@ MODEL_FILE_PATTERNS = (
 )
 # What a checkpoint holds beyond the model: not part of a final model built from a checkpoint.
 TRAINING_STATE_FILES = ("optimizer.pt", "scheduler.pt", "scaler.pt", "rng_state*.pth", "checkpoint_files.json")
-# Written last into every checkpoint (before it is renamed into place): each file's path and size.
+# Written last into every checkpoint (before it is renamed into place): each file's path, size and SHA-256.
 CHECKPOINT_MANIFEST = "checkpoint_files.json"
-# Names a saved model may have at the top of output_dir besides MODEL_FILE_PATTERNS (LLM2Vec.save, the card).
+# While the final save moves its files into output_dir: their names (the run's own until the marker lists them).
+FINAL_SAVE_RECORD = ".llm2vec-final-save.json"
+# The completion marker's format: 2 lists only the files the final save wrote; 1 (older versions) listed every
+# visible file of the folder, of which only those with a saved model's names (OWN_FILE_PATTERNS) are trusted.
+MARKER_FORMAT = 2
+# The names a final save may write at the top of output_dir (LLM2Vec.save, the card, the run's records): a
+# user's file of such a name would be written over, so a run refuses to start beside one.
 OWN_FILE_PATTERNS = (
     *MODEL_FILE_PATTERNS,
     COMPLETE_MARKER,
@@ -145,18 +159,38 @@ def _manifest_problem(folder: Path, manifest: dict) -> str | None:
     return state_files_problem(set(files))
 
 
+def _state_problem(folder: Path, state: dict[str, Any], manifest: dict[str, Any] | None) -> str | None:
+    """Where the steps a checkpoint records disagree: its folder name ``checkpoint-<step>``, the ``global_step``
+    of its ``trainer_state.json`` and of its manifest (a renamed or mixed-up checkpoint)."""
+    recorded = state.get("global_step")
+    if not isinstance(recorded, int) or isinstance(recorded, bool):
+        return f"{TRAINER_STATE_NAME} records no global_step"
+    match = CHECKPOINT_NAME.match(folder.name)
+    if match and int(match.group(1)) != recorded:
+        return f"its {TRAINER_STATE_NAME} says step {recorded} but the folder is named {folder.name}"
+    if manifest is not None and manifest.get("global_step", recorded) != recorded:
+        return (
+            f"its {CHECKPOINT_MANIFEST} says step {manifest.get('global_step')} but its {TRAINER_STATE_NAME} {recorded}"
+        )
+    return None
+
+
 def checkpoint_problem(folder: str | os.PathLike) -> str | None:
     """Why ``folder`` cannot be resumed from, or ``None`` when it can.
 
     A checkpoint saved by this version holds :data:`CHECKPOINT_MANIFEST`, every file's size at save time:
-    each file must be there with that size. Every checkpoint must hold a readable ``trainer_state.json``,
-    complete weights (each safetensors file as long as its header says), the optimizer, scheduler and RNG
-    state (:func:`state_files_problem`), and readable ``torch.save`` archives (the zip directory, not the
-    pickles: a file damaged inside is reported when it is loaded, :meth:`llm2vec.trainer.LLM2VecTrainer._load_guarded`)."""
+    each file must be there with that size. Every checkpoint must hold a readable ``trainer_state.json`` whose
+    step is the one of its folder name and manifest (:func:`_state_problem`), complete weights (each
+    safetensors file as long as its header says), the optimizer, scheduler and RNG state
+    (:func:`state_files_problem`), and readable ``torch.save`` archives (the zip directory, not the pickles: a
+    file damaged inside is reported when it is loaded, :meth:`llm2vec.trainer.LLM2VecTrainer._load_guarded`).
+    Contents are compared with the recorded SHA-256 only for the checkpoint a run resumes from
+    (:func:`content_problem`: it reads every byte)."""
     folder = Path(folder)
     if not folder.is_dir():
         return "not a folder"
     manifest_path = folder / CHECKPOINT_MANIFEST
+    manifest = None
     if manifest_path.exists():
         manifest = read_json(manifest_path)
         problem = _manifest_problem(folder, manifest) if manifest else f"unreadable {CHECKPOINT_MANIFEST}"
@@ -164,8 +198,12 @@ def checkpoint_problem(folder: str | os.PathLike) -> str | None:
             return problem
     if not (folder / TRAINER_STATE_NAME).is_file():
         return f"no {TRAINER_STATE_NAME}"
-    if read_json(folder / TRAINER_STATE_NAME) is None:
+    state = read_json(folder / TRAINER_STATE_NAME)
+    if state is None:
         return f"unreadable {TRAINER_STATE_NAME} (truncated or not JSON)"
+    problem = _state_problem(folder, state, manifest)
+    if problem:
+        return problem
     weights = [folder / "adapter_model.safetensors", folder / "model.safetensors"]
     if not any(p.is_file() for p in weights) and not any(folder.glob("pytorch_model_fsdp_*")):
         index = folder / "model.safetensors.index.json"
@@ -190,6 +228,37 @@ def checkpoint_problem(folder: str | os.PathLike) -> str | None:
         problem = _torch_file_problem(path)
         if problem:
             return problem
+    return None
+
+
+HASH_CHUNK = 8 << 20
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's contents, read in 8 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(HASH_CHUNK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def content_problem(folder: str | os.PathLike) -> str | None:
+    """Which file of the checkpoint ``folder`` no longer holds what it held when saved (its SHA-256 differs from
+    the one :data:`CHECKPOINT_MANIFEST` recorded), else ``None``. A checkpoint saved without hashes (older
+    versions) has nothing to compare and passes. Reads every byte of the checkpoint (docs/benchmarks.md: the
+    cost)."""
+    folder = Path(folder)
+    manifest = read_json(folder / CHECKPOINT_MANIFEST) or {}
+    hashes = manifest.get("sha256")
+    if not isinstance(hashes, dict):
+        return None
+    for name, recorded in sorted(hashes.items()):
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if sha256_file(path) != recorded:
+            return f"{name} has other contents than when it was saved (its SHA-256 differs from {CHECKPOINT_MANIFEST})"
     return None
 
 
@@ -229,15 +298,40 @@ def step_of(checkpoint: str | os.PathLike) -> int:
     return int(match.group(1)) if match else 0
 
 
+def own_names(marker: dict[str, Any] | None, record: dict[str, Any] | None = None) -> set[str]:
+    """The top-level files a run wrote, as its completion ``marker`` and its final-save ``record`` list them. A
+    marker of format 1 (older versions listed every visible file) is trusted only for a saved model's names."""
+    names: set[str] = set()
+    for source in (marker, record):
+        files = (source or {}).get("files")
+        if not isinstance(files, dict | list):
+            continue
+        listed = {str(n) for n in files if "/" not in str(n) and str(n) not in ("", ".", "..")}
+        if source is marker and (marker or {}).get("format", 1) < MARKER_FORMAT:
+            listed = {n for n in listed if any(Path(n).match(pattern) for pattern in OWN_FILE_PATTERNS)}
+        names |= listed
+    return names
+
+
+def is_own_checkpoint(path: Path) -> bool:
+    """A ``checkpoint-<step>`` folder a Trainer wrote: it holds this package's manifest or a ``trainer_state.json``."""
+    return (
+        bool(CHECKPOINT_NAME.match(path.name))
+        and path.is_dir()
+        and ((path / CHECKPOINT_MANIFEST).is_file() or (path / TRAINER_STATE_NAME).is_file())
+    )
+
+
 @dataclass
 class RunFolder:
-    """What an ``output_dir`` holds: the completion marker, checkpoints, files of a final model."""
+    """What an ``output_dir`` holds: the completion marker, checkpoints, the files the run wrote at its top."""
 
     path: Path
     marker: dict[str, Any] | None
     checkpoints: list[Checkpoint]  # by step
-    model_files: list[Path]  # final-model files at the top level
+    model_files: list[Path]  # the run's own top-level files (own_names) that exist, marker aside
     damaged: str | None = None  # the finished model does not match its marker (marker_problem)
+    record: dict[str, Any] | None = None  # FINAL_SAVE_RECORD: a final save was moving these files into place
 
     @classmethod
     def inspect(cls, path: str | os.PathLike) -> RunFolder:
@@ -256,37 +350,41 @@ class RunFolder:
             )
         found = []
         for child in path.iterdir():
-            match = CHECKPOINT_NAME.match(child.name)
-            if match and child.is_dir():
-                found.append(Checkpoint(child, int(match.group(1)), checkpoint_problem(child)))
-        model_files = sorted({p for pattern in MODEL_FILE_PATTERNS for p in path.glob(pattern) if p.is_file()})
-        return cls(path, marker, sorted(found, key=lambda c: c.step), model_files, damaged)
+            if is_own_checkpoint(child):
+                step = int(CHECKPOINT_NAME.match(child.name).group(1))
+                found.append(Checkpoint(child, step, checkpoint_problem(child)))
+        record = read_json(path / FINAL_SAVE_RECORD)
+        own = own_names(marker, record) - {COMPLETE_MARKER}
+        model_files = sorted(p for p in (path / name for name in own) if p.is_file())
+        return cls(path, marker, sorted(found, key=lambda c: c.step), model_files, damaged, record)
 
     @property
     def finished(self) -> bool:
         return self.marker is not None and self.damaged is None
 
+    def own_names(self) -> set[str]:
+        """The top-level names this folder's run wrote: the marker, the files it and the final-save record list,
+        the record itself, the checkpoints."""
+        names = own_names(self.marker, self.record) | {c.path.name for c in self.checkpoints}
+        if self.marker is not None or (self.path / COMPLETE_MARKER).exists():
+            names.add(COMPLETE_MARKER)
+        return names
+
     def foreign_files(self) -> list[str]:
-        """Entries at the top of the folder that no run of this package writes there (hidden ones aside): all
-        of them in a folder that holds no run; otherwise those that are neither a checkpoint nor a file of a
-        saved model (:data:`OWN_FILE_PATTERNS`, the files of its checkpoints, the files its marker lists)."""
+        """Entries at the top of the folder that its run did not write (hidden ones aside: a run never touches
+        them): everything but the files the marker and the final-save record list and the run's checkpoints
+        (:func:`is_own_checkpoint`)."""
         if not self.path.is_dir():
             return []
-        entries = [p for p in self.path.iterdir() if not p.name.startswith(".")]
-        if not self.holds_run:
-            return sorted(p.name for p in entries)
-        own = set((self.marker or {}).get("files", {}) or {})
-        for c in self.checkpoints:
-            manifest = read_json(c.path / CHECKPOINT_MANIFEST) or {}
-            own |= {name for name in manifest.get("files", {}) if "/" not in name}
-        foreign = []
-        for p in entries:
-            if CHECKPOINT_NAME.match(p.name) or p.name in own:
-                continue
-            if p.is_file() and any(p.match(pattern) for pattern in OWN_FILE_PATTERNS):
-                continue
-            foreign.append(p.name)
-        return sorted(foreign)
+        own = self.own_names()
+        return sorted(p.name for p in self.path.iterdir() if not p.name.startswith(".") and p.name not in own)
+
+    @staticmethod
+    def would_write_over(names: list[str]) -> list[str]:
+        """Those of ``names`` (foreign entries) that a run would write over: a saved model's names, a checkpoint's."""
+        return [
+            n for n in names if CHECKPOINT_NAME.match(n) or any(Path(n).match(pattern) for pattern in OWN_FILE_PATTERNS)
+        ]
 
     @property
     def complete(self) -> list[Checkpoint]:
@@ -304,7 +402,8 @@ class RunFolder:
     def saved_config(self) -> dict[str, Any] | None:
         """The run config saved with the final model, else with the newest complete checkpoint."""
         places = [self.path] if self.finished else []
-        places += [c.path for c in reversed(self.complete)] + [self.path]
+        places += [c.path for c in reversed(self.complete)]
+        places += [self.path] if RUN_CONFIG_NAME in own_names(self.marker, self.record) else []
         for place in places:
             config = read_json(place / RUN_CONFIG_NAME)
             if config is not None:

@@ -6,62 +6,31 @@ Each run saves in ``run_config.json`` (beside every checkpoint and the final mod
   Stage II, of the adapter it merges): size, modification time and the SHA-256 of the first MiB. A hub id
   that is not in the local cache is recorded by name only;
 - ``batch_geometry``: per-device batch, processes, gradient accumulation and the global batch;
-- ``resumed_with_changes``: one entry per resume that accepted changed inputs (the step, the checkpoint and
-  what differed), so the record keeps both the old and the new values.
+- ``resumed_with_changes``: one entry per resume that changed what the run trains with (the step from which
+  the change holds, the checkpoint, what differed and the values before), so the record keeps both the old
+  and the new values.
 
-:func:`check_resume_inputs` compares a checkpoint's record with the resuming run's: a difference is refused
-with what differs, unless ``accept_changed_inputs`` is true, in which case it is logged and recorded.
+:func:`check_resume_inputs` compares a checkpoint's record with the resuming run's: its inputs, its batch
+geometry and its training settings (every field of the run config but those that only say how the run is
+launched, logged, saved or evaluated, :data:`RESUME_FREE_FIELDS`, and the training-length fields, which a
+resume may change: :mod:`llm2vec.run.plan`). A difference is refused with what differs, unless
+``accept_changed_inputs`` is true, in which case it is logged and recorded; a changed training length is
+recorded without the flag.
+
+:func:`run_inputs` lists what a run reads, for :func:`llm2vec.run.checks.check_apart`.
 """
 
 from __future__ import annotations
 
-import hashlib
+import json
 import logging
-import os
 import time
-from pathlib import Path
 from typing import Any
 
 from ..arguments import ConfigError
+from ..fingerprints import fingerprint_file, fingerprint_model
 
 logger = logging.getLogger("llm2vec")
-
-HEAD_BYTES = 1 << 20
-
-
-def fingerprint_file(path: str | os.PathLike) -> dict[str, Any]:
-    """Size, modification time (ns) and SHA-256 of the first MiB of ``path``."""
-    stat = os.stat(path)
-    with open(path, "rb") as f:
-        head = hashlib.sha256(f.read(HEAD_BYTES)).hexdigest()
-    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "head_sha256": head}
-
-
-def _model_folder(name: str) -> Path | None:
-    if os.path.isdir(name):
-        return Path(name)
-    try:  # a hub id: its snapshot in the local cache, if there is one
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(name, local_files_only=True))
-    except Exception:  # noqa: BLE001 - not cached, or not a hub id: recorded by name only
-        return None
-
-
-def fingerprint_model(name: str | None) -> dict[str, Any] | None:
-    """``{"name", "files": {file: fingerprint}}`` of a model folder or cached hub snapshot (top-level files;
-    the model card aside, which a save may rewrite); ``{"name"}`` alone when it cannot be found locally."""
-    if not name:
-        return None
-    folder = _model_folder(str(name))
-    if folder is None:
-        return {"name": str(name)}
-    files = {
-        p.name: fingerprint_file(p)
-        for p in sorted(folder.iterdir())
-        if p.is_file() and not p.name.startswith(".") and p.name != "README.md"
-    }
-    return {"name": str(name), "files": files}
 
 
 def fingerprints(config, data_files: list[str]) -> dict[str, Any]:
@@ -71,6 +40,66 @@ def fingerprints(config, data_files: list[str]) -> dict[str, Any]:
         "base_model": fingerprint_model(config.model.model_name_or_path),
         "adapter": fingerprint_model(getattr(config.stage, "peft_model_name_or_path", None)),
     }
+
+
+def run_inputs(config) -> list[tuple[str, str | None]]:
+    """``(label, path)`` of everything a run reads: the base model, the adapter, the data file(s) or folder,
+    the validation file."""
+    data = config.data
+    paths = [p for p in data.dataset_file_path.split(",") if p] if data.dataset_name == "jsonl" else []
+    return [
+        ("base model", config.model.model_name_or_path),
+        ("adapter", getattr(config.stage, "peft_model_name_or_path", None)),
+        *[("data file", p) for p in paths],
+        *([("data folder", data.dataset_file_path)] if data.dataset_name == "E5" and data.dataset_file_path else []),
+        ("validation file", data.validation_file),
+    ]
+
+
+# Fields a resume may change without --accept_changed_inputs: they say how the run is launched, logged, saved or
+# evaluated, not what a training step computes; or they are compared elsewhere (the files behind the paths as
+# ``inputs``, the batch as ``batch_geometry``, the training length and schedule by llm2vec.run.plan and
+# llm2vec.schedule.check_resume).
+RESUME_FREE_FIELDS = frozenset(
+    {
+        # logging and reporting
+        *("logging_steps", "logging_strategy", "logging_first_step", "logging_nan_inf_filter", "log_level"),
+        *("log_level_replica", "log_on_each_node", "disable_tqdm", "report_to", "run_name", "project"),
+        *("trackio_space_id", "trackio_bucket_id", "trackio_static_space_id", "skip_memory_metrics"),
+        "include_num_input_tokens_seen",
+        # saving
+        *("save_steps", "save_strategy", "save_total_limit", "save_on_each_node", "save_only_model"),
+        *("push_to_hub", "hub_model_id", "hub_strategy", "hub_token", "hub_private_repo", "hub_always_push"),
+        "hub_revision",
+        # evaluation on held-out pairs (never trained on)
+        *("eval_steps", "eval_strategy", "eval_delay", "eval_on_start", "per_device_eval_batch_size"),
+        *("eval_accumulation_steps", "eval_do_concat_batches", "eval_use_gather_object", "batch_eval_metrics"),
+        *("prediction_loss_only", "include_for_metrics", "validation_file", "do_eval", "do_predict", "do_train"),
+        *("bf16_full_eval", "fp16_full_eval"),
+        # processes and workers (the batch they make is batch_geometry)
+        *("world_size", "local_rank", "num_threads", "dataloader_num_workers", "dataloader_pin_memory"),
+        *("dataloader_persistent_workers", "dataloader_prefetch_factor", "dataloader_multiprocessing_context"),
+        *("ddp_backend", "ddp_timeout", "ddp_bucket_cap_mb", "ddp_broadcast_buffers", "ddp_find_unused_parameters"),
+        *("ddp_static_graph", "torch_empty_cache_steps", "debug", "trust_remote_code"),
+        # compared as inputs (the files) and batch_geometry
+        *("model_name_or_path", "peft_model_name_or_path", "dataset_file_path"),
+        *("per_device_train_batch_size", "gradient_accumulation_steps", "total_batch_size"),
+    }
+)
+
+
+def setting_changes(saved: dict[str, Any], new: dict[str, Any], stage: str) -> tuple[dict, dict]:
+    """The compared fields whose value differs between a checkpoint's run config (``saved``) and this run's
+    resolved config (``new``), as ``{field: {"before": old, "after": new}}``: those that need
+    ``accept_changed_inputs``, and the training-length fields (recorded, never refused here)."""
+    from .folder import NOT_COMPARED, training_end_fields
+
+    ends = set(training_end_fields(stage))
+    changed, lengths = {}, {}
+    for key in sorted((set(saved) | set(new)) - set(NOT_COMPARED) - RESUME_FREE_FIELDS):
+        if saved.get(key) != new.get(key) and key in saved:  # a field the checkpoint's version did not have: new
+            (lengths if key in ends else changed)[key] = {"before": saved.get(key), "after": new.get(key)}
+    return changed, lengths
 
 
 def batch_geometry(config) -> dict[str, int]:
@@ -133,25 +162,51 @@ def input_changes(saved: dict[str, Any], inputs: dict[str, Any], geometry: dict[
     return changes
 
 
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def check_resume_inputs(
-    checkpoint: str | None, saved: dict[str, Any] | None, inputs: dict, geometry: dict, accept: bool, step: int
+    checkpoint: str | None,
+    saved: dict[str, Any] | None,
+    inputs: dict,
+    geometry: dict,
+    accept: bool,
+    step: int,
+    config: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """The ``resumed_with_changes`` record of this run: the checkpoint's, plus an entry for this resume when
-    its inputs or batch differ and ``accept`` is true; raises :class:`ConfigError` naming every difference
-    when they differ and ``accept`` is false."""
+    """The ``resumed_with_changes`` record of this run: the checkpoint's, plus an entry for this resume when its
+    inputs, batch or training settings (``config``, this run's resolved config, against ``saved``) differ and
+    ``accept`` is true, or when only its training length differs. Raises :class:`ConfigError` naming every
+    difference when anything but the length differs and ``accept`` is false. The entry's ``step`` is the
+    checkpoint's: the changes hold from the step after it."""
     if checkpoint is None or not saved:
         return []
     history = list(saved.get("resumed_with_changes") or [])
-    changes = input_changes(saved, inputs, geometry)
-    if not changes:
+    settings, lengths = setting_changes(saved, config, str(saved.get("stage", ""))) if config else ({}, {})
+    described = [f"{k} {_short(v['before'])} -> {_short(v['after'])}" for k, v in settings.items()]
+    changes = described + input_changes(saved, inputs, geometry)
+    if not changes and not lengths:
         return history
     listed = "; ".join(changes[:6]) + (f"; {len(changes) - 6} more" if len(changes) > 6 else "")
-    if not accept:
+    if changes and not accept:
         raise ConfigError(
-            f"resume_from_checkpoint {checkpoint}: the inputs changed since it was saved ({listed}). Resume with "
-            "the same data, model and batch, start a new run, or pass --accept_changed_inputs true to continue "
-            "anyway (run_config.json then records the change)"
+            f"resume_from_checkpoint {checkpoint}: what it was trained with changed since it was saved ({listed}). "
+            "Resume with the same settings, data, model and batch, start a new run, or pass "
+            "--accept_changed_inputs true to continue anyway (run_config.json and the model card then record each "
+            "change and the step it took effect)"
         )
-    logger.warning("accept_changed_inputs: resuming %s at step %d although %s", checkpoint, step, listed)
+    if changes:
+        logger.warning("accept_changed_inputs: resuming %s at step %d although %s", checkpoint, step, listed)
+    changes += [f"{k} {_short(v['before'])} -> {_short(v['after'])}" for k, v in lengths.items()]
     previous = {"inputs": saved.get("inputs"), "batch_geometry": saved.get("batch_geometry")}
-    return history + [{"step": step, "checkpoint": str(checkpoint), "changes": changes, "before": previous}]
+    entry = {
+        "step": step,
+        "from_step": step + 1,
+        "checkpoint": str(checkpoint),
+        "changes": changes,
+        "settings": {**settings, **lengths},
+        "before": previous,
+    }
+    return history + [entry]

@@ -74,6 +74,25 @@ def _try_lock(path: Path) -> int | None:
     raise RunLocked(f"{path}: could not take the run lock (it keeps being replaced)")
 
 
+def is_held(path: Path) -> bool:
+    """Whether a live process holds the lock file ``path`` (a file left by a killed run is not held)."""
+    if fcntl is None or not path.is_file():
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # closing drops the lock this probe may have taken
+    return False
+
+
 @contextlib.contextmanager
 def hold(output_dir: str | os.PathLike, is_main: bool = True) -> Iterator[None]:
     """Hold the run lock of ``output_dir`` (created if needed) while the block runs; raises :class:`RunLocked`
@@ -114,7 +133,8 @@ def hold(output_dir: str | os.PathLike, is_main: bool = True) -> Iterator[None]:
     finally:
         if fd is not None:
             with contextlib.suppress(OSError):
-                path.unlink()
+                if os.stat(path).st_ino == os.fstat(fd).st_ino:  # the folder may have been replaced (an export):
+                    path.unlink()  # never remove the lock file of another holder
             os.close(fd)
 
 

@@ -12,13 +12,17 @@ A training run calls it three times, in this order::
 
 What each step does, and where its parts live in this package:
 
-1. :meth:`RunManager.open` checks that ``output_dir`` can be written (:mod:`.checks`), takes its lock for the
-   whole run (:mod:`.lock`: one run per folder) and decides, without writing anything, whether this run starts,
-   resumes, continues a finished run, finds it finished, or is refused (:func:`.plan.plan_run`, reading the folder
-   through :class:`.folder.RunFolder`).
+1. :meth:`RunManager.open` checks that ``output_dir`` lies apart from every input and from other runs
+   (:func:`.checks.check_apart`, before anything is created) and can be written (:mod:`.checks`), takes its lock
+   for the whole run (:mod:`.lock`: one run per folder) and decides, without writing anything, whether this run
+   starts, resumes (from a checkpoint of this stage whose files still hash as recorded), continues a finished run,
+   finds it finished, or is refused (:func:`.plan.plan_run`, reading the folder through :class:`.folder.RunFolder`,
+   which knows the files the run wrote from the ones it did not).
 2. :meth:`RunManager.record` checks that a resumed checkpoint continues the same learning-rate schedule
-   (:func:`llm2vec.schedule.check_resume`) and was trained on the same inputs (:mod:`.inputs`: fingerprints of the
-   data and model files, the batch geometry), and returns the run config that every save writes beside the model.
+   (:func:`llm2vec.schedule.check_resume`) and was trained with the same settings and inputs (:mod:`.inputs`:
+   the compared fields of the run config, fingerprints of the data and model files, the batch geometry; a change
+   accepted by ``accept_changed_inputs`` is recorded), and returns the run config that every save writes beside
+   the model.
 3. :meth:`RunManager.train` settles where training ends and checks the free disk space, and only then lets
    ``--overwrite_output_dir`` delete an old run (:func:`.plan.prepare`); it trains (fresh or resumed), and writes the
    final model with its completion marker last (:mod:`.saves`). Checkpoints are written complete-or-absent by the
@@ -26,7 +30,8 @@ What each step does, and where its parts live in this package:
 
 The trainer (:mod:`llm2vec.trainer`) needs three things of this package, exported by its ``__init__``: the staged
 checkpoint, the newest complete checkpoint (named when a run diverges) and the error of a checkpoint that cannot be
-read back. Nothing here knows a stage's model or loss.
+read back. The export claims its folder through :mod:`.claim` (the same lock and rules). Nothing here knows a
+stage's model or loss.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from typing import Any
 
 from ..arguments import RunConfig
 from . import inputs, lock
-from .checks import check_writable
+from .checks import check_apart, check_writable
 from .folder import saved_run_config, step_of
 from .plan import RunPlan, plan_run, prepare
 from .saves import finalize_from_checkpoint, save_final
@@ -60,6 +65,7 @@ class RunManager:
         Raises :class:`llm2vec.arguments.ConfigError` when the run would replace one the user did not ask to
         replace, :class:`.lock.RunLocked` when another live run holds the folder."""
         args = config.training
+        check_apart(args.output_dir, inputs.run_inputs(config))  # before anything is created
         check_writable(args.output_dir)
         with lock.hold(args.output_dir, is_main=args.process_index == 0):
             run = cls(config, plan_run(config))
@@ -89,6 +95,7 @@ class RunManager:
             geometry,
             config.stage.accept_changed_inputs,
             step_of(checkpoint) if checkpoint else 0,
+            config.resolved(),
         )
         return {
             **config.resolved(),

@@ -5,6 +5,13 @@ space and what ``--overwrite_output_dir`` deletes (:func:`prepare`).
 - **A finished run is not overwritten.** A run refuses to start in a folder that holds a finished model or
   checkpoints, and says what is there and how its ``run_config.json`` differs from the new config:
   ``--resume_from_checkpoint true`` continues it, ``--overwrite_output_dir true`` replaces it.
+- **What the run did not write is not touched.** Files the folder's run did not record
+  (:meth:`llm2vec.run.folder.RunFolder.foreign_files`) refuse a start unless ``--overwrite_output_dir true``, which
+  then writes beside them and never deletes them; one the run would write over is refused whatever the flags.
+- **A resume takes only an intact checkpoint of its own stage.** The checkpoint's stage must be this config's
+  (:func:`checkpoint_stage`); its files must hash as its manifest recorded (:func:`llm2vec.run.folder.content_problem`:
+  with ``--resume_from_checkpoint true`` a changed one is skipped with a warning for the next older one, a
+  named one is refused).
 - **A finished run is recognised.** ``--resume_from_checkpoint true`` on a finished run whose training-length
   fields (:func:`llm2vec.run.folder.training_end_fields`) equal the new config's says so and does nothing
   (exit 0). If the new config trains further, the run continues from its newest complete checkpoint; if it ends
@@ -28,10 +35,12 @@ from ..arguments import ConfigError, RunConfig
 from .checks import bytes_under, check_disk_space, estimate_disk
 from .folder import (
     COMPLETE_MARKER,
+    FINAL_SAVE_RECORD,
     RUN_CONFIG_NAME,
     RunFolder,
     checkpoint_problem,
     config_differences,
+    content_problem,
     end_values,
     read_json,
     remove_path,
@@ -120,13 +129,23 @@ def plan_run(config: RunConfig) -> RunPlan:
     plan = RunPlan(folder)
     foreign = folder.foreign_files()
     if foreign and not overwrite:
-        listed = ", ".join(foreign[:6]) + (f" and {len(foreign) - 6} more" if len(foreign) > 6 else "")
         raise ConfigError(
-            f"{where} holds files this run did not write ({listed}); a run would write over them. Move them "
-            "away, choose another --output_dir, or pass --overwrite_output_dir true to write into it anyway"
+            f"{where} holds files this run did not write ({_listed(foreign)}). Move them away, choose another "
+            "--output_dir, or pass --overwrite_output_dir true to write beside them (they are never deleted)"
+        )
+    clashing = folder.would_write_over(foreign)
+    if clashing:
+        raise ConfigError(
+            f"{where} holds {_listed(clashing)}, which no run wrote there but which this run would write over (a "
+            "run saves its model, tokenizer, model card and checkpoints under such names); move them away or "
+            "choose another --output_dir"
         )
     if foreign:
-        logger.warning("overwrite_output_dir: writing into %s, which holds other files: %s", where, ", ".join(foreign))
+        logger.warning(
+            "overwrite_output_dir: writing into %s beside files the run did not write (kept): %s",
+            where,
+            ", ".join(foreign),
+        )
 
     if resume is None:
         if folder.holds_run and not overwrite:
@@ -180,16 +199,14 @@ def plan_run(config: RunConfig) -> RunPlan:
                 + "; start without --resume_from_checkpoint"
                 + (" and with --overwrite_output_dir true" if folder.holds_run else "")
             )
-        plan.resume_from = str(folder.newest.path)
-        ckpt_config = read_json(folder.newest.path / RUN_CONFIG_NAME)
-        ckpt_diffs = config_differences(ckpt_config, new) if ckpt_config else []
-        if ckpt_diffs:
-            logger.warning(
-                "resuming from %s, whose %s differs from this config in: %s",
-                folder.newest.path,
-                RUN_CONFIG_NAME,
-                "; ".join(ckpt_diffs),
+        chosen = _intact_checkpoint(folder)
+        if chosen is None:
+            raise ConfigError(
+                f"{where}: no checkpoint holds what it held when saved (each was skipped above); start anew with "
+                "--overwrite_output_dir true"
             )
+        _check_stage(chosen, stage)
+        plan.resume_from = str(chosen)
         return _settled(plan)
 
     # an explicit checkpoint folder
@@ -202,6 +219,13 @@ def plan_run(config: RunConfig) -> RunPlan:
                 if (newest := RunFolder.inspect(Path(resume).parent).newest)
                 else ""
             )
+        )
+    _check_stage(resume, stage)
+    problem = content_problem(resume)
+    if problem:
+        raise ConfigError(
+            f"resume_from_checkpoint {resume}: {problem}; the checkpoint was changed or damaged after it was saved. "
+            "Resume from another checkpoint, or start anew"
         )
     plan.resume_from = resume
     inside = Path(resume).resolve().parent == Path(args.output_dir).resolve()
@@ -222,6 +246,47 @@ def plan_run(config: RunConfig) -> RunPlan:
     return _settled(plan)
 
 
+def _listed(names: list[str], limit: int = 6) -> str:
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _intact_checkpoint(folder: RunFolder) -> Path | None:
+    """The newest complete checkpoint whose files hold what they held when saved (:func:`content_problem`); each
+    newer one that does not is skipped with a warning naming the file."""
+    for checkpoint in reversed(folder.complete):
+        problem = content_problem(checkpoint.path)
+        if problem is None:
+            return checkpoint.path
+        logger.warning("%s: %s; skipped", checkpoint.path, problem)
+    return None
+
+
+def checkpoint_stage(checkpoint: str | Path) -> str | None:
+    """The stage that saved ``checkpoint``: its ``run_config.json``'s, else read from its weights (a LoRA adapter
+    is Stage II's, a full model Stage I's); ``None`` when neither says."""
+    checkpoint = Path(checkpoint)
+    stage = (read_json(checkpoint / RUN_CONFIG_NAME) or {}).get("stage")
+    if stage:
+        return str(stage)
+    if (checkpoint / "adapter_model.safetensors").is_file():
+        return "II"
+    if (checkpoint / "model.safetensors").is_file() or (checkpoint / "model.safetensors.index.json").is_file():
+        return "I"
+    return None
+
+
+def _check_stage(checkpoint: str | Path, stage: str) -> None:
+    saved = checkpoint_stage(checkpoint)
+    if saved is not None and saved != stage:
+        what = "a LoRA adapter of Stage II" if saved == "II" else "a full model of Stage I"
+        raise ConfigError(
+            f"resume_from_checkpoint {checkpoint}: a Stage {saved} checkpoint ({what}), but this is a Stage {stage} "
+            f"config; a run resumes only its own stage. Resume it with run_stage_{saved}.py, or start this "
+            f"Stage {stage} run without --resume_from_checkpoint"
+            + (" (a Stage I model is Stage II's model_name_or_path)" if saved == "I" else "")
+        )
+
+
 def _settled(plan: RunPlan) -> RunPlan:
     """Every process has inspected the folder before any process changes it."""
     from accelerate import PartialState
@@ -234,12 +299,12 @@ def _settled(plan: RunPlan) -> RunPlan:
 
 
 def _to_clear(plan: RunPlan) -> list[Path]:
-    """What --overwrite_output_dir deletes: the marker, the final model's files, the checkpoints (beyond the one
-    resumed from, when it lies in the same folder)."""
+    """What --overwrite_output_dir deletes: the marker, the files the run recorded as its own, the run's
+    checkpoints (beyond the one resumed from, when it lies in the same folder). Nothing else."""
     folder = plan.folder
-    paths = [folder.path / COMPLETE_MARKER] if folder.finished else []
-    paths += [folder.path / name for name in (folder.marker or {}).get("files", {})]
-    paths += folder.model_files
+    paths = [folder.path / COMPLETE_MARKER] if folder.marker is not None else []
+    paths += folder.model_files  # only the files its marker or final-save record list (llm2vec.run.folder)
+    paths += [folder.path / FINAL_SAVE_RECORD]
     paths += [c.path for c in folder.checkpoints if plan.keep_up_to is None or c.step > plan.keep_up_to]
     return [p for p in dict.fromkeys(paths) if p.exists()]
 

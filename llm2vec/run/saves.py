@@ -8,9 +8,17 @@ finished by its completion marker.
   (:func:`staged_checkpoint`). A run killed during a save leaves only the staging folder, which nothing reads and
   the next run deletes (:func:`remove_stale_staging`). Old checkpoints are rotated out (``save_total_limit``) by
   renaming them away before deleting them.
-- **The final model is finished when the marker exists.** The marker is removed before the final save starts and
-  written (atomically) after every file of the final model is on disk (:func:`save_final`;
-  :func:`finalize_from_checkpoint` builds the final model from a checkpoint at the last step).
+- **Checkpoints carry content hashes.** The manifest records each file's size and SHA-256, computed from the
+  staged files before the rename; a resume compares them (:func:`llm2vec.run.folder.content_problem`).
+- **The final model is finished when the marker exists, and the marker lists only what the save wrote.** The
+  final model is written into ``.final-model.staging.tmp/<name of output_dir>/``; then the names of its files are recorded
+  (:data:`~llm2vec.run.folder.FINAL_SAVE_RECORD`, so that a kill in the next moments leaves them known as the
+  run's), the old marker is removed, the files are renamed into ``output_dir`` (the run's own files of a
+  previous final save that this one did not write again are deleted), and the marker (those names and sizes)
+  is written last (:func:`save_final`; :func:`finalize_from_checkpoint` builds the final model from a
+  checkpoint at the last step). A user's file is never deleted: a file of the same name that the run did not
+  write is moved aside to ``<name>.before-run`` with a warning (a run refuses to start beside one, so this
+  happens only to a file created while the run trained).
 
 What the folder holds is read by :mod:`llm2vec.run.folder`. This module imports nothing of the export or the
 evaluation (tests/test_import_graph.py).
@@ -24,6 +32,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,32 +40,38 @@ from ..io import atomic_write
 from .folder import (
     CHECKPOINT_MANIFEST,
     COMPLETE_MARKER,
+    FINAL_SAVE_RECORD,
+    MARKER_FORMAT,
     RUN_CONFIG_NAME,
     TRAINER_STATE_NAME,
     TRAINING_STATE_FILES,
     RunFolder,
     end_values,
+    own_names,
+    read_json,
     remove_path,
+    sha256_file,
 )
 
 logger = logging.getLogger("llm2vec")
 
 
+FINAL_STAGING = ".final-model.staging.tmp"
+
+
 def write_checkpoint_manifest(folder: str | os.PathLike, step: int) -> None:
-    """Record every file of the checkpoint ``folder`` (relative path and size), written last."""
+    """Record every file of the checkpoint ``folder`` (relative path, size and SHA-256), written last."""
     folder = Path(folder)
-    files = {
-        str(p.relative_to(folder)): p.stat().st_size
-        for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.name != CHECKPOINT_MANIFEST
-    }
+    paths = [p for p in sorted(folder.rglob("*")) if p.is_file() and p.name != CHECKPOINT_MANIFEST]
+    files = {str(p.relative_to(folder)): p.stat().st_size for p in paths}
+    hashes = {str(p.relative_to(folder)): sha256_file(p) for p in paths}
     with atomic_write(folder / CHECKPOINT_MANIFEST) as f:
-        json.dump({"global_step": step, "files": files}, f, indent=2)
+        json.dump({"global_step": step, "files": files, "sha256": hashes}, f, indent=2)
 
 
 def remove_stale_staging(output_dir: str | os.PathLike) -> None:
-    """Delete the staging and deletion folders a killed run left behind (``.checkpoint-*.tmp``)."""
-    for stale in Path(output_dir).glob(".checkpoint-*.tmp"):
+    """Delete the staging and deletion folders a killed run left behind (``.checkpoint-*.tmp``, the final save's)."""
+    for stale in [*Path(output_dir).glob(".checkpoint-*.tmp"), Path(output_dir) / FINAL_STAGING]:
         shutil.rmtree(stale, ignore_errors=True)
 
 
@@ -120,34 +135,77 @@ def staged_checkpoint(trainer, run_dir: str):
     trainer.accelerator.wait_for_everyone()
 
 
-def _write_marker(output_dir: Path, run_config: dict[str, Any], global_step: int) -> None:
-    files = sorted(p for p in output_dir.iterdir() if p.is_file() and not p.name.startswith("."))
-    for p in files:
+def _publish_final(staged: Path, out: Path, run_config: dict[str, Any], global_step: int) -> None:
+    """Move the final model's files from ``staged`` into ``out`` and write the marker last (module docstring)."""
+    names = sorted(p.name for p in staged.iterdir())
+    for p in staged.iterdir():
         _fsync(p)
+    previous = own_names(read_json(out / COMPLETE_MARKER), read_json(out / FINAL_SAVE_RECORD)) - {COMPLETE_MARKER}
+    with atomic_write(out / FINAL_SAVE_RECORD) as f:  # from here on these names are the run's, marker or not
+        json.dump({"files": sorted(set(names) | previous)}, f, indent=2)
+    _fsync(out)
+    (out / COMPLETE_MARKER).unlink(missing_ok=True)  # from here on the folder is not a finished run
+    for name in sorted(previous - set(names)):  # the run's own files of an earlier final save, not written again
+        remove_path(out / name)
+    for name in names:
+        target = out / name
+        if target.exists() and name not in previous:  # a file made while the run trained: never deleted
+            aside = out / f"{name}.before-run"
+            logger.warning(
+                "%s was not written by this run: moved to %s to make room for the final model", target, aside
+            )
+            os.replace(target, aside)
+        elif target.is_dir():
+            remove_path(target)
+        os.replace(staged / name, target)
+    shutil.rmtree(out / FINAL_STAGING, ignore_errors=True)
+    _fsync(out)
     stage = run_config.get("stage", "I")
     marker = {
+        "format": MARKER_FORMAT,
         "stage": stage,
         "global_step": global_step,
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
         "training_end": end_values(run_config, stage) if run_config else {},
-        "files": {p.name: p.stat().st_size for p in files if p.name != COMPLETE_MARKER},
+        "files": {name: (out / name).stat().st_size for name in names if (out / name).is_file()},
     }
-    with atomic_write(output_dir / COMPLETE_MARKER) as f:
+    with atomic_write(out / COMPLETE_MARKER) as f:
         f.write(json.dumps(marker, indent=2) + "\n")
-    _fsync(output_dir)
+    (out / FINAL_SAVE_RECORD).unlink(missing_ok=True)
+    _fsync(out)
+
+
+@contextlib.contextmanager
+def _final_staging(trainer) -> Iterator[Path]:
+    """An empty staging folder for the final model (every process: the same path), removed if the save fails. It
+    bears ``output_dir``'s own name (``<output_dir>/.final-model.staging.tmp/<name>/``): the model card names the
+    folder it is written in."""
+    out = Path(trainer.args.output_dir)
+    root = out / FINAL_STAGING
+    staged = root / (out.resolve().name or "model")
+    if trainer.args.should_save:
+        shutil.rmtree(root, ignore_errors=True)
+        staged.mkdir(parents=True)
+    trainer.accelerator.wait_for_everyone()
+    try:
+        yield staged
+    except BaseException:
+        if trainer.args.should_save:
+            shutil.rmtree(root, ignore_errors=True)
+        raise
 
 
 def save_final(trainer) -> None:
-    """The final model, ``trainer_state.json``, then (last) the completion marker."""
+    """The final model and ``trainer_state.json``, staged, moved into place; then (last) the completion marker."""
     out = Path(trainer.args.output_dir)
     trainer.check_weights_finite("the final model was not written")
-    if trainer.args.should_save:
-        (out / COMPLETE_MARKER).unlink(missing_ok=True)  # from here on the folder is not a finished run
-    trainer.save_model(str(out))
-    trainer.save_state()  # trainer_state.json (the log history) beside the final model
-    trainer.accelerator.wait_for_everyone()
-    if trainer.args.should_save:
-        _write_marker(out, trainer.run_config, trainer.state.global_step)
+    with _final_staging(trainer) as staged:
+        trainer.save_model(str(staged))
+        if trainer.args.should_save:
+            trainer.state.save_to_json(str(staged / TRAINER_STATE_NAME))  # the log history beside the final model
+        trainer.accelerator.wait_for_everyone()
+        if trainer.args.should_save:
+            _publish_final(staged, out, trainer.run_config, trainer.state.global_step)
     trainer.accelerator.wait_for_everyone()
 
 
@@ -156,20 +214,20 @@ def finalize_from_checkpoint(trainer, checkpoint: str) -> None:
     the checkpoint's model files (no optimizer, scheduler or RNG state), this run's config, then the marker."""
     from transformers import TrainerState
 
-    out, ckpt = Path(trainer.args.output_dir), Path(checkpoint)
+    ckpt = Path(checkpoint)
     trainer.state = TrainerState.load_from_json(str(ckpt / TRAINER_STATE_NAME))
     logger.info(
         "%s is at the last step (%d): writing the final model from it, no training needed",
         ckpt,
         trainer.state.global_step,
     )
-    if trainer.args.should_save:
-        (out / COMPLETE_MARKER).unlink(missing_ok=True)
-        skip = {p.name for pattern in TRAINING_STATE_FILES for p in ckpt.glob(pattern)}
-        for src in ckpt.iterdir():
-            if src.is_file() and src.name not in skip:
-                shutil.copyfile(src, out / src.name)
-        with atomic_write(out / RUN_CONFIG_NAME) as f:
-            json.dump(trainer.run_config, f, indent=2)
-        _write_marker(out, trainer.run_config, trainer.state.global_step)
+    with _final_staging(trainer) as staged:
+        if trainer.args.should_save:
+            skip = {p.name for pattern in TRAINING_STATE_FILES for p in ckpt.glob(pattern)}
+            for src in ckpt.iterdir():
+                if src.is_file() and src.name not in skip:
+                    shutil.copyfile(src, staged / src.name)
+            with atomic_write(staged / RUN_CONFIG_NAME) as f:
+                json.dump(trainer.run_config, f, indent=2)
+            _publish_final(staged, Path(trainer.args.output_dir), trainer.run_config, trainer.state.global_step)
     trainer.accelerator.wait_for_everyone()

@@ -1,0 +1,52 @@
+"""Fingerprints of files and model folders: what a run records of its inputs (:mod:`llm2vec.run.inputs`) and what
+an adapter's load compares with the base it was trained on (:func:`llm2vec.model_files.check_adapter`).
+
+A file's fingerprint is its size, modification time (ns) and the SHA-256 of its first MiB: cheap on a model of
+many GB, and enough to tell two trainings of one shape apart (the first MiB of a safetensors file holds its header
+and the start of its first tensor).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+HEAD_BYTES = 1 << 20
+
+
+def fingerprint_file(path: str | os.PathLike) -> dict[str, Any]:
+    """Size, modification time (ns) and SHA-256 of the first MiB of ``path``."""
+    stat = os.stat(path)
+    with open(path, "rb") as f:
+        head = hashlib.sha256(f.read(HEAD_BYTES)).hexdigest()
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "head_sha256": head}
+
+
+def model_folder(name: str) -> Path | None:
+    """A local folder, or a hub id's snapshot in the local cache; ``None`` when neither."""
+    if os.path.isdir(name):
+        return Path(name)
+    try:  # a hub id: its snapshot in the local cache, if there is one
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(name, local_files_only=True))
+    except Exception:  # noqa: BLE001 - not cached, or not a hub id: recorded by name only
+        return None
+
+
+def fingerprint_model(name: str | None) -> dict[str, Any] | None:
+    """``{"name", "files": {file: fingerprint}}`` of a model folder or cached hub snapshot (top-level files;
+    the model card aside, which a save may rewrite); ``{"name"}`` alone when it cannot be found locally."""
+    if not name:
+        return None
+    folder = model_folder(str(name))
+    if folder is None:
+        return {"name": str(name)}
+    files = {
+        p.name: fingerprint_file(p)
+        for p in sorted(folder.iterdir())
+        if p.is_file() and not p.name.startswith(".") and p.name != "README.md"
+    }
+    return {"name": str(name), "files": files}
