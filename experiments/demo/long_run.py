@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +27,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "experiments"), str(REPO)]
 
 from demo.package_data import build_package_dataset  # noqa: E402
-from demo.settings import INSTRUCTION, SMOLLM2_DIR, STAGE_I_CONFIG, STAGE_I_SCRIPT  # noqa: E402
+from demo.pipeline import write_validation_file  # noqa: E402
+from demo.settings import INSTRUCTION, SMOLLM2_DIR, STAGE_I_CONFIG, STAGE_I_SCRIPT, VALIDATION_SOURCE  # noqa: E402
 from demo.smollm2 import materialise_smollm2  # noqa: E402
 from demo.stdlib_data import TRAIN_FILE  # noqa: E402
 from llm2vec.io import iter_jsonl, write_jsonl  # noqa: E402
@@ -36,27 +36,18 @@ from llm2vec.io import iter_jsonl, write_jsonl  # noqa: E402
 OUT = REPO / "cache" / "long-run"
 DATA = REPO / "cache" / "package-data"
 EVERY = 40
-VALIDATION_PAIRS = 64
 EVAL_BATCH = 8
 MEASURES = ("loss", "anchor_gain", "anchor_gain_first4", "rank_accuracy")
 
 
 def write_inputs(data: Path, folder: Path) -> tuple[Path, Path]:
-    """The train pairs with the query instruction, and 64 fixed validation pairs, as JSON-lines files."""
+    """The train pairs with the query instruction, and the demo's 64 fixed validation pairs of the corpus's
+    validation split (:func:`demo.pipeline.write_validation_file`), as JSON-lines files."""
     train = folder / "packages.jsonl"
     rows = [{"instruction": INSTRUCTION, **row} for _, row in iter_jsonl(data / TRAIN_FILE) if row is not None]
     write_jsonl(train, rows)
-    corpus = {r["_id"]: r["text"] for _, r in iter_jsonl(data / "val" / "corpus.jsonl") if r is not None}
-    queries = {r["_id"]: r["text"] for _, r in iter_jsonl(data / "val" / "queries.jsonl") if r is not None}
-    pairs = [
-        {"query": queries[r["query-id"]], "positive": corpus[r["corpus-id"]], "instruction": INSTRUCTION}
-        for _, r in iter_jsonl(data / "val" / "qrels.jsonl")
-        if r is not None
-    ]
-    random.Random(0).shuffle(pairs)
-    validation = folder / "validation.jsonl"
-    write_jsonl(validation, pairs[:VALIDATION_PAIRS])
-    return train, validation
+    write_validation_file(data / "val", folder)
+    return train, folder / f"{VALIDATION_SOURCE}.jsonl"
 
 
 def newest_checkpoint(run: Path) -> Path | None:
