@@ -142,7 +142,7 @@ def check_examples(collator: TrainCollator, examples: Sequence[TrainExample]) ->
     """Run ``collator`` on one example of each distinct query instruction (the prompt is the only part of an
     input that cannot be cut to fit: a text is truncated, an instruction is not), so what tokenization would
     reject at the step that draws it is found before step 1. Texts themselves are checked when read
-    (:func:`llm2vec.dataset.base.read_jsonl_pairs`: strings of valid Unicode). Raises :class:`DataError` naming
+    (:func:`llm2vec.dataset.records.read_jsonl_pairs`: strings of valid Unicode). Raises :class:`DataError` naming
     the example's ``file:line``; returns the number of distinct instructions checked."""
     from .dataset import DataError
 

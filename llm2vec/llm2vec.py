@@ -24,6 +24,7 @@ from transformers import AutoModel, AutoTokenizer
 from . import templates
 from .collator import pad_batch
 from .compat import enable_activation_checkpointing
+from .devices import default_device, resolve_dtype
 from .encode_inputs import read_inputs, read_item
 from .model_files import check_model_files
 from .packing import packed_hidden_states
@@ -60,33 +61,6 @@ def decoder_body(model: nn.Module) -> nn.Module:
     if hasattr(model, "get_base_model"):  # a peft.PeftModel
         model = model.get_base_model()
     return model.base_model
-
-
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-DTYPES = {
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "float32": torch.float32,
-    "fp32": torch.float32,
-}
-
-
-def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device | None = None) -> torch.dtype:
-    """A dtype from its name; ``"auto"``/None: bfloat16 on a GPU that supports it, float32 otherwise."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype in (None, "auto"):
-        if device is not None and device.type == "cuda" and torch.cuda.is_bf16_supported():
-            return torch.bfloat16
-        return torch.float32
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)} or 'auto'")
-    return DTYPES[dtype]
 
 
 class PackingRefused(ValueError):

@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 
 from llm2vec.arguments import ConfigError, argument_classes
 from llm2vec.run import checks as startup_checks
-from llm2vec.run import folder as run_folder
+from llm2vec.run import config_fields
 from llm2vec.run import plan as resume
 from llm2vec.run.folder import COMPLETE_MARKER
 from llm2vec.testing import build_tokenizer, save_tiny_model, write_tiny_e5
@@ -181,10 +181,10 @@ def test_training_end_fields_are_found_by_name_or_metadata(monkeypatch):
     class Recipe:
         stop_at: int | None = field(default=None, metadata={"help": "", "ends_training": True})
 
-    monkeypatch.setattr(run_folder, "argument_classes", lambda stage: (*argument_classes(stage), Recipe))
-    assert {"max_steps", "num_train_epochs", "stop_at"} <= set(run_folder.training_end_fields("I"))
+    monkeypatch.setattr(config_fields, "argument_classes", lambda stage: (*argument_classes(stage), Recipe))
+    assert {"max_steps", "num_train_epochs", "stop_at"} <= set(config_fields.training_end_fields("I"))
     saved_by_older_version = {"max_steps": 40, "num_train_epochs": 3.0}
-    assert run_folder.end_values(saved_by_older_version, "I")["stop_at"] is None
+    assert config_fields.end_values(saved_by_older_version, "I")["stop_at"] is None
     end = resume.planned_end_step
     assert end({"max_steps": -1, "num_train_epochs": 3.0, "stop_at": None}, 12) == 36  # 3 epochs of 12 steps
     assert end({"max_steps": -1, "num_train_epochs": 3.0, "stop_at": 20}, 12) == 20  # a longer schedule, cut

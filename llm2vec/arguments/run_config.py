@@ -15,9 +15,9 @@ from typing import Any
 import torch
 
 from ..compat import TrainingArguments
-from ..dataset.base import DataError, check_path_kind
+from ..dataset.records import DataError, check_path_kind
+from ..devices import resolve_dtype
 from ..io import missing_local_path
-from ..llm2vec import resolve_dtype
 from ..model_files import ModelFilesError, check_model_files
 from .shared import ConfigError, DataArguments, ModelArguments
 from .stages import StageIArguments, StageIIArguments

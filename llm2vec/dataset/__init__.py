@@ -5,17 +5,10 @@ Both loaders return a :class:`TrainDataset` whose consecutive blocks of
 sequential sampler.
 """
 
-from .base import (
-    DataError,
-    SourceStats,
-    TrainDataset,
-    TrainExample,
-    arrange_global_batches,
-    hold_out,
-    read_jsonl_pairs,
-)
+from .base import SourceStats, TrainDataset, arrange_global_batches, hold_out
 from .e5 import E5_SOURCES, load_e5
 from .jsonl import load_jsonl
+from .records import DataError, TrainExample, read_jsonl_pairs
 
 __all__ = [
     "DataError",

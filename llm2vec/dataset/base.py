@@ -1,204 +1,25 @@
-"""Training examples, JSON-lines parsing and single-source global batches.
+"""Single-source global batches: the dataset both loaders (``e5.py``, ``jsonl.py``) return.
 
-Everything the two loaders (``e5.py`` for the paper's E5 data, ``jsonl.py`` for a
-user's own files) have in common lives here:
+* :func:`arrange_global_batches` orders the examples so that every global batch comes from a single source
+  (in-batch negatives are then from the same dataset, as in LLM2Vec and the paper);
+* :class:`TrainDataset`, the ``torch`` dataset over the arranged list, with per-source counts
+  (:class:`SourceStats`) and its summary table;
+* :func:`hold_out`, the validation pairs carved from the training data.
 
-* :class:`TrainExample`, the unit the collator receives;
-* :func:`read_jsonl_pairs`, the one parser of a JSON-lines file, with its error
-  and skip rules;
-* :func:`arrange_global_batches`, which orders the examples so that every global
-  batch comes from a single source (in-batch negatives are then from the same
-  dataset, as in LLM2Vec and the paper);
-* :class:`TrainDataset`, the ``torch`` dataset over the arranged list.
-
-Parsing rules (both loaders):
-
-* a line that is not valid JSON, not a JSON object, or lacks a required field,
-  or has a required field that is not a string, raises :class:`DataError`
-  naming ``file:line``;
-* surrounding whitespace of every text is stripped;
-* a record whose query or positive (or negative, where required) is empty after
-  stripping is skipped; skips are counted per file, logged as a warning with
-  the file name, and reported in :meth:`TrainDataset.summary`;
-* blank lines are not records; they are counted and reported too;
-* a file in which no record survives is an error.
+The records come from :func:`llm2vec.dataset.records.read_jsonl_pairs` (the parsing rules are there).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import random
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
 
-from ..io import iter_jsonl
+from .records import DataError, FileReport, TrainExample
 
 logger = logging.getLogger(__name__)
-
-
-class DataError(ValueError):
-    """A problem with training data; the message names the file (and line) and the fix."""
-
-
-@dataclass(frozen=True)
-class TrainExample:
-    """One training triple.
-
-    ``query_instruction`` is prepended to the query only (by the template code);
-    documents (positive, negative) never get an instruction. ``negative`` is
-    ``None`` when the example has no hard negative. ``source`` names the dataset
-    the example comes from; a global batch never mixes sources.
-    """
-
-    query: str
-    positive: str
-    negative: str | None
-    query_instruction: str
-    source: str
-    origin: str = field(default="", compare=False)  # "file:line" it was read from ("" when built in code)
-
-
-@dataclass(frozen=True)
-class RawRecord:
-    """A parsed, non-empty record of a JSON-lines file, before an instruction is chosen.
-
-    ``index`` is the 0-based position of the record among the file's records
-    (blank lines excluded, skipped-empty records included), so that choices made
-    by position (the alternating NLI / Quora instructions) do not shift when a
-    record is skipped. ``line`` is the 1-based line number.
-    """
-
-    index: int
-    line: int
-    query: str
-    positive: str
-    negative: str | None
-    instruction: str | None
-    path: str = ""
-
-
-@dataclass
-class FileReport:
-    """What reading one file produced."""
-
-    path: str
-    records: int = 0  # non-blank lines read
-    kept: int = 0
-    skipped_empty: int = 0  # records with an empty text, not used
-    blank_lines: int = 0
-    truncated: bool = False  # stopped early because of a limit
-
-
-def _fail(path: str, line: int, problem: str, fix: str) -> DataError:
-    return DataError(f"{path}:{line}: {problem}. {fix}")
-
-
-def _text_field(obj: dict, name: str, path: str, line: int, fix: str, required: bool) -> str | None:
-    """Return the stripped string ``obj[name]``; ``None`` when optional and absent or null."""
-    value = obj.get(name)
-    if value is None:
-        if required:
-            present = "is null" if name in obj else "is missing"
-            raise _fail(path, line, f'required field "{name}" {present}', fix)
-        return None
-    if not isinstance(value, str):
-        raise _fail(
-            path,
-            line,
-            f'field "{name}" must be a string, got {type(value).__name__}',
-            fix,
-        )
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as err:  # a lone surrogate (JSON "\ud800"): no tokenizer can read it
-        raise _fail(
-            path,
-            line,
-            f'field "{name}" holds {value[err.start]!r} at character {err.start}, half of a UTF-16 surrogate '
-            "pair, which is not a character (a broken \\uXXXX escape)",
-            fix,
-        ) from None
-    return value.strip()
-
-
-def read_jsonl_pairs(
-    path: str,
-    *,
-    require_negative: bool,
-    read_instruction: bool,
-    limit: int | None = None,
-    fix: str = "Fix or remove this line.",
-) -> tuple[list[RawRecord], FileReport]:
-    """Read one JSON-lines file of ``{"query", "positive", "negative"?, "instruction"?}`` objects.
-
-    Args:
-        path: the file.
-        require_negative: ``negative`` must be present and non-empty; otherwise it
-            is optional (absent, null or empty all mean "no negative").
-        read_instruction: take the optional per-line ``instruction`` field;
-            when False the field is ignored and ``RawRecord.instruction`` is None.
-        limit: stop after this many kept records (the rest of the file is not read).
-        fix: what to tell the user to do about a malformed line.
-
-    Returns:
-        The kept records in file order, and a :class:`FileReport`.
-
-    Raises:
-        DataError: on a malformed line, a file that cannot be decoded as UTF-8,
-            or a file in which no record survives.
-    """
-    report = FileReport(path=path)
-    records: list[RawRecord] = []
-    for line_no, obj in iter_jsonl(path, error=DataError, fix=fix):
-        if limit is not None and len(records) >= limit:
-            report.truncated = True
-            break
-        if obj is None:
-            report.blank_lines += 1
-            continue
-        index = report.records
-        report.records += 1
-        query = _text_field(obj, "query", path, line_no, fix, required=True)
-        positive = _text_field(obj, "positive", path, line_no, fix, required=True)
-        negative = _text_field(obj, "negative", path, line_no, fix, required=require_negative)
-        instruction = _text_field(obj, "instruction", path, line_no, fix, required=False) if read_instruction else None
-        if not query or not positive or (require_negative and not negative):
-            report.skipped_empty += 1
-            continue
-        records.append(
-            RawRecord(
-                index=index,
-                line=line_no,
-                query=query,
-                positive=positive,
-                negative=negative or None,
-                instruction=instruction,
-                path=path,
-            )
-        )
-    report.kept = len(records)
-    if report.skipped_empty:
-        needed = "query, positive or negative" if require_negative else "query or positive"
-        logger.warning(
-            "%s: skipped %d of %d records whose %s is empty or whitespace only",
-            path,
-            report.skipped_empty,
-            report.records,
-            needed,
-        )
-    if report.blank_lines:
-        logger.warning("%s: ignored %d blank lines", path, report.blank_lines)
-    if not records:
-        if report.records == 0:
-            raise DataError(f"{path}: the file holds no records. Check that it is the right file.")
-        raise DataError(
-            f"{path}: all {report.records} records were skipped because a required text "
-            "is empty or whitespace only. Check the file's field names and contents."
-        )
-    return records, report
 
 
 @dataclass
@@ -408,41 +229,6 @@ def hold_out(
         name: [ex for i, ex in enumerate(examples_by_source[name]) if (name, i) not in taken] for name in names
     }
     return remaining, [examples_by_source[name][i] for name, i in chosen]
-
-
-def _listing(folder: str, n: int = 2) -> str:
-    """``folder/a.jsonl,folder/b.jsonl``: the first ``n`` JSON-lines files of ``folder`` (for a hint)."""
-    try:
-        names = sorted(name for name in os.listdir(folder) if name.endswith(".jsonl"))[:n]
-    except OSError:
-        names = []
-    return ",".join(os.path.join(folder, name) for name in names) or os.path.join(folder, "<name>.jsonl")
-
-
-def check_path_kind(path: str, dataset_name: str, what: str = "dataset_file_path") -> None:
-    """A data path that exists is of the kind its reader needs: E5's is a folder of ``<source>.jsonl`` files,
-    every other (``jsonl`` training files, ``validation_file``: ``dataset_name`` ``"jsonl"``) a file. Raises
-    :class:`DataError` naming ``what``, the path and what to give instead; a missing path is left to the reader."""
-    if dataset_name == "E5" and os.path.isfile(path):
-        raise DataError(
-            f"{what} {path} is a file; dataset_name E5 reads the folder that holds the E5 <source>.jsonl files: give "
-            "that folder, or set dataset_name jsonl to train on this file"
-        )
-    if dataset_name != "E5" and os.path.isdir(path):
-        raise DataError(
-            f"{what} {path} is a folder; a JSON-lines file is expected here: name the files, joined by ',' "
-            f"(e.g. {_listing(path)})"
-            + (
-                ", or set dataset_name E5 if it holds the E5 <source>.jsonl files"
-                if what == "dataset_file_path"
-                else ""
-            )
-        )
-
-
-def missing_files(paths: Iterable[str]) -> list[str]:
-    """The paths in ``paths`` that are not existing files, in order."""
-    return [p for p in paths if not os.path.isfile(p)]
 
 
 def examples_from_records(records, source: str, instruction_of) -> list[TrainExample]:

@@ -19,16 +19,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .base import (
-    DataError,
-    SourceStats,
-    TrainDataset,
-    TrainExample,
-    check_path_kind,
-    examples_from_records,
-    missing_files,
-    read_jsonl_pairs,
-)
+from .base import SourceStats, TrainDataset, examples_from_records
+from .records import DataError, TrainExample, check_path_kind, missing_files, read_jsonl_pairs
 
 
 @dataclass(frozen=True)

@@ -52,8 +52,9 @@ from mteb.models.abs_encoder import AbsEncoder
 from mteb.models.model_meta import ModelMeta
 from mteb.types import PromptType
 
+from ..devices import resolve_dtype
 from ..io import JsonFileError, read_json_file, short_hash
-from ..llm2vec import LLM2Vec, read_llm2vec_config, resolve_dtype
+from ..llm2vec import LLM2Vec, read_llm2vec_config
 from .paths import check_name, model_folder_name, results_folder
 from .replicas import encode_on_replicas, replicate, resolve_devices
 

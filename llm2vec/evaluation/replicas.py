@@ -22,7 +22,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..llm2vec import LLM2Vec, default_device
+from ..devices import default_device
+from ..llm2vec import LLM2Vec
 
 
 def resolve_devices(devices: str | torch.device | Sequence[str | torch.device] | None) -> list[torch.device]:

@@ -13,8 +13,9 @@ from typing import Any
 
 import torch
 
+from ..devices import default_device, resolve_dtype
 from ..io import JsonFileError, read_json_file
-from ..llm2vec import CONFIG_NAME, LLM2Vec, decoder_body, default_device, resolve_dtype
+from ..llm2vec import CONFIG_NAME, LLM2Vec, decoder_body
 from ..model_card import ModelCardInputs, history_of, render_model_card
 from ..model_files import check_model_files
 from ..run import check_export_target, claim_export_folder

@@ -4,7 +4,7 @@ the checkpoints and whether each is complete, the saved run config.
 A finished run's ``output_dir`` holds the final model (what :meth:`llm2vec.LLM2Vec.save` writes),
 ``run_config.json``, ``trainer_state.json``, the ``checkpoint-<step>`` folders the config asked for, and,
 written last, the completion marker :data:`COMPLETE_MARKER` (the files the final save wrote, with their sizes,
-the step, and the training-length fields :func:`end_values`). A checkpoint written by this version holds
+the step, and the training-length fields :func:`llm2vec.run.config_fields.end_values`). A checkpoint written by this version holds
 :data:`CHECKPOINT_MANIFEST` (each file's size and SHA-256). :class:`RunFolder` reads all of that: which
 checkpoints are complete (:func:`checkpoint_problem`) and hold what they held when saved
 (:func:`content_problem`), whether the final model matches its marker (:func:`marker_problem`), which files
@@ -24,11 +24,11 @@ import logging
 import os
 import re
 import shutil
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..arguments import ConfigError, argument_classes
+from ..arguments import ConfigError
 
 logger = logging.getLogger("llm2vec")
 
@@ -37,23 +37,6 @@ RUN_CONFIG_NAME = "run_config.json"
 TRAINER_STATE_NAME = "trainer_state.json"
 CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
 
-# The fields that decide at which optimizer step training ends. A field added later that stops training
-# (e.g. after N steps of a longer schedule) is found by its metadata ``{"ends_training": True}`` or by
-# being named here; its value is read as "stop after this many optimizer steps" when it is a positive int.
-TRAINING_END_FIELDS = ("max_steps", "num_train_epochs", "stop_after_n_steps")
-# Fields that say where or how a run is launched, not what it trains: left out of config comparisons.
-NOT_COMPARED = (
-    "output_dir",
-    "resume_from_checkpoint",
-    "overwrite_output_dir",
-    "accept_changed_inputs",
-    "accept_other_base",
-    "config_file",
-    "lr_schedule",
-    "inputs",
-    "batch_geometry",
-    "resumed_with_changes",
-)  # lr_schedule: derived from the compared fields and the data; inputs and batch: llm2vec.run.inputs
 # The names of a final model's files (what a final save may write at the top of output_dir).
 MODEL_FILE_PATTERNS = (
     "*.safetensors",
@@ -441,43 +424,6 @@ def newest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
     """The newest complete checkpoint of ``output_dir`` (:class:`RunFolder`), or ``None``."""
     newest = RunFolder.inspect(output_dir).newest
     return newest.path if newest else None
-
-
-def config_differences(saved: dict[str, Any], new: dict[str, Any], limit: int = 8) -> list[str]:
-    """``field old -> new`` for each compared field whose value differs (at most ``limit``, then a count)."""
-    keys = sorted((set(saved) | set(new)) - set(NOT_COMPARED))
-    diffs = [f"{k} {json.dumps(saved.get(k))} -> {json.dumps(new.get(k))}" for k in keys if saved.get(k) != new.get(k)]
-    if len(diffs) > limit:
-        diffs = diffs[:limit] + [f"{len(diffs) - limit} more"]
-    return diffs
-
-
-# ---------------------------------------------------------------------------------------------- where training ends
-
-
-def _defaults(stage: str) -> dict[str, Any]:
-    out = {}
-    for cls in argument_classes(stage):
-        for f in fields(cls):
-            if f.default is not MISSING:
-                out[f.name] = f.default
-            elif f.default_factory is not MISSING:
-                out[f.name] = f.default_factory()
-    return out
-
-
-def training_end_fields(stage: str) -> tuple[str, ...]:
-    """The fields that decide where training ends: :data:`TRAINING_END_FIELDS` and every field of the stage's
-    argument classes whose metadata says ``ends_training``; only those that exist in this version."""
-    defaults = _defaults(stage)
-    tagged = [f.name for cls in argument_classes(stage) for f in fields(cls) if f.metadata.get("ends_training")]
-    return tuple(name for name in dict.fromkeys([*TRAINING_END_FIELDS, *tagged]) if name in defaults)
-
-
-def end_values(config: dict[str, Any], stage: str) -> dict[str, Any]:
-    """The training-length fields of a resolved config; a field it lacks (saved by an older version) has its default."""
-    defaults = _defaults(stage)
-    return {name: config.get(name, defaults[name]) for name in training_end_fields(stage)}
 
 
 def remove_path(path: Path) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 
 from ..arguments import ConfigError
 from ..fingerprints import fingerprint_file, fingerprint_model
+from .config_fields import NOT_COMPARED, training_end_fields
 
 logger = logging.getLogger("llm2vec")
 
@@ -92,8 +93,6 @@ def setting_changes(saved: dict[str, Any], new: dict[str, Any], stage: str) -> t
     """The compared fields whose value differs between a checkpoint's run config (``saved``) and this run's
     resolved config (``new``), as ``{field: {"before": old, "after": new}}``: those that need
     ``accept_changed_inputs``, and the training-length fields (recorded, never refused here)."""
-    from .folder import NOT_COMPARED, training_end_fields
-
     ends = set(training_end_fields(stage))
     changed, lengths = {}, {}
     for key in sorted((set(saved) | set(new)) - set(NOT_COMPARED) - RESUME_FREE_FIELDS):

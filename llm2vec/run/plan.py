@@ -13,7 +13,7 @@ space and what ``--overwrite_output_dir`` deletes (:func:`prepare`).
   with ``--resume_from_checkpoint true`` a changed one is skipped with a warning for the next older one, a
   named one is refused).
 - **A finished run is recognised.** ``--resume_from_checkpoint true`` on a finished run whose training-length
-  fields (:func:`llm2vec.run.folder.training_end_fields`) equal the new config's says so and does nothing
+  fields (:func:`llm2vec.run.config_fields.training_end_fields`) equal the new config's says so and does nothing
   (exit 0). If the new config trains further, the run continues from its newest complete checkpoint; if it ends
   earlier, it is refused. A checkpoint without its weights or its ``trainer_state.json`` (made by other tools or
   older versions) is skipped with a warning.
@@ -33,15 +33,14 @@ from typing import Any
 
 from ..arguments import ConfigError, RunConfig
 from .checks import bytes_under, check_disk_space, estimate_disk
+from .config_fields import config_differences, end_values
 from .folder import (
     COMPLETE_MARKER,
     FINAL_SAVE_RECORD,
     RUN_CONFIG_NAME,
     RunFolder,
     checkpoint_problem,
-    config_differences,
     content_problem,
-    end_values,
     read_json,
     remove_path,
     step_of,

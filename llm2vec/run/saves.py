@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ..io import atomic_write
+from .config_fields import end_values
 from .folder import (
     CHECKPOINT_MANIFEST,
     COMPLETE_MARKER,
@@ -46,7 +47,6 @@ from .folder import (
     TRAINER_STATE_NAME,
     TRAINING_STATE_FILES,
     RunFolder,
-    end_values,
     own_names,
     read_json,
     remove_path,
