@@ -49,6 +49,8 @@ setup(
         "tensorboard": ["tensorboard>=2.20.0"],
         "test": [
             "pytest>=9.0.0",
+            # the README's test command runs the suite in two processes (-n 2, a test file to a process)
+            "pytest-xdist>=3.8.0",
             "gguf>=0.19.0",
             "matplotlib>=3.10.0",
             "sentence-transformers>=6.0.0",

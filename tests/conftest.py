@@ -7,7 +7,10 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# Two threads a process; one a worker when pytest-xdist runs the suite in several processes (the README's
+# command: two workers on two cores), so that the workers do not fight over the cores. A test that asks for
+# a thread count sets it itself.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, os.cpu_count() or 1)))
 
 from llm2vec.testing import FAMILIES, build_tiny_model, save_tiny_model  # noqa: E402
 
