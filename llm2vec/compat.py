@@ -28,16 +28,33 @@ from typing import Any
 import transformers
 from torch import nn
 
-# transformers >= 5.19: the Trainer reads `loss_is_scaled_for_ga` (see the module docstring).
-TRAINER_READS_LOSS_IS_SCALED_FOR_GA = hasattr(transformers.Trainer, "loss_is_scaled_for_ga")
+# Read on first use (module __getattr__): transformers' Trainer and TrainingArguments take seconds to import
+# (accelerate, datasets, torch.distributed), and encoding or evaluating a model needs neither.
+_LAZY = ("TRAINER_READS_LOSS_IS_SCALED_FOR_GA", "HAS_ACTIVATION_CHECKPOINTING", "TrainingArguments")
 
-# transformers >= 5.23: `activation_checkpointing` is a field of TrainingArguments.
-HAS_ACTIVATION_CHECKPOINTING = "activation_checkpointing" in {f.name for f in fields(transformers.TrainingArguments)}
 
-if HAS_ACTIVATION_CHECKPOINTING:
-    TrainingArguments = transformers.TrainingArguments
-else:
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    values = _training_compat()
+    globals().update(values)
+    return values[name]
 
+
+def _training_compat() -> dict[str, Any]:
+    """The values of :data:`_LAZY` for the installed transformers."""
+    # transformers >= 5.19: the Trainer reads `loss_is_scaled_for_ga` (see the module docstring).
+    reads_scaled = hasattr(transformers.Trainer, "loss_is_scaled_for_ga")
+    # transformers >= 5.23: `activation_checkpointing` is a field of TrainingArguments.
+    has_checkpointing = "activation_checkpointing" in {f.name for f in fields(transformers.TrainingArguments)}
+    return {
+        "TRAINER_READS_LOSS_IS_SCALED_FOR_GA": reads_scaled,
+        "HAS_ACTIVATION_CHECKPOINTING": has_checkpointing,
+        "TrainingArguments": transformers.TrainingArguments if has_checkpointing else _with_activation_checkpointing(),
+    }
+
+
+def _with_activation_checkpointing() -> type:
     @dataclass
     class TrainingArguments(transformers.TrainingArguments):
         """transformers' ``TrainingArguments`` with the two fields that 5.23 introduced, mapped onto the names the
@@ -65,6 +82,10 @@ else:
             super().__post_init__()  # parses a JSON string of gradient_checkpointing_kwargs
             self.activation_checkpointing = self.gradient_checkpointing
             self.activation_checkpointing_kwargs = self.gradient_checkpointing_kwargs
+
+    # pickled by the Trainer (training_args.bin) by its module and name, which __getattr__ answers
+    TrainingArguments.__qualname__ = "TrainingArguments"
+    return TrainingArguments
 
 
 def enable_activation_checkpointing(

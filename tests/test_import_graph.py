@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "llm2vec"
 SAVING_MODULES = ("llm2vec.trainer", "llm2vec.run.saves")  # the trainer's _save / _save_checkpoint; the staging
@@ -151,3 +153,37 @@ def test_the_run_folder_is_reached_through_the_run_package_alone():
         "llm2vec.training",
         "llm2vec.export.writer",
     }
+
+
+def test_the_encoder_loads_without_transformers_trainer_or_training_arguments():
+    """``from llm2vec import LLM2Vec`` (what encoding, evaluation and the export load of this package) in a fresh
+    interpreter leaves transformers' Trainer and TrainingArguments unimported: they cost seconds (accelerate,
+    datasets) and only training needs them (``llm2vec.compat`` reads them on first use). (mteb 2.20 imports the
+    Trainer itself, so evaluation pays for it there whatever this package does.)"""
+    code = textwrap.dedent(
+        """
+        import sys
+        from llm2vec import LLM2Vec
+        print([m for m in ("transformers.trainer", "transformers.training_args") if m in sys.modules])
+        from llm2vec.compat import TrainingArguments
+        print("transformers.training_args" in sys.modules, TrainingArguments.__name__)
+        """
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines() == ["[]", "True TrainingArguments"]
+
+
+def test_the_training_arguments_pickle_as_the_trainer_saves_them(tmp_path):
+    """The Trainer writes ``training_args.bin`` with ``torch.save``: the class :mod:`llm2vec.compat` gives (on releases
+    before 5.23 its own subclass) is found again by its module and name."""
+    import pickle
+
+    from llm2vec import compat
+
+    args = compat.TrainingArguments(output_dir=str(tmp_path), activation_checkpointing=True, report_to="none")
+    again = pickle.loads(pickle.dumps(args))
+    assert type(again) is compat.TrainingArguments and again.activation_checkpointing is True
+    with pytest.raises(AttributeError, match="no attribute 'NOT_A_NAME'"):
+        compat.NOT_A_NAME  # noqa: B018
