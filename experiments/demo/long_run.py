@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "experiments"), str(REPO)]
 
 from demo.package_data import build_package_dataset  # noqa: E402
-from demo.pipeline import write_validation_file  # noqa: E402
+from demo.pipeline import child_env, write_validation_file  # noqa: E402
 from demo.settings import INSTRUCTION, SMOLLM2_DIR, STAGE_I_CONFIG, STAGE_I_SCRIPT, VALIDATION_SOURCE  # noqa: E402
 from demo.smollm2 import materialise_smollm2  # noqa: E402
 from demo.stdlib_data import TRAIN_FILE  # noqa: E402
@@ -115,9 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     command = [sys.executable, str(STAGE_I_SCRIPT), str(STAGE_I_CONFIG)]
     for key, value in flags.items():
         command += [f"--{key}", str(value)]
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), HF_HUB_OFFLINE="1")
     print("[long-run] " + " ".join(command), flush=True)
-    return subprocess.call(command, env=env, cwd=REPO)
+    # child_env: this checkout's llm2vec first on the path (not whichever checkout pip installed), offline
+    return subprocess.call(command, env=child_env(args.threads), cwd=REPO)
 
 
 if __name__ == "__main__":

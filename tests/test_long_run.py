@@ -1,0 +1,91 @@
+"""The long CPU run's driver (``experiments/demo/long_run.py``): the command it starts, its resume, its table.
+
+Nothing is trained here: the model, the corpus and the training subprocess are replaced, and the command the
+driver would run is checked: this checkout's ``llm2vec`` first on the child's import path (the run must not
+pick up whichever checkout pip installed), the schedule of the issue (640 steps, 15 % warm-up, measures and
+checkpoints every 40), and ``--resume_from_checkpoint`` exactly when a checkpoint is there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "experiments"), str(REPO)]
+
+from demo import long_run  # noqa: E402
+
+
+@pytest.fixture
+def driver(tmp_path, monkeypatch):
+    """long_run with its outputs under tmp_path; returns the list of (command, env, cwd) it would have run."""
+    calls = []
+    monkeypatch.setattr(long_run, "OUT", tmp_path / "long-run")
+    monkeypatch.setattr(long_run, "materialise_smollm2", lambda folder: tmp_path / "model")
+    monkeypatch.setattr(long_run, "build_package_dataset", lambda folder: {})
+    monkeypatch.setattr(long_run, "write_inputs", lambda data, folder: (folder / "train.jsonl", folder / "val.jsonl"))
+
+    def call(command, env, cwd):
+        calls.append((command, env, cwd))
+        return 0
+
+    monkeypatch.setattr(long_run.subprocess, "call", call)
+    return calls
+
+
+def _flags(command):
+    """``--key value`` pairs of a command after the script and its config."""
+    rest = command[3:]
+    return dict(zip(rest[::2], rest[1::2], strict=True))
+
+
+def test_the_run_uses_this_checkout_and_resumes_only_from_a_checkpoint(driver, tmp_path):
+    assert long_run.main(["--threads", "1"]) == 0
+    (command, env, cwd), *_ = driver
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(REPO) and cwd == REPO
+    assert env["OMP_NUM_THREADS"] == "1" and env["HF_HUB_OFFLINE"] == "1"
+    flags = _flags(command)
+    assert command[1:3] == [str(long_run.STAGE_I_SCRIPT), str(long_run.STAGE_I_CONFIG)]
+    assert (flags["--max_steps"], flags["--warmup_steps"]) == ("640", "96")
+    assert flags["--eval_steps"] == flags["--save_steps"] == "40" and flags["--eval_on_start"] == "true"
+    assert flags["--output_dir"] == str(tmp_path / "long-run" / "stage_I")
+    assert "--resume_from_checkpoint" not in flags
+    for step in (40, 80):
+        (tmp_path / "long-run" / "stage_I" / f"checkpoint-{step}").mkdir(parents=True)
+    assert long_run.main(["--steps", "200"]) == 0
+    flags = _flags(driver[-1][0])
+    assert flags["--resume_from_checkpoint"] == "true" and (flags["--max_steps"], flags["--warmup_steps"]) == (
+        "200",
+        "30",
+    )
+    assert long_run.newest_checkpoint(tmp_path / "long-run" / "stage_I").name == "checkpoint-80"
+
+
+def _evaluation(step, gain):
+    names = ("loss_q2d", "loss_d2q", "anchor_gain_q2d", "anchor_gain_d2q", "anchor_gain_first4_q2d")
+    row = {f"eval_{n}": gain for n in names}
+    row.update(
+        eval_anchor_gain_first4_d2q=gain, eval_rank_accuracy_q2d=0.5, eval_rank_accuracy_d2q=0.25, eval_rank_chance=0.125
+    )
+    return {"step": step, **row}
+
+
+def test_the_table_reads_the_final_state_else_the_newest_checkpoint(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(long_run, "OUT", tmp_path)
+    run = tmp_path / "stage_I"
+    checkpoint = run / "checkpoint-40"
+    checkpoint.mkdir(parents=True)
+    history = [{"step": 0, "loss": 9.0}, _evaluation(0, -0.2), {"step": 40, "loss": 5.0}, _evaluation(40, 0.1)]
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"log_history": history}))
+    assert long_run.main(["--table"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].startswith("| 0 | 0 | -0.200 | -0.200 | -0.200 |")
+    assert lines[3].startswith("| 40 | 320 | 0.100 | 0.100 | +0.100 |") and lines[3].endswith("| 0.500 | 0.250 |")
+    assert "rank accuracy at chance: 0.125 (1 / 8)" in lines[-1]
+    (run / "trainer_state.json").write_text(json.dumps({"log_history": history[:2]}))  # the final state wins
+    assert [r["step"] for r in long_run.evaluations(run)] == [0]
