@@ -81,28 +81,31 @@ class _Tally:
         self.source = {"loss": 0.0, "rolled": 0.0, "hits": 0.0, "chance": 0.0, "tokens": 0, "pairs": 0}
 
     def add(self, cross, mask, first, shift, candidates, groups):
+        """One batch: ``cross`` (B, B, M) holds c_t(i, j) (NaN where not computed), ``mask`` (B, M) the targets,
+        ``first`` their first k. Each C_i(j) is summed once, over all targets and over the first k."""
         size = mask.shape[0]
+        totals = (cross * mask[:, None, :]).sum(-1).tolist()  # totals[i][j] = C_i(j)
+        firsts = (cross * first[:, None, :]).sum(-1).tolist()  # the same over the first k targets
         for i in range(size):
-            own, other = (cross[i, i] * mask[i]).sum(), (cross[i, (i + shift) % size] * mask[i]).sum()
-            self.sums["loss"] += float(own)
-            self.sums["rolled"] += float(other)
-            self.sums["first_loss"] += float((cross[i, i] * first[i]).sum())
-            self.sums["first_rolled"] += float((cross[i, (i + shift) % size] * first[i]).sum())
-            totals = {j: float((cross[i, j] * mask[i]).sum()) for j in ((i + c) % size for c in range(candidates))}
-            self.hits += _rank_credit(totals, i)
+            partner = (i + shift) % size
+            self.sums["loss"] += totals[i][i]
+            self.sums["rolled"] += totals[i][partner]
+            self.sums["first_loss"] += firsts[i][i]
+            self.sums["first_rolled"] += firsts[i][partner]
+            self.hits += _rank_credit({j: totals[i][j] for j in ((i + c) % size for c in range(candidates))}, i)
             self.chance += 1.0 / candidates
         self.tokens += int(mask.sum())
         self.first_tokens += int(first.sum())
         self.pairs += size
+        counts = mask.sum(-1).tolist()
         for members in groups:
             n = len(members)
             for p, i in enumerate(members):
-                partner = members[(p + n // 2) % n]
-                self.source["loss"] += float((cross[i, i] * mask[i]).sum())
-                self.source["rolled"] += float((cross[i, partner] * mask[i]).sum())
-                self.source["tokens"] += int(mask[i].sum())
                 pool = [members[(p + c) % n] for c in range(min(n, candidates))]
-                self.source["hits"] += _rank_credit({j: float((cross[i, j] * mask[i]).sum()) for j in pool}, i)
+                self.source["loss"] += totals[i][i]
+                self.source["rolled"] += totals[i][members[(p + n // 2) % n]]
+                self.source["tokens"] += int(counts[i])
+                self.source["hits"] += _rank_credit({j: totals[i][j] for j in pool}, i)
                 self.source["chance"] += 1.0 / len(pool)
                 self.source["pairs"] += 1
 
