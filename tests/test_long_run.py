@@ -70,7 +70,10 @@ def _evaluation(step, gain):
     names = ("loss_q2d", "loss_d2q", "anchor_gain_q2d", "anchor_gain_d2q", "anchor_gain_first4_q2d")
     row = {f"eval_{n}": gain for n in names}
     row.update(
-        eval_anchor_gain_first4_d2q=gain, eval_rank_accuracy_q2d=0.5, eval_rank_accuracy_d2q=0.25, eval_rank_chance=0.125
+        eval_anchor_gain_first4_d2q=gain,
+        eval_rank_accuracy_q2d=0.5,
+        eval_rank_accuracy_d2q=0.25,
+        eval_rank_chance=0.125,
     )
     return {"step": step, **row}
 
