@@ -13,7 +13,8 @@ the chosen point, writes ``FOLDER/rank<r>.pid`` and sleeps; the test then SIGKIL
 
 The helpers the tests share to start runs live here too: :func:`tiny_run_flags` (the flags of a tiny CPU run),
 :func:`launcher` (this interpreter, or ``torch.distributed.run`` over N local processes on a free port) and
-:func:`subprocess_env` (offline, one thread per process, the checkout importable).
+:func:`subprocess_env` (offline, one thread per process, the checkout importable) , :func:`lock_held_elsewhere`
+(another process holding a folder's run lock) and :func:`assert_same_weights` (two saved models, bit for bit).
 """
 
 from __future__ import annotations
@@ -21,8 +22,12 @@ from __future__ import annotations
 import json
 import os
 import runpy
+import subprocess
 import sys
+import textwrap
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,6 +87,47 @@ def subprocess_env(**extra: str) -> dict[str, str]:
         TOKENIZERS_PARALLELISM="false",
         **extra,
     )
+
+
+def saved_weights(folder) -> dict:
+    """The tensors a run saved in ``folder``: its adapter when it holds one, else its full model."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    name = "adapter_model.safetensors" if (folder / "adapter_model.safetensors").exists() else "model.safetensors"
+    return load_file(folder / name)
+
+
+def assert_same_weights(folder, reference) -> None:
+    """The models saved in ``folder`` and ``reference`` hold the same tensors, bit for bit."""
+    import torch
+
+    a, b = saved_weights(folder), saved_weights(reference)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), f"{k}: max difference {(a[k] - b[k]).abs().max().item():.3g}"
+
+
+@contextmanager
+def lock_held_elsewhere(folder: Path) -> Iterator[int]:
+    """Another process holds ``folder``'s run lock (:func:`llm2vec.run.lock.hold`) while the block runs; yields its
+    pid. It is killed afterwards, as a crash would end it: its lock file stays behind, stale."""
+    code = textwrap.dedent(
+        f"""
+        import time
+        from llm2vec.run import lock
+        with lock.hold({str(folder)!r}):
+            print("locked", flush=True)
+            time.sleep(120)
+        """
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=subprocess_env())
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        yield holder.pid
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def stop_here(flag_dir: str) -> None:

@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _drivers import launcher, subprocess_env, tiny_run_flags
-from safetensors.torch import load_file
+from _drivers import assert_same_weights, launcher, subprocess_env, tiny_run_flags
 
 from llm2vec.arguments import ConfigError, argument_classes
 from llm2vec.run import checks as startup_checks
@@ -51,19 +50,6 @@ def flags(assets, out, stage="I", **overrides) -> list[str]:
 
 
 RESUME = ["--resume_from_checkpoint", "true"]
-
-
-def final_weights(folder) -> dict[str, torch.Tensor]:
-    folder = Path(folder)
-    name = "adapter_model.safetensors" if (folder / "adapter_model.safetensors").exists() else "model.safetensors"
-    return load_file(folder / name)
-
-
-def assert_same_weights(folder, reference) -> None:
-    a, b = final_weights(folder), final_weights(reference)
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), f"{k}: max difference {(a[k] - b[k]).abs().max().item():.3g}"
 
 
 def snapshot(folder) -> dict[str, tuple]:

@@ -14,14 +14,11 @@ import logging
 import math
 import os
 import shutil
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from _drivers import assert_same_weights, lock_held_elsewhere, saved_weights
 
 from llm2vec import training
 from llm2vec.arguments import ConfigError, parse_config
@@ -75,19 +72,6 @@ def flags(assets, out, stage="I", **overrides) -> list[str]:
 RESUME = ["--resume_from_checkpoint", "true"]
 
 
-def weights(folder) -> dict[str, torch.Tensor]:
-    folder = Path(folder)
-    name = "adapter_model.safetensors" if (folder / "adapter_model.safetensors").exists() else "model.safetensors"
-    return load_file(folder / name)
-
-
-def assert_same_weights(folder, reference) -> None:
-    a, b = weights(folder), weights(reference)
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
-
-
 def files(folder) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(Path(folder).rglob("*")) if p.is_file()}
 
@@ -137,7 +121,7 @@ def test_a_diverging_run_stops_at_that_step_and_saves_nothing_broken(assets, tmp
     assert not list(out.glob("*.safetensors")), os.listdir(out)  # no final model
     assert sorted(p.name for p in out.glob("checkpoint-*")) == [f"checkpoint-{s}" for s in range(1, diverges_at)]
     for ckpt in out.glob("checkpoint-*"):
-        assert all(torch.isfinite(t).all() for t in weights(ckpt).values())
+        assert all(torch.isfinite(t).all() for t in saved_weights(ckpt).values())
         history = json.loads((ckpt / "trainer_state.json").read_text())["log_history"]
         assert all(math.isfinite(v) and v != 0 for h in history for k, v in h.items() if k.startswith("loss")), history
 
@@ -268,33 +252,11 @@ def test_a_checkpoint_file_that_cannot_be_read_is_one_line(assets, reference, tm
 
 def test_a_second_run_into_a_locked_output_dir_is_refused(assets, tmp_path, capsys):
     out = tmp_path / "run"
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            textwrap.dedent(
-                f"""
-                import sys, time
-                from llm2vec.run import lock as run_lock
-                with run_lock.hold({str(out)!r}):
-                    print("locked", flush=True)
-                    time.sleep(120)
-                """
-            ),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    try:
-        assert holder.stdout.readline().strip() == "locked"
+    with lock_held_elsewhere(out) as pid:
         assert main("I", flags(assets, out)) == 2
         err = one_line_error(capsys)
-        assert f"output_dir {out} is in use by another run: process {holder.pid} on " in err, err
+        assert f"output_dir {out} is in use by another run: process {pid} on " in err, err
         assert not any(p.name != LOCK_NAME for p in out.iterdir())  # nothing written
-    finally:
-        holder.kill()
-        holder.wait()
     # the holder is gone (killed: its lock file stays behind, stale): the next run goes ahead
     assert (out / LOCK_NAME).exists()
     assert main("I", flags(assets, out, max_steps=1, save_strategy="no")) == 0

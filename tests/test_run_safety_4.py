@@ -24,7 +24,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -32,8 +31,7 @@ import export_sentence_transformers
 import mteb_eval_custom
 import pytest
 import torch
-from _drivers import ROOT, subprocess_env, tiny_run_flags
-from safetensors.torch import load_file
+from _drivers import ROOT, assert_same_weights, lock_held_elsewhere, subprocess_env, tiny_run_flags
 
 from llm2vec import LLM2Vec
 from llm2vec.model_files import ModelFilesError
@@ -87,19 +85,6 @@ def one_line(err: str, prefix: str = "error") -> str:
     lines = [line for line in err.splitlines() if f"{prefix}:" in line]
     assert len(lines) == 1 and "Traceback" not in err, err
     return lines[0]
-
-
-def weights(folder) -> dict[str, torch.Tensor]:
-    folder = Path(folder)
-    name = "adapter_model.safetensors" if (folder / "adapter_model.safetensors").exists() else "model.safetensors"
-    return load_file(folder / name)
-
-
-def assert_same_weights(folder, reference) -> None:
-    a, b = weights(folder), weights(reference)
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
 
 
 @pytest.fixture(scope="module")
@@ -292,33 +277,11 @@ def test_the_export_refuses_a_run_a_parent_of_runs_other_files_and_its_inputs(as
 
 def test_the_export_refuses_a_folder_a_live_run_holds(assets, tmp_path, capsys):
     out = tmp_path / "run"
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            textwrap.dedent(
-                f"""
-                import time
-                from llm2vec.run import lock
-                with lock.hold({str(out)!r}):
-                    print("locked", flush=True)
-                    time.sleep(120)
-                """
-            ),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=subprocess_env(),
-    )
-    try:
-        assert holder.stdout.readline().strip() == "locked"
+    with lock_held_elsewhere(out) as pid:
         assert export_main(export_argv(assets[0], out, "--overwrite")) == 2
         line = one_line(capsys.readouterr().err)
-        assert f"output_dir {out} is in use by a run: process {holder.pid} on " in line, line
+        assert f"output_dir {out} is in use by a run: process {pid} on " in line, line
         assert [p.name for p in out.iterdir()] == [LOCK_NAME]  # nothing written, the lock left alone
-    finally:
-        holder.kill()
-        holder.wait()
 
 
 # ---------------------------------------------------------------------------------------------- 5. adapters
