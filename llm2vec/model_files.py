@@ -158,19 +158,15 @@ def _shape_problem(adapter: Path, base: Path) -> str | None:
     return None
 
 
-def _fingerprint_problem(adapter: Path, base: str | os.PathLike) -> str | None:
-    """How the base model differs from the one the adapter's ``run_config.json`` recorded (its weights files'
-    sizes and first-MiB hashes; names and modification times aside), else ``None`` (also when either is
-    unknown: no record, or a hub id not in the cache)."""
-    record = _json_file(os.fspath(adapter), RUN_CONFIG)
-    recorded = ((record or {}).get("inputs") or {}).get("base_model") or {}
+def _fingerprint_problem(recorded: dict[str, Any], base: Path | None) -> str | None:
+    """How the base model folder ``base`` differs from the base an adapter's ``run_config.json`` recorded
+    (``recorded``: its ``inputs.base_model``; the weights files' sizes and first-MiB hashes, names and
+    modification times aside), else ``None`` (also when either is unknown: no record, or a hub id not in the
+    cache)."""
     old = {k: v for k, v in (recorded.get("files") or {}).items() if Path(k).match(WEIGHT_PATTERN)}
-    folder = model_folder(base)
-    if not old or folder is None:
+    if not old or base is None:
         return None
-    new = {
-        k: v for k, v in (fingerprint_model(str(folder)).get("files") or {}).items() if Path(k).match(WEIGHT_PATTERN)
-    }
+    new = {k: v for k, v in (fingerprint_model(str(base)).get("files") or {}).items() if Path(k).match(WEIGHT_PATTERN)}
     if set(old) != set(new):
         return f"its weights files are {', '.join(sorted(new)) or 'none'}, the recorded base's {', '.join(sorted(old))}"
     for name in sorted(old):
@@ -221,10 +217,10 @@ def check_adapter(
             f"adapter {folder} does not fit the base model {base}: {problem} (it was trained on a model of another "
             "shape); give the base model it was trained on"
         )
-    problem = _fingerprint_problem(folder, base)
+    recorded = ((_json_file(os.fspath(folder), RUN_CONFIG) or {}).get("inputs") or {}).get("base_model") or {}
+    problem = _fingerprint_problem(recorded, local_base)
     if problem is None:
         return
-    recorded = ((_json_file(os.fspath(folder), RUN_CONFIG) or {}).get("inputs") or {}).get("base_model") or {}
     message = (
         f"adapter {folder} was trained on the base model {recorded.get('name', '?')} (its {RUN_CONFIG} records the "
         f"base's fingerprint), but the base model {base} is another one: {problem}"
