@@ -91,11 +91,16 @@ def check_export_target(
     output_dir: str | os.PathLike, overwrite: bool, inputs: list[tuple[str, str | os.PathLike | None]]
 ) -> None:
     """The checks of the module docstring, without the lock and writing nothing (before the model loads)."""
+    _check_apart(output_dir, inputs)
+    _check_contents(Path(output_dir), overwrite)
+
+
+def _check_apart(output_dir: str | os.PathLike, inputs: list[tuple[str, str | os.PathLike | None]]) -> None:
+    """:func:`llm2vec.run.checks.check_apart` for an export (no checkpoints of its own), as :class:`ExportFolderError`."""
     try:
         check_apart(output_dir, inputs, own_runs=False)
     except ConfigError as e:
         raise ExportFolderError(str(e)) from None
-    _check_contents(Path(output_dir), overwrite)
 
 
 @contextlib.contextmanager
@@ -106,10 +111,7 @@ def claim_export_folder(
     build the export in; on a clean exit write :data:`EXPORT_MARKER` into it last and rename it to ``output_dir``
     (the previous export, checked to hold nothing else, is deleted). On an error nothing changes."""
     target = Path(output_dir)
-    try:
-        check_apart(target, inputs, own_runs=False)
-    except ConfigError as e:
-        raise ExportFolderError(str(e)) from None
+    _check_apart(target, inputs)
     created = not target.exists()
     try:
         with contextlib.ExitStack() as stack:
