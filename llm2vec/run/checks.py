@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..arguments import ConfigError
-from .folder import COMPLETE_MARKER, FINAL_SAVE_RECORD, is_own_checkpoint
+from .folder import COMPLETE_MARKER, FINAL_SAVE_RECORD, is_own_checkpoint, listed
 from .lock import LOCK_NAME, is_held
 
 EXPORT_MARKER = "export_complete.json"  # written last into an export (llm2vec.run.claim); names its files
@@ -116,9 +116,8 @@ def check_apart(
     if out.is_dir():
         below = _runs_below(out, is_own_checkpoint if own_runs else (lambda child: False))
         if below:
-            listed = ", ".join(below[:4]) + (f" and {len(below) - 4} more" if len(below) > 4 else "")
             raise ConfigError(
-                f"{where} {output_dir} contains the folders of other runs or exports ({listed}); a command never "
+                f"{where} {output_dir} contains the folders of other runs or exports ({listed(below, 4)}); a command never "
                 "writes over them. Choose an output folder beside them, not above them"
             )
 

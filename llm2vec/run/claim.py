@@ -28,7 +28,7 @@ from pathlib import Path
 from ..arguments import ConfigError
 from ..io import atomic_dir, atomic_write, remove_stale_temporaries
 from .checks import EXPORT_MARKER, check_apart, folder_holds
-from .folder import RunFolder, read_json
+from .folder import RunFolder, listed, read_json
 from .lock import LOCK_NAME, RunLocked, describe_holder, hold, is_held
 
 
@@ -67,17 +67,15 @@ def _check_contents(folder: Path, overwrite: bool, locked: bool = False) -> None
     exported = _export_files(folder)
     if exported is None:
         what = folder_holds(folder)
-        listed = ", ".join(entries[:6]) + (f" and {len(entries) - 6} more" if len(entries) > 6 else "")
         raise ExportFolderError(
-            f"output_dir {folder} holds {what or 'files no export wrote'} ({listed}); --overwrite replaces only a "
+            f"output_dir {folder} holds {what or 'files no export wrote'} ({listed(entries)}); --overwrite replaces only a "
             f"previous export (a folder with its {EXPORT_MARKER}). Move them away or choose another --output_dir"
         )
     found = {str(p.relative_to(folder)) for p in folder.rglob("*") if not p.is_dir()} - {LOCK_NAME, EXPORT_MARKER}
     others = sorted(found - exported)
     if others:
-        listed = ", ".join(others[:6]) + (f" and {len(others) - 6} more" if len(others) > 6 else "")
         raise ExportFolderError(
-            f"output_dir {folder} holds a previous export and files it did not write ({listed}); replacing it "
+            f"output_dir {folder} holds a previous export and files it did not write ({listed(others)}); replacing it "
             "would delete them. Move them away or choose another --output_dir"
         )
     if not overwrite:

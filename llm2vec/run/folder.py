@@ -259,6 +259,11 @@ def marker_problem(folder: Path, marker: dict[str, Any]) -> str | None:
     return "; ".join(dict.fromkeys(problems[:3])) or None
 
 
+def listed(names: list[str], limit: int = 6) -> str:
+    """``a, b, c and N more``: the first ``limit`` of ``names`` for a one-line message."""
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
 def read_json(path: Path) -> dict[str, Any] | None:
     try:
         value = json.loads(path.read_text())

@@ -41,6 +41,7 @@ from .folder import (
     RunFolder,
     checkpoint_problem,
     content_problem,
+    listed,
     read_json,
     remove_path,
     step_of,
@@ -129,13 +130,13 @@ def plan_run(config: RunConfig) -> RunPlan:
     foreign = folder.foreign_files()
     if foreign and not overwrite:
         raise ConfigError(
-            f"{where} holds files this run did not write ({_listed(foreign)}). Move them away, choose another "
+            f"{where} holds files this run did not write ({listed(foreign)}). Move them away, choose another "
             "--output_dir, or pass --overwrite_output_dir true to write beside them (they are never deleted)"
         )
     clashing = folder.would_write_over(foreign)
     if clashing:
         raise ConfigError(
-            f"{where} holds {_listed(clashing)}, which no run wrote there but which this run would write over (a "
+            f"{where} holds {listed(clashing)}, which no run wrote there but which this run would write over (a "
             "run saves its model, tokenizer, model card and checkpoints under such names); move them away or "
             "choose another --output_dir"
         )
@@ -243,10 +244,6 @@ def plan_run(config: RunConfig) -> RunPlan:
             )
         plan.clear, plan.keep_up_to = True, step if inside else None
     return _settled(plan)
-
-
-def _listed(names: list[str], limit: int = 6) -> str:
-    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 def _intact_checkpoint(folder: RunFolder) -> Path | None:
