@@ -92,3 +92,40 @@ def test_the_table_reads_the_final_state_else_the_newest_checkpoint(tmp_path, ca
     assert "rank accuracy at chance: 0.125 (1 / 8)" in lines[-1]
     (run / "trainer_state.json").write_text(json.dumps({"log_history": history[:2]}))  # the final state wins
     assert [r["step"] for r in long_run.evaluations(run)] == [0]
+
+
+def _corpus(folder: Path, texts: list[str]) -> Path:
+    """A corpus folder of demo.package_data's layout: train pairs and a validation split of one query each."""
+    from demo.stdlib_data import TRAIN_FILE
+
+    (folder / "val").mkdir(parents=True)
+    rows = [{"query": f"q{i}", "positive": t, "negative": texts[i - 1]} for i, t in enumerate(texts)]
+    (folder / TRAIN_FILE).parent.mkdir(parents=True, exist_ok=True)
+    (folder / TRAIN_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lines = {
+        "corpus": [{"_id": f"d{i}", "text": t} for i, t in enumerate(texts)],
+        "queries": [{"_id": f"q{i}", "text": f"q{i}"} for i in range(len(texts))],
+        "qrels": [{"query-id": f"q{i}", "corpus-id": f"d{i}", "score": 1} for i in range(len(texts))],
+    }
+    for name, rows in lines.items():
+        (folder / "val" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+def test_the_inputs_keep_their_modification_time_unless_the_corpus_changed(tmp_path):
+    """A resume compares the data file's fingerprint, modification time included: the driver rewrites its inputs
+    at every start, and must leave a file with the same bytes untouched, or no resume would be allowed."""
+    out = tmp_path / "inputs"
+    train, validation = long_run.write_inputs(_corpus(tmp_path / "a", ["alpha", "beta", "gamma"]), out)
+    rows = [json.loads(line) for line in train.read_text().splitlines()]
+    assert [r["positive"] for r in rows] == ["alpha", "beta", "gamma"]
+    assert {r["instruction"] for r in rows} == {long_run.INSTRUCTION}
+    assert len(validation.read_text().splitlines()) == 3
+    for path in (train, validation):
+        os.utime(path, ns=(1_000_000_000, 1_000_000_000))
+    long_run.write_inputs(tmp_path / "a", out)
+    assert train.stat().st_mtime_ns == validation.stat().st_mtime_ns == 1_000_000_000
+    assert sorted(p.name for p in out.iterdir()) == sorted([train.name, validation.name])  # no temporary left
+    long_run.write_inputs(_corpus(tmp_path / "b", ["alpha", "beta", "delta"]), out)
+    assert train.stat().st_mtime_ns != 1_000_000_000 and "delta" in train.read_text()
+    assert validation.stat().st_mtime_ns != 1_000_000_000

@@ -17,9 +17,12 @@ checkpoint's) and ``--table`` prints them.
 from __future__ import annotations
 
 import argparse
+import filecmp
 import json
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,12 +44,21 @@ MEASURES = ("loss", "anchor_gain", "anchor_gain_first4", "rank_accuracy")
 
 def write_inputs(data: Path, folder: Path) -> tuple[Path, Path]:
     """The train pairs with the query instruction, and the demo's 64 fixed validation pairs of the corpus's
-    validation split (:func:`demo.pipeline.write_validation_file`), as JSON-lines files."""
-    train = folder / "packages.jsonl"
-    rows = [{"instruction": INSTRUCTION, **row} for _, row in iter_jsonl(data / TRAIN_FILE) if row is not None]
-    write_jsonl(train, rows)
-    write_validation_file(data / "val", folder)
-    return train, folder / f"{VALIDATION_SOURCE}.jsonl"
+    validation split (:func:`demo.pipeline.write_validation_file`), as JSON-lines files.
+
+    A file whose bytes are already there is left as it is: a resume compares the data file's fingerprint (its
+    modification time included) with the checkpoint's, and rewriting the same bytes would refuse every resume."""
+    folder.mkdir(parents=True, exist_ok=True)
+    names = ("packages.jsonl", f"{VALIDATION_SOURCE}.jsonl")
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+        fresh = Path(tmp)
+        rows = [{"instruction": INSTRUCTION, **row} for _, row in iter_jsonl(data / TRAIN_FILE) if row is not None]
+        write_jsonl(fresh / names[0], rows)
+        write_validation_file(data / "val", fresh)
+        for name in names:
+            if not ((folder / name).is_file() and filecmp.cmp(fresh / name, folder / name, shallow=False)):
+                os.replace(fresh / name, folder / name)
+    return folder / names[0], folder / names[1]
 
 
 def newest_checkpoint(run: Path) -> Path | None:
