@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from demo import package_data
 from demo.package_data import build_package_dataset, public_modules
-from demo.stdlib_data import CORPUS_FILE, PROVENANCE_FILE, QUERIES_FILE, TRAIN_FILE
+from demo.stdlib_data import CORPUS_FILE, PROVENANCE_FILE, QUERIES_FILE, STDLIB_MODULES, TRAIN_FILE
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("jinja2", "click", "no_such_package_here")  # small, pure-Python, installed with the test extra
@@ -85,7 +85,21 @@ def test_public_modules_leave_out_private_and_test_modules():
     names = public_modules("jinja2")
     assert "jinja2" in names and "jinja2.environment" in names
     assert not [n for n in names if any(p.startswith("_") for p in n.split(".")[1:])]
-    assert package_data.public_modules(package_data.STDLIB) == sorted(package_data.STDLIB_MODULES)
+
+
+def test_the_standard_library_is_read_whole_less_what_acts_on_import():
+    """The stdlib pseudo-package: every public module of the interpreter's standard library (a superset of the
+    small demo's hand-picked modules), none private or of a test suite, and none of the packages whose import
+    opens a browser, prints, writes into the installation or needs a display."""
+    names = public_modules(package_data.STDLIB)
+    assert names == sorted(set(names)) and set(STDLIB_MODULES) < set(names)
+    assert {"email.mime.text", "xml.etree.ElementTree", "multiprocessing.pool", "json.decoder"} <= set(names)
+    assert not [n for n in names if any(p.startswith("_") for p in n.split("."))]
+    tops = {n.split(".")[0] for n in names}
+    assert not tops & package_data.STDLIB_LEFT_OUT and {"antigravity", "this", "lib2to3", "idlelib"} <= (
+        package_data.STDLIB_LEFT_OUT
+    )
+    assert tops <= set(sys.stdlib_module_names) and "numpy" not in tops
 
 
 def test_a_package_whose_reader_fails_is_named_not_fatal(monkeypatch, tmp_path):

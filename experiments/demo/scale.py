@@ -94,7 +94,7 @@ class Preset:
 
 
 PRESETS = {
-    # 400 x 512 = 204,800 pairs (the 26,597 train pairs about 7.7 times); 128 pairs of <= 64 + 64 tokens per pass
+    # 400 x 512 = 204,800 pairs (the 31,558 train pairs about 6.5 times); 128 pairs of <= 64 + 64 tokens per pass
     "gpu": Preset(
         "gpu", tiny_model=False, stage_I_steps=400, per_device_batch=128, accumulation=4, eval_every=40,
         validation_pairs=512, eval_batch=64, stage_II_steps=200, stage_II_batch=64, bf16=True,
