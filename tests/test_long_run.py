@@ -27,8 +27,13 @@ def driver(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(long_run, "OUT", tmp_path / "long-run")
     monkeypatch.setattr(long_run, "materialise_smollm2", lambda folder: tmp_path / "model")
-    monkeypatch.setattr(long_run, "build_package_dataset", lambda folder: {})
-    monkeypatch.setattr(long_run, "write_inputs", lambda data, folder: (folder / "train.jsonl", folder / "val.jsonl"))
+    monkeypatch.setattr(long_run, "build_package_dataset", lambda folder: calls.append(("build", folder)))
+
+    def write_inputs(data, folder):
+        calls.append(("write", folder))
+        return long_run.input_files(folder)
+
+    monkeypatch.setattr(long_run, "write_inputs", write_inputs)
 
     def call(command, env, cwd):
         calls.append((command, env, cwd))
@@ -46,7 +51,8 @@ def _flags(command):
 
 def test_the_run_uses_this_checkout_and_resumes_only_from_a_checkpoint(driver, tmp_path):
     assert long_run.main(["--threads", "1"]) == 0
-    (command, env, cwd), *_ = driver
+    assert [c[0] for c in driver[:2]] == ["build", "write"]
+    command, env, cwd = driver[2]
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(REPO) and cwd == REPO
     assert env["OMP_NUM_THREADS"] == "1" and env["HF_HUB_OFFLINE"] == "1"
     flags = _flags(command)
@@ -64,6 +70,22 @@ def test_the_run_uses_this_checkout_and_resumes_only_from_a_checkpoint(driver, t
         "30",
     )
     assert long_run.newest_checkpoint(tmp_path / "long-run" / "stage_I").name == "checkpoint-80"
+    assert [c[0] for c in driver[3:5]] == ["build", "write"]  # the inputs were never written: built for the resume
+
+
+def test_a_resume_trains_on_the_inputs_the_run_started_with(driver, tmp_path):
+    """The corpus is not built again for a resume: the environment may have changed since it was built (a package
+    installed), which would change the inputs a resume refuses to change."""
+    (tmp_path / "long-run" / "stage_I" / "checkpoint-40").mkdir(parents=True)
+    train, validation = long_run.input_files(tmp_path / "long-run" / "data")
+    train.parent.mkdir(parents=True)
+    train.write_text("{}\n")
+    validation.write_text("{}\n")
+    assert long_run.main([]) == 0
+    assert len(driver) == 1
+    flags = _flags(driver[0][0])
+    assert flags["--resume_from_checkpoint"] == "true"
+    assert (flags["--dataset_file_path"], flags["--validation_file"]) == (str(train), str(validation))
 
 
 def _evaluation(step, gain):

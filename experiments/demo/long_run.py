@@ -9,7 +9,9 @@ paper's reconstruction, alpha 0.2, lr 4e-5, 8 pairs of at most 64 tokens per ste
 and every 40 steps, 64 fixed pairs of the corpus's validation split (modules never trained on) in batches of 8: the
 validation reconstruction loss, the anchor gain, the gain over the first 4 target tokens and the rank accuracy
 among 8 anchors (:mod:`llm2vec.anchor_gain`). It checkpoints every 40 steps (the newest kept) and, started again
-after an interruption, resumes from the newest complete checkpoint with the run's own ``--resume_from_checkpoint``.
+after an interruption, resumes from the newest complete checkpoint with the run's own ``--resume_from_checkpoint``,
+on the inputs it started with (``cache/long-run/data/``): the corpus is not built again for a resume, since the
+environment may have changed since (a package installed) and a resume refuses changed inputs.
 Everything lives in ``cache/long-run/``; the measurements are in its ``stage_I/trainer_state.json`` (and in each
 checkpoint's) and ``--table`` prints them.
 """
@@ -49,7 +51,7 @@ def write_inputs(data: Path, folder: Path) -> tuple[Path, Path]:
     A file whose bytes are already there is left as it is: a resume compares the data file's fingerprint (its
     modification time included) with the checkpoint's, and rewriting the same bytes would refuse every resume."""
     folder.mkdir(parents=True, exist_ok=True)
-    names = ("packages.jsonl", f"{VALIDATION_SOURCE}.jsonl")
+    names = tuple(p.name for p in input_files(folder))
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         fresh = Path(tmp)
         rows = [{"instruction": INSTRUCTION, **row} for _, row in iter_jsonl(data / TRAIN_FILE) if row is not None]
@@ -58,7 +60,12 @@ def write_inputs(data: Path, folder: Path) -> tuple[Path, Path]:
         for name in names:
             if not ((folder / name).is_file() and filecmp.cmp(fresh / name, folder / name, shallow=False)):
                 os.replace(fresh / name, folder / name)
-    return folder / names[0], folder / names[1]
+    return input_files(folder)
+
+
+def input_files(folder: Path) -> tuple[Path, Path]:
+    """Where :func:`write_inputs` puts the train pairs and the validation pairs."""
+    return folder / "packages.jsonl", folder / f"{VALIDATION_SOURCE}.jsonl"
 
 
 def newest_checkpoint(run: Path) -> Path | None:
@@ -102,8 +109,11 @@ def main(argv: list[str] | None = None) -> int:
         print(table(evaluations(run)))
         return 0
     model = materialise_smollm2(SMOLLM2_DIR)
-    build_package_dataset(DATA)
-    train, validation = write_inputs(DATA, OUT / "data")
+    resume = newest_checkpoint(run) is not None
+    train, validation = input_files(OUT / "data")
+    if not (resume and train.is_file() and validation.is_file()):
+        build_package_dataset(DATA)
+        train, validation = write_inputs(DATA, OUT / "data")
     flags = {
         "model_name_or_path": model,
         "dataset_file_path": train,
@@ -121,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         "logging_steps": 1,
         "report_to": "none",
     }
-    if newest_checkpoint(run) is not None:
+    if resume:
         flags["resume_from_checkpoint"] = "true"
     command = [sys.executable, str(STAGE_I_SCRIPT), str(STAGE_I_CONFIG)]
     for key, value in flags.items():
