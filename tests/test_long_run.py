@@ -116,6 +116,25 @@ def test_the_table_reads_the_final_state_else_the_newest_checkpoint(tmp_path, ca
     assert [r["step"] for r in long_run.evaluations(run)] == [0]
 
 
+def test_a_step_evaluated_again_after_a_resume_is_one_row_and_compared(tmp_path, monkeypatch, capsys):
+    """A resumed run evaluates its first step again (eval_on_start): one row, and a line that says whether the
+    repeat gave the same numbers (a resume that restored the model) or not."""
+    monkeypatch.setattr(long_run, "OUT", tmp_path)
+    run = tmp_path / "stage_I"
+    run.mkdir()
+    again = dict(_evaluation(40, 0.1), eval_runtime=12.0)
+    history = [_evaluation(0, -0.2), _evaluation(40, 0.1), again, _evaluation(80, 0.05)]
+    (run / "trainer_state.json").write_text(json.dumps({"log_history": history}))
+    assert [r["step"] for r in long_run.evaluations(run)] == [0, 40, 80]
+    assert long_run.main(["--table"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("| 40 | 320 |") == 1 and "step 40 evaluated again when the run resumed from it: the same" in out
+    history[2] = dict(again, eval_loss_q2d=0.3)
+    (run / "trainer_state.json").write_text(json.dumps({"log_history": history}))
+    assert long_run.main(["--table"]) == 0
+    assert "DIFFERENT numbers (eval_loss_q2d 0.1 -> 0.3)" in capsys.readouterr().out
+
+
 def _corpus(folder: Path, texts: list[str]) -> Path:
     """A corpus folder of demo.package_data's layout: train pairs and a validation split of one query each."""
     from demo.stdlib_data import TRAIN_FILE

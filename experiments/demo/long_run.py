@@ -74,17 +74,30 @@ def newest_checkpoint(run: Path) -> Path | None:
 
 
 def evaluations(run: Path) -> list[dict]:
-    """The evaluations logged by the run (its final state, else its newest checkpoint's)."""
+    """The evaluations logged by the run (its final state, else its newest checkpoint's), one per step: a resumed
+    run evaluates its first step again, and that repeat is kept under ``"again"`` of the step's row."""
     for state in (run / "trainer_state.json", *(c / "trainer_state.json" for c in [newest_checkpoint(run)] if c)):
         if state.is_file():
-            history = json.loads(state.read_text(encoding="utf-8"))["log_history"]
-            return [h for h in history if "eval_anchor_gain_d2q" in h]
+            rows: dict[int, dict] = {}
+            for h in json.loads(state.read_text(encoding="utf-8"))["log_history"]:
+                if "eval_anchor_gain_d2q" not in h:
+                    continue
+                if h["step"] in rows:
+                    rows[h["step"]].setdefault("again", []).append(h)
+                else:
+                    rows[h["step"]] = dict(h)
+            return list(rows.values())
     return []
+
+
+def _measures(h: dict) -> dict[str, float]:
+    return {k: v for k, v in h.items() if k.startswith("eval_") and "runtime" not in k and "per_second" not in k}
 
 
 def table(rows: list[dict]) -> str:
     head = "| step | pairs seen | loss q2d | loss d2q | gain q2d | gain d2q | gain@4 q2d | gain@4 d2q | rank acc q2d | rank acc d2q |"
     lines = [head, "|" + "---:|" * 10]
+    notes = []
     for h in rows:
         step = int(h["step"])
         lines.append(
@@ -93,8 +106,19 @@ def table(rows: list[dict]) -> str:
             f"{h['eval_anchor_gain_first4_q2d']:+.3f} | {h['eval_anchor_gain_first4_d2q']:+.3f} | "
             f"{h['eval_rank_accuracy_q2d']:.3f} | {h['eval_rank_accuracy_d2q']:.3f} |"
         )
+        for again in h.get("again", []):
+            first, second = _measures(h), _measures(again)
+            if first == second:
+                notes.append(f"step {step} evaluated again when the run resumed from it: the same numbers")
+            else:
+                worst = max(first.keys() | second.keys(), key=lambda k: abs(first.get(k, 0) - second.get(k, 0)))
+                notes.append(
+                    f"step {step} evaluated again when the run resumed from it: DIFFERENT numbers "
+                    f"({worst} {first.get(worst)} -> {second.get(worst)}); the resume did not restore the model"
+                )
     if rows:
         lines.append(f"\nrank accuracy at chance: {rows[0]['eval_rank_chance']:.3f} (1 / 8)")
+    lines += notes
     return "\n".join(lines)
 
 
