@@ -118,7 +118,7 @@ def table(rows: list[dict]) -> str:
                 )
     if rows:
         lines.append(f"\nrank accuracy at chance: {rows[0]['eval_rank_chance']:.3f} (1 / 8)")
-    lines += notes
+    lines += ["\n" + note for note in notes]
     return "\n".join(lines)
 
 
