@@ -102,6 +102,21 @@ def test_the_standard_library_is_read_whole_less_what_acts_on_import():
     assert tops <= set(sys.stdlib_module_names) and "numpy" not in tops
 
 
+def test_a_standard_library_package_that_does_not_import_is_named_not_fatal(monkeypatch):
+    """One package that fails to import (curses without its C part) leaves the rest of the library read; its name
+    is kept, so that its reader records the failure in the manifest."""
+    real = package_data.public_modules
+
+    def failing(package):
+        if package == "curses":
+            raise ImportError("No module named '_curses'")
+        return real(package)
+
+    monkeypatch.setattr(package_data, "public_modules", failing)
+    names = package_data.stdlib_modules()
+    assert "curses" in names and "curses.textpad" not in names and "email.mime.text" in names
+
+
 def test_a_package_whose_reader_fails_is_named_not_fatal(monkeypatch, tmp_path):
     """A package whose child process dies is skipped with the reason in the manifest."""
     real = package_data._collect_in_child
