@@ -52,6 +52,40 @@ def test_smoke_runs_every_stage_and_reports_them(smoke):
     assert "Anchor - Baseline" in text and "| 0 | 0 |" in text
 
 
+def test_a_finished_stage_I_run_is_taken_to_stage_II_and_the_test_split(smoke, tmp_path, capsys):
+    """--stage_I: the run's model and curve, nothing trained again; its Stage I only row equals the first run's
+    (the same model scored twice), and a folder that is not a finished Stage I run is refused by name."""
+    data, out, first = smoke
+    again = tmp_path / "again"
+    argv = ["--preset", "smoke", "--data", str(data), "--out", str(again), "--stage_I", str(out / "stage_I")]
+    assert scale.main(argv) == 0
+    report = json.loads((again / "report.json").read_text())
+    assert not (again / "stage_I").exists() and not (again / "logs" / "stage_I.log").exists()
+    assert report["stage_I"] == {"from": str(out / "stage_I"), "steps": 2, "global_batch": 4}
+    assert report["stage_I_curve"] == first["stage_I_curve"]
+    assert report["evaluation"]["stage_I"] == first["evaluation"]["stage_I"]
+    assert report["evaluation"]["untrained"] == first["evaluation"]["untrained"]
+    assert (again / "stage_II_anchor" / "adapter_config.json").is_file()
+    assert f"(the run in `{out / 'stage_I'}`, not trained by this command)" in (again / "report.md").read_text()
+    capsys.readouterr()
+    argv[-1] = str(out / "stage_II_anchor")
+    assert scale.main(argv) == 2
+    assert "--stage_I" in capsys.readouterr().err
+    other = tmp_path / "other"
+    build_stdlib_dataset(other, max_train=16, max_eval_queries=20)  # another train split: refused before Stage II
+    argv[-1], argv[argv.index("--data") + 1] = str(out / "stage_I"), str(other)
+    assert scale.main(argv) == 2
+    assert "not trained on the train split of --data" in capsys.readouterr().err
+    assert not (again / "stage_II_anchor").exists()
+
+
+def test_a_resumed_runs_repeated_evaluation_is_one_row(tmp_path):
+    history = [{"step": s, "eval_anchor_gain_d2q": g, "eval_loss_q2d": 1.0} for s, g in ((0, 0.1), (40, 0.2))]
+    history.append({"step": 40, "eval_anchor_gain_d2q": 0.2, "eval_loss_q2d": 1.0})  # evaluated again on resume
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"log_history": history}))
+    assert [r["pairs_seen"] for r in scale.stage_I_curve(tmp_path, 8)] == [0, 320]
+
+
 def test_evaluation_without_mteb_equals_mteb_eval_custom(smoke, tmp_path):
     data, out, report = smoke
     pytest.importorskip("mteb")

@@ -2,6 +2,7 @@
 
     python experiments/demo/scale.py --preset gpu   [--carry cache/gpu-carry] [--out cache/scale-gpu]
     python experiments/demo/scale.py --preset smoke --data <corpus folder> [--out cache/scale-smoke]
+    python experiments/demo/scale.py --preset cpu --stage_I cache/long-run/stage_I --data <its corpus folder>
 
 What it runs, in order (each a stage of the report):
 
@@ -22,7 +23,10 @@ What it runs, in order (each a stage of the report):
    (validation pairs, untrained = step 0 vs the final Stage I), Stage I only vs untrained, Anchor vs Baseline, the
    seconds of each stage, the machine and the versions.
 
-Everything lives in ``--out``; a rerun starts over. The time the ``gpu`` preset should take is estimated, not
+``--stage_I <folder>`` starts from a finished Stage I run instead of training one (stage 2 is skipped; its curve
+and batch are read from the run's ``trainer_state.json`` and ``run_config.json``): the ``cpu`` preset, the long CPU
+run's size (``experiments/demo/long_run.py``: 640 steps of 8 pairs, the demo's Stage II of 50 steps of 8 triples),
+takes that run to Stage II and the test split. Everything lives in ``--out``; a rerun starts over. The time the ``gpu`` preset should take is estimated, not
 measured, in ``docs/demo_scale.md``.
 """
 
@@ -98,6 +102,11 @@ PRESETS = {
     "gpu": Preset(
         "gpu", tiny_model=False, stage_I_steps=400, per_device_batch=128, accumulation=4, eval_every=40,
         validation_pairs=512, eval_batch=64, stage_II_steps=200, stage_II_batch=64, bf16=True,
+    ),
+    # the long CPU run (demo/long_run.py) and the demo's Stage II (train_configs/demo: 50 steps of 8 triples)
+    "cpu": Preset(
+        "cpu", tiny_model=False, stage_I_steps=640, per_device_batch=8, accumulation=1, eval_every=40,
+        validation_pairs=64, eval_batch=8, stage_II_steps=50, stage_II_batch=8, token_budget=1024,
     ),
     "smoke": Preset(
         "smoke", tiny_model=True, stage_I_steps=2, per_device_batch=2, accumulation=2, eval_every=1,
@@ -297,8 +306,8 @@ def stage_I_curve(run: Path, global_batch: int) -> list[dict[str, float]]:
         raise ScaleError(f"{state}: missing; Stage I did not finish")
     rows = []
     for h in json.loads(state.read_text())["log_history"]:
-        if "eval_anchor_gain_d2q" not in h:
-            continue
+        if "eval_anchor_gain_d2q" not in h or any(r["step"] == int(h["step"]) for r in rows):
+            continue  # a resumed run evaluates its first step again: the first evaluation is the row
         row = {"step": int(h["step"]), "pairs_seen": int(h["step"]) * global_batch}
         row.update({k[len("eval_") :]: float(v) for k, v in h.items() if k.startswith("eval_") and k != "eval_runtime"})
         rows.append(row)
@@ -327,11 +336,12 @@ def machine() -> dict[str, Any]:
 
 def write_report(out: Path, result: dict[str, Any]) -> None:
     (out / "report.json").write_text(json.dumps(result, indent=2) + "\n")
-    p = result["preset"]
+    p, s1 = result["preset"], result["stage_I"]
+    source = f" (the run in `{s1['from']}`, not trained by this command)" if s1["from"] else ""
     lines = [
         f"# Anchor embedding at scale: preset `{p['name']}`",
         "",
-        f"Stage I: {p['stage_I_steps']} steps of {p['global_batch']} pairs ({p['stage_I_steps'] * p['global_batch']:,} "
+        f"Stage I{source}: {s1['steps']} steps of {s1['global_batch']} pairs ({s1['steps'] * s1['global_batch']:,} "
         f"pairs seen, {result['train_pairs']:,} distinct), max {p['max_seq_length']} tokens, bf16 {p['bf16']}; "
         f"Stage II: {p['stage_II_steps']} steps of {p['stage_II_batch']} triples per arm.",
         "",
@@ -382,8 +392,41 @@ def write_report(out: Path, result: dict[str, Any]) -> None:
 # -------------------------------------------------------------------------------------------------- main
 
 
-def run(preset: Preset, out: Path, data: Path | None, model: Path, carry: Path) -> dict[str, Any]:
-    """Every stage of the module docstring, into ``out`` (emptied first); returns the report's dict."""
+def given_stage_I(folder: Path, train: Path) -> tuple[int, int]:
+    """The global batch and the optimizer steps of the finished Stage I run in ``folder`` (``--stage_I``), refused
+    unless it trained on ``train`` (the same size and first MiB as the data file its run config records): a run
+    trained on another corpus may have trained on the modules of this corpus's test split."""
+    config, state = folder / "run_config.json", folder / "trainer_state.json"
+    for path in (config, state):
+        if not path.is_file():
+            raise ScaleError(
+                f"--stage_I {folder}: no {path.name}; give the output_dir of a finished Stage I run "
+                "(experiments/run_stage_I.py writes both at its end)"
+            )
+    saved = json.loads(config.read_text())
+    if saved.get("stage", "I") != "I":
+        raise ScaleError(f"--stage_I {folder}: {config.name} says stage {saved.get('stage')!r}, not a Stage I run")
+    batch = (saved.get("batch_geometry") or {}).get("global_batch_size")
+    if not isinstance(batch, int):
+        raise ScaleError(f"--stage_I {folder}: {config.name} has no batch_geometry.global_batch_size")
+    from llm2vec.fingerprints import fingerprint_file
+
+    ours = fingerprint_file(train)
+    recorded = ((saved.get("inputs") or {}).get("data") or {}).values()
+    if not any((f.get("size"), f.get("head_sha256")) == (ours["size"], ours["head_sha256"]) for f in recorded):
+        raise ScaleError(
+            f"--stage_I {folder}: it was not trained on the train split of --data (its data file: "
+            f"{saved.get('dataset_file_path')}); its test split may hold what the run trained on. Give --data the "
+            "corpus folder the run was trained on"
+        )
+    return batch, int(json.loads(state.read_text())["global_step"])
+
+
+def run(
+    preset: Preset, out: Path, data: Path | None, model: Path, carry: Path, stage_I_run: Path | None = None
+) -> dict[str, Any]:
+    """Every stage of the module docstring, into ``out`` (emptied first); returns the report's dict. With
+    ``stage_I_run`` (a finished Stage I run's folder) Stage I is that run's, not trained here."""
     if out.exists():
         shutil.rmtree(out)
     (out / "logs").mkdir(parents=True)
@@ -402,14 +445,20 @@ def run(preset: Preset, out: Path, data: Path | None, model: Path, carry: Path) 
     train = write_train_file(corpus, out / "data")
     validation = write_validation_file(corpus, out / "data", preset.validation_pairs)
     train_pairs = sum(1 for _, r in iter_jsonl(train) if r is not None)
+    if stage_I_run is not None:
+        global_batch, steps = given_stage_I(stage_I_run, train)
     lap("inputs")
-    stage_I = out / "stage_I"
-    run_script(
-        STAGE_I_SCRIPT,
-        STAGE_I_CONFIG,
-        stage_I_flags(preset, base, train, validation, stage_I),
-        out / "logs" / "stage_I.log",
-    )
+    if stage_I_run is None:
+        stage_I = out / "stage_I"
+        run_script(
+            STAGE_I_SCRIPT,
+            STAGE_I_CONFIG,
+            stage_I_flags(preset, base, train, validation, stage_I),
+            out / "logs" / "stage_I.log",
+        )
+        global_batch, steps = preset.global_batch, preset.stage_I_steps
+    else:
+        stage_I = stage_I_run
     lap("stage_I")
     anchor, baseline = out / "stage_II_anchor", out / "stage_II_baseline"
     run_script(
@@ -430,9 +479,14 @@ def run(preset: Preset, out: Path, data: Path | None, model: Path, carry: Path) 
         }.items()
     }
     lap("evaluation")
-    curve = stage_I_curve(stage_I, preset.global_batch)
+    curve = stage_I_curve(stage_I, global_batch)
     result = {
         "preset": {**dataclasses.asdict(preset), "global_batch": preset.global_batch},
+        "stage_I": {
+            "from": str(stage_I_run) if stage_I_run else None,
+            "steps": steps,
+            "global_batch": global_batch,
+        },
         "corpus": str(corpus),
         "train_pairs": train_pairs,
         "stage_I_curve": curve,
@@ -465,13 +519,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--model", type=Path, default=SMOLLM2_DIR, help="converted SmolLM2 folder (gpu preset)")
     parser.add_argument("--carry", type=Path, default=gpu_carry.DEFAULT_OUT, help="folder of part1/ and part2/")
+    parser.add_argument(
+        "--stage_I", type=Path, default=None, help="a finished Stage I run's folder to start from (not trained here)"
+    )
     args = parser.parse_args(argv)
     preset = PRESETS[args.preset]
     if preset.tiny_model and args.data is None:
         parser.error("--preset smoke needs --data (a small corpus folder, e.g. built by demo.stdlib_data)")
     out = args.out or REPO / "cache" / f"scale-{preset.name}"
     try:
-        run(preset, out, args.data, args.model, args.carry)
+        run(preset, out, args.data, args.model, args.carry, args.stage_I)
     except (ScaleError, gpu_carry.CarryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
