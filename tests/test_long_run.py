@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "experiments"), str(REPO)]
 
 from demo import long_run  # noqa: E402
+from demo.settings import INSTRUCTION  # noqa: E402
 
 
 @pytest.fixture
@@ -160,7 +161,7 @@ def test_the_inputs_keep_their_modification_time_unless_the_corpus_changed(tmp_p
     train, validation = long_run.write_inputs(_corpus(tmp_path / "a", ["alpha", "beta", "gamma"]), out)
     rows = [json.loads(line) for line in train.read_text().splitlines()]
     assert [r["positive"] for r in rows] == ["alpha", "beta", "gamma"]
-    assert {r["instruction"] for r in rows} == {long_run.INSTRUCTION}
+    assert {r["instruction"] for r in rows} == {INSTRUCTION}
     assert len(validation.read_text().splitlines()) == 3
     for path in (train, validation):
         os.utime(path, ns=(1_000_000_000, 1_000_000_000))

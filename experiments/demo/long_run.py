@@ -32,10 +32,9 @@ sys.path[:0] = [str(REPO / "experiments"), str(REPO)]
 
 from demo.package_data import build_package_dataset  # noqa: E402
 from demo.pipeline import child_env, write_validation_file  # noqa: E402
-from demo.settings import INSTRUCTION, SMOLLM2_DIR, STAGE_I_CONFIG, STAGE_I_SCRIPT, VALIDATION_SOURCE  # noqa: E402
+from demo.scale import write_train_file  # noqa: E402
+from demo.settings import SMOLLM2_DIR, STAGE_I_CONFIG, STAGE_I_SCRIPT, VALIDATION_SOURCE  # noqa: E402
 from demo.smollm2 import materialise_smollm2  # noqa: E402
-from demo.stdlib_data import TRAIN_FILE  # noqa: E402
-from llm2vec.io import iter_jsonl, write_jsonl  # noqa: E402
 
 OUT = REPO / "cache" / "long-run"
 DATA = REPO / "cache" / "package-data"
@@ -45,8 +44,9 @@ MEASURES = ("loss", "anchor_gain", "anchor_gain_first4", "rank_accuracy")
 
 
 def write_inputs(data: Path, folder: Path) -> tuple[Path, Path]:
-    """The train pairs with the query instruction, and the demo's 64 fixed validation pairs of the corpus's
-    validation split (:func:`demo.pipeline.write_validation_file`), as JSON-lines files.
+    """The train pairs with the query instruction (:func:`demo.scale.write_train_file`), and the demo's 64 fixed
+    validation pairs of the corpus's validation split (:func:`demo.pipeline.write_validation_file`), as JSON-lines
+    files.
 
     A file whose bytes are already there is left as it is: a resume compares the data file's fingerprint (its
     modification time included) with the checkpoint's, and rewriting the same bytes would refuse every resume."""
@@ -54,8 +54,7 @@ def write_inputs(data: Path, folder: Path) -> tuple[Path, Path]:
     names = tuple(p.name for p in input_files(folder))
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         fresh = Path(tmp)
-        rows = [{"instruction": INSTRUCTION, **row} for _, row in iter_jsonl(data / TRAIN_FILE) if row is not None]
-        write_jsonl(fresh / names[0], rows)
+        write_train_file(data, fresh)
         write_validation_file(data / "val", fresh)
         for name in names:
             if not ((folder / name).is_file() and filecmp.cmp(fresh / name, folder / name, shallow=False)):
