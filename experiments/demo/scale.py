@@ -27,8 +27,7 @@ What it runs, in order (each a stage of the report):
 and batch are read from the run's ``trainer_state.json`` and ``run_config.json``): the ``cpu`` preset, the long CPU
 run's size (``experiments/demo/long_run.py``: 640 steps of 8 pairs, the demo's Stage II of 50 steps of 8 triples),
 takes that run to Stage II and the test split. Everything lives in ``--out``; a rerun starts over. The time the
-``gpu`` preset should take is estimated, not
-measured, in ``docs/demo_scale.md``.
+``gpu`` preset should take is estimated, not measured, in ``docs/demo_scale.md``.
 """
 
 from __future__ import annotations
