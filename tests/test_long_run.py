@@ -44,6 +44,13 @@ def driver(tmp_path, monkeypatch):
     return calls
 
 
+def _checkpoint(run: Path, step: int) -> Path:
+    """A checkpoint folder as the Trainer leaves one, as far as the driver looks: its trainer_state.json."""
+    (run / f"checkpoint-{step}").mkdir(parents=True, exist_ok=True)
+    (run / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": []}))
+    return run / f"checkpoint-{step}"
+
+
 def _flags(command):
     """``--key value`` pairs of a command after the script and its config."""
     rest = command[3:]
@@ -62,22 +69,24 @@ def test_the_run_uses_this_checkout_and_resumes_only_from_a_checkpoint(driver, t
     assert flags["--eval_steps"] == flags["--save_steps"] == "40" and flags["--eval_on_start"] == "true"
     assert flags["--output_dir"] == str(tmp_path / "long-run" / "stage_I")
     assert "--resume_from_checkpoint" not in flags
+    (tmp_path / "long-run" / "stage_I" / "checkpoint-40").mkdir(parents=True)  # empty: not a checkpoint of a run
+    assert long_run.main(["--steps", "200"]) == 0
+    assert "--resume_from_checkpoint" not in _flags(driver[-1][0])
     for step in (40, 80):
-        (tmp_path / "long-run" / "stage_I" / f"checkpoint-{step}").mkdir(parents=True)
+        _checkpoint(tmp_path / "long-run" / "stage_I", step)
     assert long_run.main(["--steps", "200"]) == 0
     flags = _flags(driver[-1][0])
     assert flags["--resume_from_checkpoint"] == "true" and (flags["--max_steps"], flags["--warmup_steps"]) == (
         "200",
         "30",
     )
-    assert long_run.newest_checkpoint(tmp_path / "long-run" / "stage_I").name == "checkpoint-80"
-    assert [c[0] for c in driver[3:5]] == ["build", "write"]  # the inputs were never written: built for the resume
+    assert [c[0] for c in driver[6:8]] == ["build", "write"]  # the inputs were never written: built for the resume
 
 
 def test_a_resume_trains_on_the_inputs_the_run_started_with(driver, tmp_path):
     """The corpus is not built again for a resume: the environment may have changed since it was built (a package
     installed), which would change the inputs a resume refuses to change."""
-    (tmp_path / "long-run" / "stage_I" / "checkpoint-40").mkdir(parents=True)
+    _checkpoint(tmp_path / "long-run" / "stage_I", 40)
     train, validation = long_run.input_files(tmp_path / "long-run" / "data")
     train.parent.mkdir(parents=True)
     train.write_text("{}\n")
@@ -114,7 +123,9 @@ def test_the_table_reads_the_final_state_else_the_newest_checkpoint(tmp_path, ca
     assert lines[3].startswith("| 40 | 320 | 0.100 | 0.100 | +0.100 |") and lines[3].endswith("| 0.500 | 0.250 |")
     assert "rank accuracy at chance: 0.125 (1 / 8)" in lines[-1]
     (run / "trainer_state.json").write_text(json.dumps({"log_history": history[:2]}))  # the final state wins
-    assert [r["step"] for r in long_run.evaluations(run)] == [0]
+    assert long_run.main(["--table"]) == 0
+    out = capsys.readouterr().out
+    assert "| 0 | 0 |" in out and "| 40 |" not in out
 
 
 def test_a_step_evaluated_again_after_a_resume_is_one_row_and_compared(tmp_path, monkeypatch, capsys):
@@ -126,14 +137,13 @@ def test_a_step_evaluated_again_after_a_resume_is_one_row_and_compared(tmp_path,
     again = dict(_evaluation(40, 0.1), eval_runtime=12.0)
     history = [_evaluation(0, -0.2), _evaluation(40, 0.1), again, _evaluation(80, 0.05)]
     (run / "trainer_state.json").write_text(json.dumps({"log_history": history}))
-    assert [r["step"] for r in long_run.evaluations(run)] == [0, 40, 80]
     assert long_run.main(["--table"]) == 0
     out = capsys.readouterr().out
     assert out.count("| 40 | 320 |") == 1 and "step 40 evaluated again when the run resumed from it: the same" in out
     history[2] = dict(again, eval_loss_q2d=0.3)
     (run / "trainer_state.json").write_text(json.dumps({"log_history": history}))
     assert long_run.main(["--table"]) == 0
-    assert "DIFFERENT numbers (eval_loss_q2d 0.1 -> 0.3)" in capsys.readouterr().out
+    assert "DIFFERENT numbers (loss_q2d 0.1 -> 0.3)" in capsys.readouterr().out
 
 
 def _corpus(folder: Path, texts: list[str]) -> Path:
@@ -171,3 +181,21 @@ def test_the_inputs_keep_their_modification_time_unless_the_corpus_changed(tmp_p
     long_run.write_inputs(_corpus(tmp_path / "b", ["alpha", "beta", "delta"]), out)
     assert train.stat().st_mtime_ns != 1_000_000_000 and "delta" in train.read_text()
     assert validation.stat().st_mtime_ns != 1_000_000_000
+
+
+def test_the_scale_presets_validate_on_the_long_runs_pairs_first(tmp_path):
+    """demo.scale and the long run pick validation pairs one way: a preset's pairs begin with the long run's, so
+    that a preset run from scratch and the long run are measured on the same pairs."""
+    from demo import scale
+
+    texts = [f"document {i} about topic {i}" for i in range(12)]
+    corpus = _corpus(tmp_path / "corpus", texts)
+    _, long_run_file = long_run.write_inputs(corpus, tmp_path / "long")
+    ours = [json.loads(line) for line in long_run_file.read_text().splitlines()]
+    assert sorted(r["positive"] for r in ours) == sorted(texts)  # every pair, once (12 < the long run's 64)
+    assert all(r["positive"] == f"document {r['query'][1:]} about topic {r['query'][1:]}" for r in ours)
+    for count in (5, 12):
+        preset = scale.write_validation_file(corpus, tmp_path / f"preset-{count}", count)
+        assert [json.loads(line) for line in preset.read_text().splitlines()] == ours[:count]
+    with pytest.raises(scale.ScaleError, match="12 validation pairs, the preset needs 13"):
+        scale.write_validation_file(corpus, tmp_path / "too-many", 13)

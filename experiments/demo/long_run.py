@@ -32,15 +32,15 @@ sys.path[:0] = [str(REPO / "experiments"), str(REPO)]
 
 from demo.package_data import build_package_dataset  # noqa: E402
 from demo.pipeline import child_env, write_validation_file  # noqa: E402
-from demo.scale import write_train_file  # noqa: E402
+from demo.scale import read_curve, write_train_file  # noqa: E402
 from demo.settings import SMOLLM2_DIR, STAGE_I_CONFIG, STAGE_I_SCRIPT, VALIDATION_SOURCE  # noqa: E402
 from demo.smollm2 import materialise_smollm2  # noqa: E402
+from llm2vec.run.folder import RunFolder  # noqa: E402
 
 OUT = REPO / "cache" / "long-run"
 DATA = REPO / "cache" / "package-data"
 EVERY = 40
 EVAL_BATCH = 8
-MEASURES = ("loss", "anchor_gain", "anchor_gain_first4", "rank_accuracy")
 
 
 def write_inputs(data: Path, folder: Path) -> tuple[Path, Path]:
@@ -67,57 +67,44 @@ def input_files(folder: Path) -> tuple[Path, Path]:
     return folder / "packages.jsonl", folder / f"{VALIDATION_SOURCE}.jsonl"
 
 
-def newest_checkpoint(run: Path) -> Path | None:
-    found = [p for p in run.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()]
-    return max(found, key=lambda p: int(p.name.split("-")[-1])) if found else None
-
-
-def evaluations(run: Path) -> list[dict]:
-    """The evaluations logged by the run (its final state, else its newest checkpoint's), one per step: a resumed
-    run evaluates its first step again, and that repeat is kept under ``"again"`` of the step's row."""
-    for state in (run / "trainer_state.json", *(c / "trainer_state.json" for c in [newest_checkpoint(run)] if c)):
+def newest_state(run: Path) -> Path | None:
+    """The run's log: its final ``trainer_state.json``, else its newest checkpoint's (complete or not)."""
+    checkpoints = RunFolder.inspect(run).checkpoints
+    for state in (run / "trainer_state.json", *(c.path / "trainer_state.json" for c in reversed(checkpoints))):
         if state.is_file():
-            rows: dict[int, dict] = {}
-            for h in json.loads(state.read_text(encoding="utf-8"))["log_history"]:
-                if "eval_anchor_gain_d2q" not in h:
-                    continue
-                if h["step"] in rows:
-                    rows[h["step"]].setdefault("again", []).append(h)
-                else:
-                    rows[h["step"]] = dict(h)
-            return list(rows.values())
-    return []
+            return state
+    return None
 
 
-def _measures(h: dict) -> dict[str, float]:
-    return {k: v for k, v in h.items() if k.startswith("eval_") and "runtime" not in k and "per_second" not in k}
+def config_batch() -> int:
+    """The pairs per optimizer step of the Stage I config the run trains with (``total_batch_size``)."""
+    return int(json.loads(STAGE_I_CONFIG.read_text(encoding="utf-8"))["total_batch_size"])
 
 
-def table(rows: list[dict]) -> str:
+def table(rows: list[dict[str, float]], repeats: list[tuple[dict, dict]]) -> str:
+    """The curve (:func:`demo.scale.read_curve` of the run's log) as Markdown, with a line per step evaluated
+    again after a resume: the same numbers (the resume restored the model), or the measure that differs most."""
     head = "| step | pairs seen | loss q2d | loss d2q | gain q2d | gain d2q | gain@4 q2d | gain@4 d2q | rank acc q2d | rank acc d2q |"
     lines = [head, "|" + "---:|" * 10]
-    notes = []
-    for h in rows:
-        step = int(h["step"])
+    for r in rows:
         lines.append(
-            f"| {step} | {step * 8} | {h['eval_loss_q2d']:.3f} | {h['eval_loss_d2q']:.3f} | "
-            f"{h['eval_anchor_gain_q2d']:+.3f} | {h['eval_anchor_gain_d2q']:+.3f} | "
-            f"{h['eval_anchor_gain_first4_q2d']:+.3f} | {h['eval_anchor_gain_first4_d2q']:+.3f} | "
-            f"{h['eval_rank_accuracy_q2d']:.3f} | {h['eval_rank_accuracy_d2q']:.3f} |"
+            f"| {r['step']} | {r['pairs_seen']} | {r['loss_q2d']:.3f} | {r['loss_d2q']:.3f} | "
+            f"{r['anchor_gain_q2d']:+.3f} | {r['anchor_gain_d2q']:+.3f} | "
+            f"{r['anchor_gain_first4_q2d']:+.3f} | {r['anchor_gain_first4_d2q']:+.3f} | "
+            f"{r['rank_accuracy_q2d']:.3f} | {r['rank_accuracy_d2q']:.3f} |"
         )
-        for again in h.get("again", []):
-            first, second = _measures(h), _measures(again)
-            if first == second:
-                notes.append(f"step {step} evaluated again when the run resumed from it: the same numbers")
-            else:
-                worst = max(first.keys() | second.keys(), key=lambda k: abs(first.get(k, 0) - second.get(k, 0)))
-                notes.append(
-                    f"step {step} evaluated again when the run resumed from it: DIFFERENT numbers "
-                    f"({worst} {first.get(worst)} -> {second.get(worst)}); the resume did not restore the model"
-                )
     if rows:
-        lines.append(f"\nrank accuracy at chance: {rows[0]['eval_rank_chance']:.3f} (1 / 8)")
-    lines += ["\n" + note for note in notes]
+        lines.append(f"\nrank accuracy at chance: {rows[0]['rank_chance']:.3f} (1 / {EVAL_BATCH})")
+    for first, again in repeats:
+        said = f"step {first['step']} evaluated again when the run resumed from it:"
+        if first == again:
+            lines.append(f"\n{said} the same numbers")
+        else:
+            worst = max(first.keys() | again.keys(), key=lambda k: abs(first.get(k, 0) - again.get(k, 0)))
+            lines.append(
+                f"\n{said} DIFFERENT numbers ({worst} {first.get(worst)} -> {again.get(worst)}); "
+                "the resume did not restore the model"
+            )
     return "\n".join(lines)
 
 
@@ -129,10 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     run = OUT / "stage_I"
     if args.table:
-        print(table(evaluations(run)))
+        state = newest_state(run)
+        print(table(*read_curve(state, config_batch())) if state else f"{run}: nothing logged yet")
         return 0
     model = materialise_smollm2(SMOLLM2_DIR)
-    resume = newest_checkpoint(run) is not None
+    resume = bool(RunFolder.inspect(run).checkpoints)  # the run picks its newest complete one, or says why not
     train, validation = input_files(OUT / "data")
     if not (resume and train.is_file() and validation.is_file()):
         build_package_dataset(DATA)

@@ -341,9 +341,11 @@ def write_train_file(source: Path, folder: Path) -> dict[str, Any]:
     return {"examples": write_jsonl(folder / f"{TRAIN_SOURCE}.jsonl", rows)}
 
 
-def write_validation_file(split: Path, folder: Path) -> dict[str, Any]:
-    """:data:`VALIDATION_PAIRS` (query, relevant document) pairs of the retrieval split in ``split`` (BEIR layout),
-    a fixed random subset, with the query instruction, as ``<folder>/validation.jsonl`` in the training layout."""
+def write_validation_file(split: Path, folder: Path, count: int = VALIDATION_PAIRS) -> dict[str, Any]:
+    """``count`` (query, relevant document) pairs of the retrieval split in ``split`` (BEIR layout), a fixed random
+    subset (the qrels in file order, shuffled with seed 0: a larger ``count`` keeps the smaller one's pairs first),
+    with the query instruction, as ``<folder>/validation.jsonl`` in the training layout. The one choice of
+    validation pairs of the demo, the long run and :mod:`demo.scale`."""
     corpus = {r["_id"]: r["text"] for _, r in iter_jsonl(split / "corpus.jsonl") if r is not None}
     queries = {r["_id"]: r["text"] for _, r in iter_jsonl(split / "queries.jsonl") if r is not None}
     rows = [
@@ -352,7 +354,7 @@ def write_validation_file(split: Path, folder: Path) -> dict[str, Any]:
         if r is not None
     ]
     random.Random(0).shuffle(rows)
-    return {"pairs": write_jsonl(folder / f"{VALIDATION_SOURCE}.jsonl", rows[:VALIDATION_PAIRS])}
+    return {"pairs": write_jsonl(folder / f"{VALIDATION_SOURCE}.jsonl", rows[:count])}
 
 
 # ------------------------------------------------------------------------------ training

@@ -37,7 +37,6 @@ import dataclasses
 import json
 import os
 import platform
-import random
 import shutil
 import subprocess
 import sys
@@ -49,6 +48,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "experiments"), str(REPO)]
 
 from demo import gpu_carry  # noqa: E402
+from demo.pipeline import write_validation_file as write_validation_pairs  # noqa: E402
 from demo.settings import (  # noqa: E402
     ANCHOR_CONFIG,
     BASELINE_CONFIG,
@@ -57,6 +57,7 @@ from demo.settings import (  # noqa: E402
     STAGE_I_CONFIG,
     STAGE_I_SCRIPT,
     STAGE_II_SCRIPT,
+    VALIDATION_SOURCE,
 )
 from demo.stdlib_data import TRAIN_FILE  # noqa: E402
 from llm2vec.io import iter_jsonl, write_jsonl  # noqa: E402
@@ -152,16 +153,11 @@ def read_split(split: Path) -> tuple[dict[str, str], dict[str, str], dict[str, s
 
 
 def write_validation_file(data: Path, folder: Path, count: int) -> Path:
-    """``count`` fixed (seed 0) pairs (query, relevant document) of the corpus's validation split (``val/``)."""
-    queries, corpus, relevant = read_split(data / "val")
-    pairs = [
-        {"query": queries[q], "positive": corpus[d], "instruction": INSTRUCTION} for q, d in sorted(relevant.items())
-    ]
-    random.Random(0).shuffle(pairs)
-    if len(pairs) < count:
-        raise ScaleError(f"{data / 'val'}: {len(pairs)} validation pairs, the preset needs {count}")
-    write_jsonl(folder / "validation.jsonl", pairs[:count])
-    return folder / "validation.jsonl"
+    """``count`` fixed pairs of the corpus's validation split (``val/``), picked as the demo and the long run pick
+    theirs (:func:`demo.pipeline.write_validation_file`): the first 64 of any preset are the long run's 64."""
+    if (written := write_validation_pairs(data / "val", folder, count)["pairs"]) < count:
+        raise ScaleError(f"{data / 'val'}: {written} validation pairs, the preset needs {count}")
+    return folder / f"{VALIDATION_SOURCE}.jsonl"
 
 
 def prepare_model(preset: Preset, out: Path, model: Path, carry: Path) -> Path:
@@ -299,18 +295,35 @@ def retrieval_scores(
     return {**scores, "queries": len(query_ids), "documents": len(doc_ids)}
 
 
+TIMINGS = ("eval_runtime", "eval_samples_per_second", "eval_steps_per_second")  # differ between equal evaluations
+
+
+def read_curve(state: Path, global_batch: int) -> tuple[list[dict[str, float]], list[tuple[dict, dict]]]:
+    """The Stage I evaluations logged in the ``trainer_state.json`` file ``state``: one row per step (step, pairs
+    seen, every measure without its ``eval_`` prefix), and the repeats. A resumed run evaluates its first step again
+    (``eval_on_start``); the first evaluation is the step's row and each repeat is returned beside it, as
+    ``(row, repeat)``, so that a caller can say whether the resume restored the model."""
+    rows: dict[int, dict[str, float]] = {}
+    repeats = []
+    for h in json.loads(state.read_text(encoding="utf-8"))["log_history"]:
+        if "eval_anchor_gain_d2q" not in h:
+            continue
+        step = int(h["step"])
+        row = {"step": step, "pairs_seen": step * global_batch}
+        row.update({k[len("eval_") :]: float(v) for k, v in h.items() if k.startswith("eval_") and k not in TIMINGS})
+        if step in rows:
+            repeats.append((rows[step], row))
+        else:
+            rows[step] = row
+    return list(rows.values()), repeats
+
+
 def stage_I_curve(run: Path, global_batch: int) -> list[dict[str, float]]:
-    """The Stage I evaluations logged in ``run/trainer_state.json``: step, pairs seen and every measure."""
+    """The Stage I evaluations of the finished run ``run`` (:func:`read_curve` of its ``trainer_state.json``)."""
     state = run / "trainer_state.json"
     if not state.is_file():
         raise ScaleError(f"{state}: missing; Stage I did not finish")
-    rows = []
-    for h in json.loads(state.read_text())["log_history"]:
-        if "eval_anchor_gain_d2q" not in h or any(r["step"] == int(h["step"]) for r in rows):
-            continue  # a resumed run evaluates its first step again: the first evaluation is the row
-        row = {"step": int(h["step"]), "pairs_seen": int(h["step"]) * global_batch}
-        row.update({k[len("eval_") :]: float(v) for k, v in h.items() if k.startswith("eval_") and k != "eval_runtime"})
-        rows.append(row)
+    rows, _ = read_curve(state, global_batch)
     if not rows:
         raise ScaleError(f"{state}: no anchor measures logged (was the validation file given?)")
     return rows
