@@ -18,10 +18,15 @@ CI runs at the lower bounds (``.ci/run``), and these paths are among what they e
   ones, so the Trainer of that release checkpoints as asked; :func:`enable_activation_checkpointing` and
   :func:`disable_activation_checkpointing` call whichever method the model has (for scripts that switch it on
   a bare transformers model, such as the project's GPU check).
+- **peft's read of a deprecated property.** peft (0.21) reads ``is_gradient_checkpointing`` whenever it wraps a
+  model, which transformers 5.23 deprecates with a FutureWarning; :func:`peft_reads_deprecated_property` hides that
+  one warning where this package lets peft wrap a model (LoRA in Stage II, an adapter loaded to encode).
 """
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -106,3 +111,14 @@ def disable_activation_checkpointing(model: nn.Module) -> None:
         model.activation_checkpointing_disable()
     else:
         model.gradient_checkpointing_disable()
+
+
+@contextlib.contextmanager
+def peft_reads_deprecated_property():
+    """Hide the one FutureWarning that peft (0.21) causes whenever it wraps a model, in training and in
+    :meth:`llm2vec.LLM2Vec.load` of an adapter: ``PeftModel.__init__`` reads the model's
+    ``is_gradient_checkpointing``, which transformers 5.23 deprecates for ``is_activation_checkpointing``. The read
+    is peft's, not this project's; every other warning passes (tests/test_upstream.py)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield

@@ -23,7 +23,7 @@ from transformers import AutoModel, AutoTokenizer
 
 from . import templates
 from .collator import pad_batch
-from .compat import enable_activation_checkpointing
+from .compat import enable_activation_checkpointing, peft_reads_deprecated_property
 from .devices import default_device, resolve_dtype
 from .encode_inputs import read_inputs, read_item
 from .model_files import check_model_files
@@ -207,7 +207,8 @@ class LLM2Vec(nn.Module):
         if peft_model_name_or_path is not None:
             from peft import PeftModel
 
-            model = PeftModel.from_pretrained(model, peft_model_name_or_path)
+            with peft_reads_deprecated_property():
+                model = PeftModel.from_pretrained(model, peft_model_name_or_path)
             if merge_peft:
                 model = model.merge_and_unload()
         return cls(model, tokenizer, **settings, **kwargs)

@@ -22,27 +22,16 @@ chunk, and the processes agree on the number of chunks.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import warnings
 from dataclasses import dataclass, field
 
 import torch
 
 from .chunked_steps import gradient_cache_step
+from .compat import peft_reads_deprecated_property
 from .llm2vec import LLM2Vec
 from .loss.infonce import InfoNCELoss
 from .validation import contrastive_validation
-
-
-@contextlib.contextmanager
-def peft_reads_deprecated_property():
-    """Hide the one FutureWarning that peft 0.21 causes whenever it wraps a model: ``PeftModel.__init__`` reads the
-    model's ``is_gradient_checkpointing``, which transformers 5 deprecates for ``is_activation_checkpointing``.
-    The read is peft's, not this project's; every other warning passes (tests/test_upstream.py)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
-        yield
 
 
 @dataclass
@@ -80,22 +69,21 @@ class LLM2VecContrastive(LLM2Vec):
         into it, and fresh trainable LoRA adapters; everything else frozen."""
         from peft import LoraConfig, TaskType, get_peft_model
 
-        with peft_reads_deprecated_property():  # the adapter merged in is a peft.PeftModel for a moment
-            model = cls.load(
-                model_args.model_name_or_path,
-                stage_args.peft_model_name_or_path,
-                merge_peft=True,
-                pooling_mode=model_args.pooling_mode,
-                max_length=model_args.max_seq_length,
-                template=model_args.template,
-                dtype=dtype,
-                attn_implementation=model_args.attn_implementation,
-                loss_scale=stage_args.loss_scale,
-                embedding_token_budget=stage_args.embedding_token_budget,
-                packing=model_args.use_packing,
-                trust_remote_code=model_args.trust_remote_code,
-                accept_other_base=stage_args.accept_other_base,
-            )
+        model = cls.load(
+            model_args.model_name_or_path,
+            stage_args.peft_model_name_or_path,
+            merge_peft=True,
+            pooling_mode=model_args.pooling_mode,
+            max_length=model_args.max_seq_length,
+            template=model_args.template,
+            dtype=dtype,
+            attn_implementation=model_args.attn_implementation,
+            loss_scale=stage_args.loss_scale,
+            embedding_token_budget=stage_args.embedding_token_budget,
+            packing=model_args.use_packing,
+            trust_remote_code=model_args.trust_remote_code,
+            accept_other_base=stage_args.accept_other_base,
+        )
         lora = LoraConfig(
             r=stage_args.lora_r,
             lora_alpha=stage_args.lora_alpha,

@@ -69,13 +69,32 @@ def test_an_unlisted_private_override_is_found():
 
 
 def test_peft_still_reads_the_deprecated_property_that_training_hides(tiny_models):
-    """``llm2vec_contrastive.peft_reads_deprecated_property`` hides exactly this warning of peft's; once peft stops
+    """``llm2vec.compat.peft_reads_deprecated_property`` hides exactly this warning of peft's; once peft stops
     reading ``is_gradient_checkpointing``, this test fails and the filter can go."""
     from peft import LoraConfig, get_peft_model
 
     causal_lm, _ = tiny_models["llama3"]
     with pytest.warns(FutureWarning, match="is_gradient_checkpointing"):
         get_peft_model(causal_lm.model, LoraConfig(r=2, target_modules=["q_proj"]))
+
+
+def test_loading_an_adapter_shows_no_warning_of_peft(tiny_checkpoints, tmp_path):
+    """Encoding with a Stage II adapter (``LLM2Vec.load(..., peft_model_name_or_path)``, as the evaluation and the
+    demo's scorer do) wraps the model in peft too: the same read of peft's is hidden there, and only there."""
+    import warnings
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModel
+
+    from llm2vec import LLM2Vec
+
+    base = tiny_checkpoints["llama3"]
+    adapted = get_peft_model(AutoModel.from_pretrained(base), LoraConfig(r=2, target_modules=["q_proj"]))
+    adapted.save_pretrained(tmp_path / "adapter")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        LLM2Vec.load(str(base), str(tmp_path / "adapter"), merge_peft=True)
+    assert not [w for w in caught if "is_gradient_checkpointing" in str(w.message)]
 
 
 @pytest.fixture(scope="module")
