@@ -76,7 +76,8 @@ def table(results: list[dict]) -> str:
     for r in results:
         s = r["spread"]
         for m in MEASURES:
-            cells = [f"{s[f'{m}_{d}']['mean']:+.4f} ± {s[f'{m}_{d}']['se']:.4f}" for d in ("q2d", "d2q")]
+            sign = "+" if m.startswith("anchor_gain") else ""  # a gain has a sign; a loss or a share has none
+            cells = [f"{s[f'{m}_{d}']['mean']:{sign}.4f} ± {s[f'{m}_{d}']['se']:.4f}" for d in ("q2d", "d2q")]
             lines.append(f"| `{r['model']}` | {r['pairs']} | {m} | {cells[0]} | {cells[1]} |")
         lines.append(f"| `{r['model']}` | {r['pairs']} | rank chance | {s['rank_chance']['mean']:.3f} | |")
     return "\n".join(lines) + "\n\nmean over batches ± standard error (sample SD / sqrt(batches))"
