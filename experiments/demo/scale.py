@@ -337,10 +337,11 @@ def machine() -> dict[str, Any]:
 
     import torch
 
+    cpu = f"CPU ({platform.machine()}, {os.cpu_count()} cores)"  # platform.processor() is empty on Linux
     out = {
         "python": platform.python_version(),
         **{p: version(p) for p in ("torch", "transformers", "peft", "accelerate")},
-        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({platform.machine()}, {os.cpu_count()} cores)",
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else cpu,
         "cuda": torch.version.cuda if torch.cuda.is_available() else None,
         "bf16": bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported()),
     }
