@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from demo import settings  # noqa: E402
+from demo.pipeline import validation_rows  # noqa: E402
 from demo.stdlib_data import DEFAULT_OUT_DIR  # noqa: E402
 
 from llm2vec.anchor_gain import anchor_gain  # noqa: E402
@@ -42,15 +43,11 @@ def train_examples(data_dir: Path) -> list[TrainExample]:
 
 
 def validation_examples(data_dir: Path, limit: int) -> list[TrainExample]:
-    """``limit`` of the validation split's (query, relevant document) pairs, shuffled with a fixed seed (the same
-    pairs for every run), so that the other pair of a batch comes from another module."""
-    folder = data_dir / "val"
-    corpus = {r["_id"]: r["text"] for _, r in iter_jsonl(folder / "corpus.jsonl") if r is not None}
-    queries = {r["_id"]: r["text"] for _, r in iter_jsonl(folder / "queries.jsonl") if r is not None}
-    pairs = [(r["query-id"], r["corpus-id"]) for _, r in iter_jsonl(folder / "qrels.jsonl") if r is not None]
-    examples = [TrainExample(queries[q], corpus[d], None, settings.INSTRUCTION, "stdlib") for q, d in pairs]
-    random.Random(0).shuffle(examples)
-    return examples[:limit]
+    """``limit`` of the validation split's (query, relevant document) pairs, the demo's fixed choice
+    (:func:`demo.pipeline.validation_rows`: the same pairs for every run, shuffled so that the other pair of a
+    batch comes from another module)."""
+    rows = validation_rows(data_dir / "val", limit)
+    return [TrainExample(r["query"], r["positive"], None, r["instruction"], "stdlib") for r in rows]
 
 
 def markdown_table(path: Path) -> str:

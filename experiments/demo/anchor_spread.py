@@ -5,7 +5,7 @@
 
 A Stage I evaluation reports one number per measure over 64 pairs (:mod:`llm2vec.anchor_gain`), with no
 uncertainty. This measures each model on ``--pairs`` fixed pairs of the corpus's validation split (the long run's
-64 first: :func:`demo.pipeline.write_validation_file`), batch by batch (``--batch`` pairs, as the run's
+64 first: :func:`demo.pipeline.validation_rows`), batch by batch (``--batch`` pairs, as the run's
 evaluation), and reports per measure the mean over batches and its standard error (sample SD / sqrt(batches)):
 a gain whose mean lies within two standard errors of 0 is not told apart from none. The per-batch mean weighs
 batches equally, where a run's evaluation weighs target tokens; the two differ a little.
@@ -18,25 +18,22 @@ import json
 import math
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "experiments"), str(REPO)]
 
-from demo.pipeline import write_validation_file  # noqa: E402
+from demo.pipeline import validation_rows  # noqa: E402
 from demo.settings import INSTRUCTION  # noqa: E402
-from llm2vec.io import iter_jsonl  # noqa: E402
 
 MEASURES = ("loss", "anchor_gain", "anchor_gain_first4", "rank_accuracy")
 
 
 def validation_pairs(data: Path, count: int) -> list[dict]:
     """``count`` validation pairs of the corpus ``data``, the long run's choice (its 64 first)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        if (written := write_validation_file(data / "val", Path(tmp), count)["pairs"]) < count:
-            raise SystemExit(f"{data / 'val'}: {written} validation pairs, --pairs asks for {count}")
-        return [row for _, row in iter_jsonl(Path(tmp) / "validation.jsonl") if row is not None]
+    if len(rows := validation_rows(data / "val", count)) < count:
+        raise SystemExit(f"{data / 'val'}: {len(rows)} validation pairs, --pairs asks for {count}")
+    return rows
 
 
 def spread(per_batch: list[dict[str, float]]) -> dict[str, dict[str, float]]:

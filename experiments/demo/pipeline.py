@@ -341,11 +341,11 @@ def write_train_file(source: Path, folder: Path) -> dict[str, Any]:
     return {"examples": write_jsonl(folder / f"{TRAIN_SOURCE}.jsonl", rows)}
 
 
-def write_validation_file(split: Path, folder: Path, count: int = VALIDATION_PAIRS) -> dict[str, Any]:
+def validation_rows(split: Path, count: int = VALIDATION_PAIRS) -> list[dict[str, str]]:
     """``count`` (query, relevant document) pairs of the retrieval split in ``split`` (BEIR layout), a fixed random
     subset (the qrels in file order, shuffled with seed 0: a larger ``count`` keeps the smaller one's pairs first),
-    with the query instruction, as ``<folder>/validation.jsonl`` in the training layout. The one choice of
-    validation pairs of the demo, the long run and :mod:`demo.scale`."""
+    with the query instruction, in the training layout. The one choice of validation pairs of the demo, the long
+    run, :mod:`demo.scale`, :mod:`demo.anchor_spread` and the anchor sweep; fewer when the split holds fewer."""
     corpus = {r["_id"]: r["text"] for _, r in iter_jsonl(split / "corpus.jsonl") if r is not None}
     queries = {r["_id"]: r["text"] for _, r in iter_jsonl(split / "queries.jsonl") if r is not None}
     rows = [
@@ -354,7 +354,12 @@ def write_validation_file(split: Path, folder: Path, count: int = VALIDATION_PAI
         if r is not None
     ]
     random.Random(0).shuffle(rows)
-    return {"pairs": write_jsonl(folder / f"{VALIDATION_SOURCE}.jsonl", rows[:count])}
+    return rows[:count]
+
+
+def write_validation_file(split: Path, folder: Path, count: int = VALIDATION_PAIRS) -> dict[str, Any]:
+    """:func:`validation_rows` as ``<folder>/validation.jsonl``."""
+    return {"pairs": write_jsonl(folder / f"{VALIDATION_SOURCE}.jsonl", validation_rows(split, count))}
 
 
 # ------------------------------------------------------------------------------ training
