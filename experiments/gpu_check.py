@@ -1,4 +1,4 @@
-"""Check on one GPU, in a few minutes, the claims the CPU test-suite cannot check (issues #19 and #32).
+"""Check on one GPU, in a few minutes, the claims the CPU test-suite cannot check.
 
     PYTHONPATH=. python experiments/gpu_check.py           # one CUDA GPU: bf16, every check at its GPU size
     PYTHONPATH=. python experiments/gpu_check.py --quick   # CPU: the same checks on tiny float32 models
@@ -30,9 +30,13 @@ failing in bf16 while the correct code passes.
 4. ``stage_II_step``: a Stage II step with the 7B/8B configs' settings (gradient cache, packing, fast
    attention; LoRA without dropout so neither step draws masks) against the plain padded step: each text's
    embedding, each query's InfoNCE term, the loss, the gradients.
-5. ``liger``: Liger's fused linear cross-entropy against the blockwise one (each row's NLL, the sum, the
+5. ``anchor_measures``: Stage I's validation measures (:mod:`llm2vec.anchor_gain`: the reconstruction loss,
+   the anchor gain and the gain over the first 4 tokens, per direction) of a model on the device against the
+   same weights in float32 on the CPU; the measures are computed where the batch is, so a tensor left on
+   another device fails here rather than at a training run's first evaluation.
+6. ``liger``: Liger's fused linear cross-entropy against the blockwise one (each row's NLL, the sum, the
    gradients), bf16, a Llama-3 vocabulary. SKIP without CUDA or without liger-kernel.
-6. ``stage_I_1b``: Stage I steps of a Llama-3.2-1B-shaped model (random weights, bf16, pure-bf16 AdamW, the
+7. ``stage_I_1b``: Stage I steps of a Llama-3.2-1B-shaped model (random weights, bf16, pure-bf16 AdamW, the
    paper config's 32 pairs per device, token budget 16384, LM-head blocks of 4096, packing, activation
    checkpointing): peak GPU memory, tokens per second and the model FLOPs utilisation (:func:`stage_I_flops`,
    :data:`BF16_PEAK_TFLOPS`) beside the paper's own (:data:`PAPER_MFU`).
@@ -124,7 +128,7 @@ class Result:
     detail: str
 
     def line(self) -> str:
-        return f"{self.name:<14} {self.status:<5} {self.detail}"
+        return f"{self.name:<15} {self.status:<5} {self.detail}"
 
 
 def installed(module: str) -> bool:
@@ -436,6 +440,28 @@ def check_stage_I_step(s: Setting) -> Result:
     return verdict.result("stage_I_step", prefix)
 
 
+def check_anchor_measures(s: Setting) -> Result:
+    """The validation measures of Stage I (:func:`llm2vec.anchor_gain.anchor_gain`: loss, anchor gain, gain over
+    the first tokens) on the device against the same weights in float32 on the CPU, two batches of 8 pairs."""
+    from llm2vec.anchor_gain import anchor_gain
+    from llm2vec.llm2vec_q2d_d2q import LLM2Vec_q2d_d2q
+
+    causal_lm, tokenizer = llama(*s.size(), vocab=512 if s.quick else 128256, s=s, seed=4)
+    model = LLM2Vec_q2d_d2q(causal_lm, tokenizer, max_length=512)
+    batches = [stage_I_batch(model, 8, 24 if s.quick else 120, seed=5 + k) for k in range(2)]
+    got = anchor_gain(model, [to_device(b, s.device) for b in batches])
+    causal_lm.to(device="cpu", dtype=torch.float32)
+    ref = anchor_gain(LLM2Vec_q2d_d2q(causal_lm, tokenizer, max_length=512), batches)
+    verdict = Verdict([])
+    for direction in ("q2d", "d2q"):
+        loss = ref[f"loss_{direction}"]
+        verdict.add(f"{direction} loss", abs(got[f"loss_{direction}"] - loss) / loss, s.loss_rtol)
+        for measure in ("anchor_gain", "anchor_gain_first4"):
+            key = f"{measure}_{direction}"
+            verdict.add(f"{direction} {measure} (/ loss)", abs(got[key] - ref[key]) / loss, s.loss_rtol)
+    return verdict.result("anchor_measures", f"{s.device.type} {str(s.dtype).split('.')[-1]} against CPU float32")
+
+
 def infonce_terms(q: torch.Tensor, p: torch.Tensor, n: torch.Tensor | None, scale: float) -> torch.Tensor:
     """Each query's InfoNCE term (Eq. 6-7) in float64: logsumexp_j(scale cos(q_i, c_j)) - scale cos(q_i, p_i) over
     the candidates c = every positive and every hard negative of the batch."""
@@ -661,6 +687,7 @@ CHECKS = {
     "packed_flash": check_packed_flash,
     "stage_I_step": check_stage_I_step,
     "stage_II_step": check_stage_II_step,
+    "anchor_measures": check_anchor_measures,
     "liger": check_liger,
     "stage_I_1b": check_stage_I_1b,
 }

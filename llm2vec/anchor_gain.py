@@ -198,7 +198,7 @@ def _as_matrix(per_shift: torch.Tensor, shifts: Sequence[int]) -> torch.Tensor:
     rows = torch.arange(size, device=per_shift.device)
     for k, s in enumerate(shifts):
         cross[rows, (rows + s) % size] = per_shift[k]
-    return cross.cpu()
+    return cross  # on the batch's device, as the masks it is weighed with
 
 
 def _source_groups(labels: Sequence[str], size: int) -> list[list[int]]:

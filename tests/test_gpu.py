@@ -45,13 +45,30 @@ def test_quick_mode_runs_every_check_on_cpu_and_skips_what_it_cannot_run(capsys)
         "packed_flash": "SKIP",
         "stage_I_step": "PASS",
         "stage_II_step": "PASS",
+        "anchor_measures": "PASS",
         "liger": "SKIP",
         "stage_I_1b": "PASS",
     }
     text = "\n".join(lines)
     assert "FlashAttention was not run" in text and "Liger's kernel was not run" in text
     assert "tokens/s" in text and "MFU n/a (not a bf16 run)" in text
-    assert lines[-1].startswith("4 PASS, 0 FAIL, 2 SKIP")
+    assert lines[-1].startswith("5 PASS, 0 FAIL, 2 SKIP")
+
+
+def test_anchor_measures_fail_when_the_device_batch_is_not_the_reference_batch(monkeypatch):
+    """The device side of ``anchor_measures`` measures its own copy of the batches: with the queries' rows
+    reversed there (each document then reconstructed from another pair's anchor), the check fails."""
+    original = gpu_check.to_device
+
+    def reversed_queries(batch, device):
+        moved = original(batch, device)
+        if isinstance(moved, dict) and "query" in moved:
+            moved["query"] = {k: v.flip(0) for k, v in moved["query"].items()}
+        return moved
+
+    monkeypatch.setattr(gpu_check, "to_device", reversed_queries)
+    (result,) = gpu_check.run_checks(gpu_check.setting(quick=True), ["anchor_measures"])
+    assert result.status == "FAIL" and "q2d" in result.detail.split("failed:")[1], result.line()
 
 
 def test_a_failing_check_fails_the_command(monkeypatch, capsys):

@@ -2,6 +2,7 @@
 
     python experiments/demo/long_run.py [--steps 640] [--threads 2]     # starts, or resumes, the run
     python experiments/demo/long_run.py --table                          # the curve so far, as Markdown
+    python experiments/demo/long_run.py --seed 43 --out cache/long-run-seed43   # a second run, another seed
 
 It runs the demo's Stage I config (``train_configs/demo/SmolLM2_135m_q2d_d2q.json``: SmolLM2-135M-Instruct, the
 paper's reconstruction, alpha 0.2, lr 4e-5, 8 pairs of at most 64 tokens per step) on the train split of
@@ -112,19 +113,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=640)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=None, help="the run's seed (data order, dropout); default the config's")
+    parser.add_argument("--out", type=Path, default=None, help=f"the run's folder (default {OUT.relative_to(REPO)})")
     parser.add_argument("--table", action="store_true", help="print the measurements so far and exit")
     args = parser.parse_args(argv)
-    run = OUT / "stage_I"
+    out = args.out or OUT
+    run = out / "stage_I"
     if args.table:
         state = newest_state(run)
         print(table(*read_curve(state, config_batch())) if state else f"{run}: nothing logged yet")
         return 0
     model = materialise_smollm2(SMOLLM2_DIR)
     resume = bool(RunFolder.inspect(run).checkpoints)  # the run picks its newest complete one, or says why not
-    train, validation = input_files(OUT / "data")
+    train, validation = input_files(out / "data")
     if not (resume and train.is_file() and validation.is_file()):
         build_package_dataset(DATA)
-        train, validation = write_inputs(DATA, OUT / "data")
+        train, validation = write_inputs(DATA, out / "data")
     flags = {
         "model_name_or_path": model,
         "dataset_file_path": train,
@@ -142,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         "logging_steps": 1,
         "report_to": "none",
     }
+    if args.seed is not None:
+        flags["seed"] = args.seed
     if resume:
         flags["resume_from_checkpoint"] = "true"
     command = [sys.executable, str(STAGE_I_SCRIPT), str(STAGE_I_CONFIG)]
