@@ -16,7 +16,8 @@ models come from part-way down a 3-epoch schedule. Decaying to zero at the stop 
 :func:`plan_schedule` computes the horizon and the rate at the stop before training (logged, and saved as
 ``lr_schedule`` in ``run_config.json``); :class:`StopAfterNSteps` checks that the Trainer's horizon is the
 planned one and stops the run; :func:`check_resume` refuses to resume a checkpoint whose run had another
-horizon.
+horizon. ``stop_after_minutes`` stops on the wall clock instead (:class:`StopAtTimeBudget`), at whatever step
+that is; the schedule is the same.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import json
 import logging
 import math
 import os
+import time
 from dataclasses import asdict, dataclass
 
 import torch
@@ -180,4 +182,36 @@ class StopAfterNSteps(TrainerCallback):
             control.should_training_stop = True
             if args.save_strategy == "steps":
                 control.should_save = True
+        return control
+
+
+class StopAtTimeBudget(TrainerCallback):
+    """Stops training at the first optimizer step that ends ``minutes`` after ``start`` (``time.monotonic()``
+    seconds; default: when the callback is made, before the model loads), asks for an evaluation there when the run
+    evaluates (so its curve ends at the stop), and a checkpoint when checkpoints are saved by steps; the driver
+    then saves the final model. The stop is added to the log (``{"step", "stopped_by": "stop_after_minutes",
+    "minutes"}``), so ``trainer_state.json`` records it."""
+
+    def __init__(self, minutes: float, start: float | None = None):
+        self.seconds = 60.0 * minutes
+        self.start = time.monotonic() if start is None else start
+        self.stopped_at: int | None = None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        used = time.monotonic() - self.start
+        if self.stopped_at is not None or used < self.seconds or state.global_step >= state.max_steps:
+            return control
+        self.stopped_at = state.global_step
+        control.should_training_stop = True
+        control.should_evaluate = str(args.eval_strategy) not in ("no", "IntervalStrategy.NO")
+        control.should_save = control.should_save or args.save_strategy == "steps"
+        minutes = round(used / 60.0, 3)
+        state.log_history.append({"step": state.global_step, "stopped_by": "stop_after_minutes", "minutes": minutes})
+        logger.info(
+            "stopping at step %d of %d: %.2f minutes used of stop_after_minutes %g",
+            state.global_step,
+            state.max_steps,
+            minutes,
+            self.seconds / 60.0,
+        )
         return control

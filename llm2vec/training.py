@@ -28,7 +28,8 @@ from .dataset import DataError, TrainDataset, load_e5, load_jsonl
 from .distributed import release_process_group_at_exit
 from .llm2vec import PackingRefused
 from .run import RunLocked, RunManager, newest_checkpoint
-from .schedule import StopAfterNSteps, plan_schedule
+from .metrics_file import MetricsFile
+from .schedule import StopAfterNSteps, StopAtTimeBudget, plan_schedule
 
 logger = logging.getLogger("llm2vec")
 
@@ -71,6 +72,11 @@ def _train(config: RunConfig, made: list):
     from .trainer import LLM2VecTrainer
 
     args, stage = config.training, config.stage.stage
+    callbacks = []  # the wall clock counts from here: the budget covers loading the data and the model
+    if config.stage.stop_after_minutes is not None:
+        callbacks.append(StopAtTimeBudget(config.stage.stop_after_minutes))
+    if config.stage.metrics_file is not None:
+        callbacks.append(MetricsFile(config.stage.metrics_file))
     with RunManager.open(config) as run:  # output_dir locked and inspected: start, resume, refuse or nothing to do
         if run.finished:
             return None
@@ -92,7 +98,7 @@ def _train(config: RunConfig, made: list):
             eval_dataset=validation or None,
             data_collator=TrainCollator.for_encoder(model, **collator_options(config)),
             run_config=run_config,
-            callbacks=[StopAfterNSteps(schedule)],
+            callbacks=[StopAfterNSteps(schedule), *callbacks],
         )
         made.append(trainer)
         run.train(trainer)  # where training ends, disk space, overwrite; train; the final model, its marker last

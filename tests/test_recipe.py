@@ -142,6 +142,43 @@ def test_a_stop_beyond_the_schedule_is_refused(setup):
         run_stage_I(flags(model, data, root / "far", stop_after_n_steps=0))
 
 
+def test_a_time_budget_stops_at_the_step_it_runs_out_evaluates_there_and_saves(setup):
+    """stop_after_minutes: training stops at the first step past the budget (a budget of a microsecond: step 1),
+    evaluates there, records the stop in trainer_state.json and saves the final model; every logged entry is in
+    the metrics file as it was logged (compared with the Trainer's own log)."""
+    model, data, root = setup
+    out, metrics = root / "timed", root / "timed-metrics.jsonl"
+    argv = flags(model, data, out, stop_after_minutes=1e-8, metrics_file=metrics, validation_size=8)
+    trainer = run_stage_I(argv + ["--eval_strategy", "steps", "--eval_steps", "100", "--stop_after_n_steps", "5"])
+    assert trainer.state.global_step == 1
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    (stop,) = [h for h in history if "stopped_by" in h]
+    assert stop["step"] == 1 and stop["stopped_by"] == "stop_after_minutes" and stop["minutes"] > 0
+    assert any("eval_anchor_gain_d2q" in h and h["step"] == 1 for h in history)
+    final = load_file(out / "model.safetensors")
+    for k, v in trainer.model.model.state_dict().items():
+        if k in final:
+            torch.testing.assert_close(final[k], v.detach(), rtol=0, atol=0)
+    written = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert written == [h for h in history if "stopped_by" not in h]
+    # a budget the run does not reach changes nothing: it trains to its stop
+    again = run_stage_I(flags(model, data, root / "untimed", stop_after_minutes=60, stop_after_n_steps=3))
+    assert again.state.global_step == 3 and not any("stopped_by" in h for h in again.state.log_history)
+
+
+def test_a_metrics_file_inside_output_dir_or_a_budget_of_no_time_is_refused(setup):
+    model, data, root = setup
+    out = root / "refused"
+    for field, value, said in (
+        ("metrics_file", out / "metrics.jsonl", "metrics_file"),
+        ("stop_after_minutes", 0, "stop_after_minutes=0"),
+        ("stop_after_minutes", "nan", "stop_after_minutes=nan"),
+    ):
+        with pytest.raises(ConfigError, match=said):
+            run_stage_I(flags(model, data, out, **{field: value}))
+    assert not out.exists() or not any(out.iterdir())
+
+
 def test_plan_matches_the_paper_estimate():
     """E5 at about 1.5 M pairs in batches of 512, 3 epochs: a horizon of about 8.8k steps; at Stage I's stop
     (2000) the rate is still about 80 % of its peak, at Stage II's (1000) about 92 %."""

@@ -113,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=640)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=None, help="the run's seed (data order, dropout); default the config's")
+    parser.add_argument(
+        "--seed", type=int, default=None, help="the run's seed (data order, dropout); default the config's"
+    )
     parser.add_argument("--out", type=Path, default=None, help=f"the run's folder (default {OUT.relative_to(REPO)})")
     parser.add_argument("--table", action="store_true", help="print the measurements so far and exit")
     args = parser.parse_args(argv)

@@ -157,6 +157,7 @@ class RunConfig:
                 "validation_file or validation_size (or eval_strategy 'no')"
             )
         self.stage.check(args, self.source)
+        self.stage.check_metrics_file(args.output_dir, self.source)
         self._warn_short_run()
 
     def _check_adapter_path(self) -> None:

@@ -7,6 +7,7 @@ argument classes, transformers' ``TrainingArguments`` last.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,25 @@ class _StageArguments:
             "peak; the run logs and saves (run_config.json, lr_schedule) the horizon and the rate at the "
             "stop. To decay the rate to zero at the stop instead, set max_steps to the same number (the "
             "schedule then ends at max_steps). Default: train to the end of the schedule."
+        },
+    )
+    stop_after_minutes: float | None = field(
+        default=None,
+        metadata={
+            "help": "End training at the first optimizer step that ends this many minutes (wall clock) after the run "
+            "started, model loading included; evaluate there when an evaluation is configured and save the final "
+            "model, as stop_after_n_steps does. For a machine lent for a fixed time. The learning-rate schedule is "
+            "not shortened; trainer_state.json's log records the step and the minutes (stopped_by). Default: no "
+            "time limit."
+        },
+    )
+    metrics_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "Append every logged entry (training loss, learning rate, evaluation measures, with its step) "
+            "to this JSON-lines file as it is logged, so that a run killed at any point leaves its curve "
+            "(trainer_state.json is written only with each checkpoint and the final model). Not inside "
+            "output_dir, whose files are the run's saves. Default: none."
         },
     )
     overwrite_output_dir: bool = field(
@@ -84,6 +104,8 @@ class _StageArguments:
             raise ConfigError(f"total_batch_size={self.total_batch_size}: must be positive")
         if self.stop_after_n_steps is not None and self.stop_after_n_steps < 1:
             raise ConfigError(f"stop_after_n_steps={self.stop_after_n_steps}: must be a positive number of steps")
+        if self.stop_after_minutes is not None and not 0 < self.stop_after_minutes < float("inf"):
+            raise ConfigError(f"stop_after_minutes={self.stop_after_minutes}: must be a positive number of minutes")
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError(f"num_threads={self.num_threads}: must be positive (or leave it unset)")
 
@@ -93,6 +115,17 @@ class _StageArguments:
 
     def check(self, args: TrainingArguments, source: str) -> None:
         """Stage-specific start-up checks against the training arguments (may warn)."""
+
+    def check_metrics_file(self, output_dir: str, source: str) -> None:
+        """``metrics_file`` lies outside ``output_dir`` (whose files are the run's saves, or the user's)."""
+        if self.metrics_file is None:
+            return
+        out, path = os.path.realpath(output_dir), os.path.realpath(self.metrics_file)
+        if os.path.commonpath([out, path]) == out:
+            raise ConfigError(
+                f"{source}: metrics_file {self.metrics_file} is inside output_dir {output_dir}; give a path outside "
+                "it (for example beside it)"
+            )
 
 
 @dataclass

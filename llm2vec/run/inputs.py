@@ -67,7 +67,7 @@ RESUME_FREE_FIELDS = frozenset(
         *("logging_steps", "logging_strategy", "logging_first_step", "logging_nan_inf_filter", "log_level"),
         *("log_level_replica", "log_on_each_node", "disable_tqdm", "report_to", "run_name", "project"),
         *("trackio_space_id", "trackio_bucket_id", "trackio_static_space_id", "skip_memory_metrics"),
-        "include_num_input_tokens_seen",
+        *("include_num_input_tokens_seen", "metrics_file", "stop_after_minutes"),
         # saving
         *("save_steps", "save_strategy", "save_total_limit", "save_on_each_node", "save_only_model"),
         *("push_to_hub", "hub_model_id", "hub_strategy", "hub_token", "hub_private_repo", "hub_always_push"),
