@@ -27,8 +27,8 @@ from .arguments import ConfigError, DataArguments, RunConfig, help_text, parse_c
 from .dataset import DataError, TrainDataset, load_e5, load_jsonl
 from .distributed import release_process_group_at_exit
 from .llm2vec import PackingRefused
-from .run import RunLocked, RunManager, newest_checkpoint
 from .metrics_file import MetricsFile
+from .run import RunLocked, RunManager, newest_checkpoint
 from .schedule import StopAfterNSteps, StopAtTimeBudget, plan_schedule
 
 logger = logging.getLogger("llm2vec")
