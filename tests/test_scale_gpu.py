@@ -7,6 +7,7 @@ untrained model is then compared with ``mteb_eval_custom.py`` (mteb's own scorin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import zipfile
@@ -52,6 +53,59 @@ def test_smoke_runs_every_stage_and_reports_them(smoke):
     assert "Anchor - Baseline" in text and "| 0 | 0 |" in text
 
 
+def test_a_time_budget_cuts_stage_I_short_and_the_report_is_still_complete(smoke, tmp_path):
+    """A budget that leaves Stage I no time (the smoke preset keeps 1.5 minutes for the later stages): Stage I
+    stops after its first step, evaluates there, and every later stage still runs; the report says where and why."""
+    data = smoke[0]
+    preset = dataclasses.replace(scale.PRESETS["smoke"], stage_I_steps=40, eval_every=10)
+    report = scale.run(preset, tmp_path / "out", data, tmp_path / "unused", tmp_path / "unused", minutes=0.01)
+    assert report["status"] == "complete" and report["budget"]["minutes"] == 0.01
+    s1 = report["stage_I"]
+    assert (s1["steps"], s1["planned_steps"]) == (1, 40) and s1["stopped_by"]["stopped_by"] == "stop_after_minutes"
+    assert [r["step"] for r in report["stage_I_curve"]] == [0, 1]  # evaluated on start and at the stop
+    assert set(report["evaluation"]) == set(scale.ROWS) and report["differences"]
+    for arm in ("anchor", "baseline"):
+        assert report["stage_II"][arm]["steps"] <= preset.stage_II_steps
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "Status: complete." in text and "1 of 40 steps, stopped by its time budget after" in text
+    assert json.loads((tmp_path / "out" / "report.json").read_text()) == report
+
+
+def test_a_run_killed_in_stage_II_leaves_a_report_of_what_finished(smoke, tmp_path, monkeypatch):
+    """What is on disk at the moment the Baseline arm starts (where a kill would find it): Stage I's curve and the
+    Anchor arm, the evaluation said not reached. While Stage I runs, its evaluations reach the report as they
+    are logged."""
+    data, out = smoke[0], tmp_path / "out"
+    real_run_script, real_write = scale.run_script, scale.write_report
+    seen, during_stage_I = {}, []
+
+    def write_report(folder, result):
+        real_write(folder, result)
+        if result["status"] == "running: stage_I":
+            during_stage_I.append(len(result["stage_I_curve"]))
+
+    def run_script(script, config, flags, log, poll=None):
+        if log.name == "baseline.log":  # killed here: keep what is on disk
+            seen["json"] = json.loads((out / "report.json").read_text())
+            seen["md"] = (out / "report.md").read_text()
+            raise KeyboardInterrupt
+        real_run_script(script, config, flags, log, poll)
+
+    monkeypatch.setattr(scale, "run_script", run_script)
+    monkeypatch.setattr(scale, "write_report", write_report)
+    monkeypatch.setattr(scale, "POLL_SECONDS", 0.05)
+    with pytest.raises(KeyboardInterrupt):
+        scale.run(scale.PRESETS["smoke"], out, data, tmp_path / "unused", tmp_path / "unused")
+    assert max(during_stage_I) >= 1  # a curve row in the report before Stage I ended
+    report, text = seen["json"], seen["md"]
+    assert report["status"] == "running: stage_II_baseline"
+    assert [r["step"] for r in report["stage_I_curve"]] == [0, 1, 2] and report["stage_I"]["steps"] == 2
+    assert list(report["stage_II"]) == ["anchor"] and "evaluation" not in report
+    assert "## Retrieval on the test split (no mteb)\n\n" + scale.NOT_YET in text
+    final = json.loads((out / "report.json").read_text())  # the error is then named in the status
+    assert final["status"].startswith("failed at stage_II_baseline: KeyboardInterrupt")
+
+
 def test_a_finished_stage_I_run_is_taken_to_stage_II_and_the_test_split(smoke, tmp_path, capsys):
     """--stage_I: the run's model and curve, nothing trained again; its Stage I only row equals the first run's
     (the same model scored twice), and a folder that is not a finished Stage I run is refused by name."""
@@ -61,7 +115,7 @@ def test_a_finished_stage_I_run_is_taken_to_stage_II_and_the_test_split(smoke, t
     assert scale.main(argv) == 0
     report = json.loads((again / "report.json").read_text())
     assert not (again / "stage_I").exists() and not (again / "logs" / "stage_I.log").exists()
-    assert report["stage_I"] == {"from": str(out / "stage_I"), "steps": 2, "global_batch": 4}
+    assert report["stage_I"] == {"from": str(out / "stage_I"), "planned_steps": 2, "steps": 2, "global_batch": 4}
     assert report["stage_I_curve"] == first["stage_I_curve"]
     assert report["evaluation"]["stage_I"] == first["evaluation"]["stage_I"]
     assert report["evaluation"]["untrained"] == first["evaluation"]["untrained"]

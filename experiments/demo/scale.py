@@ -1,6 +1,6 @@
 """The demo at the paper's Stage I scale on one GPU, in one command; the same command at smoke size on a CPU.
 
-    python experiments/demo/scale.py --preset gpu   [--carry cache/gpu-carry] [--out cache/scale-gpu]
+    python experiments/demo/scale.py --preset gpu   [--minutes 11] [--carry cache/gpu-carry] [--out cache/scale-gpu]
     python experiments/demo/scale.py --preset smoke --data <corpus folder> [--out cache/scale-smoke]
     python experiments/demo/scale.py --preset cpu --stage_I cache/long-run/stage_I --data <its corpus folder>
 
@@ -21,13 +21,20 @@ What it runs, in order (each a stage of the report):
    :func:`llm2vec.validation.retrieval_metrics`; a test checks that its nDCG@10 equals mteb's);
 5. ``report``: ``<out>/report.md`` and ``report.json``: the measures against pairs seen, the held-out anchor gain
    (validation pairs, untrained = step 0 vs the final Stage I), Stage I only vs untrained, Anchor vs Baseline, the
-   seconds of each stage, the machine and the versions.
+   seconds of each stage, the machine and the versions. Both files are rewritten after every stage, every Stage I
+   evaluation (read from Stage I's ``metrics_file`` while it runs) and every evaluation row, with a status line
+   (``running: <stage>``, ``complete`` or ``failed at <stage>: <error>``): a run killed at any point leaves all
+   it measured.
+
+``--minutes`` (the ``gpu`` preset's default: 11) is a time budget for the whole command (:class:`Budget`): each
+training stage is given ``stop_after_minutes`` = the time left less what the later stages keep (the preset's
+``stage_II_minutes`` per Stage II arm, ``evaluation_minutes``), stops at the first step past it, and the report
+says at which step and after how many minutes; the later stages run on what it learned.
 
 ``--stage_I <folder>`` starts from a finished Stage I run instead of training one (stage 2 is skipped; its curve
 and batch are read from the run's ``trainer_state.json`` and ``run_config.json``): the ``cpu`` preset, the long CPU
 run's size (``experiments/demo/long_run.py``: 640 steps of 8 pairs, the demo's Stage II of 50 steps of 8 triples),
-takes that run to Stage II and the test split. Everything lives in ``--out``; a rerun starts over. The time the
-``gpu`` preset should take is estimated, not measured, in ``docs/demo_scale.md``.
+takes that run to Stage II and the test split. Everything lives in ``--out``; a rerun starts over.
 """
 
 from __future__ import annotations
@@ -92,6 +99,9 @@ class Preset:
     max_seq_length: int = 64
     token_budget: int = 0  # 0: the whole per-device batch in one forward pass
     bf16: bool = False
+    minutes: float | None = None  # the default --minutes (None: no time budget)
+    stage_II_minutes: float = 0.0  # what --minutes keeps for each Stage II arm ...
+    evaluation_minutes: float = 0.0  # ... and for the evaluation (Budget)
 
     @property
     def global_batch(self) -> int:
@@ -103,6 +113,7 @@ PRESETS = {
     "gpu": Preset(
         "gpu", tiny_model=False, stage_I_steps=400, per_device_batch=128, accumulation=4, eval_every=40,
         validation_pairs=512, eval_batch=64, stage_II_steps=200, stage_II_batch=64, bf16=True,
+        minutes=11.0, stage_II_minutes=1.5, evaluation_minutes=1.5,
     ),
     # the long CPU run (demo/long_run.py) and the demo's Stage II (train_configs/demo: 50 steps of 8 triples)
     "cpu": Preset(
@@ -112,6 +123,7 @@ PRESETS = {
     "smoke": Preset(
         "smoke", tiny_model=True, stage_I_steps=2, per_device_batch=2, accumulation=2, eval_every=1,
         validation_pairs=8, eval_batch=4, stage_II_steps=2, stage_II_batch=4,
+        stage_II_minutes=0.5, evaluation_minutes=0.5,
     ),
 }  # fmt: skip
 
@@ -201,7 +213,12 @@ def prepare_data(data: Path | None, carry: Path, out: Path) -> Path:
 # ---------------------------------------------------------------------------------------------- training
 
 
-def run_script(script: Path, config: Path, flags: dict[str, Any], log: Path) -> None:
+POLL_SECONDS = 5.0  # how often a running stage's progress is read
+
+
+def run_script(script: Path, config: Path, flags: dict[str, Any], log: Path, poll=None) -> None:
+    """Run a stage driver with ``flags``, its output into ``log``; ``poll()`` is called every :data:`POLL_SECONDS`
+    while it runs (the report's live update). A failure raises :class:`ScaleError` with the log's end."""
     command = [sys.executable, str(script), str(config)]
     for key, value in flags.items():
         command += [f"--{key}", value if isinstance(value, str) else json.dumps(value)]
@@ -210,7 +227,15 @@ def run_script(script: Path, config: Path, flags: dict[str, Any], log: Path) -> 
         os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     )
     with open(log, "w") as f:
-        code = subprocess.call(command, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
+        child = subprocess.Popen(command, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
+        try:
+            while (code := child.poll()) is None:
+                time.sleep(POLL_SECONDS)
+                if poll is not None:
+                    poll()
+        finally:
+            if child.poll() is None:  # this process is being stopped: do not leave the stage running
+                child.kill()
     if code != 0:
         tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-20:])
         raise ScaleError(f"{script.name} failed (exit {code}); the end of {log}:\n{tail}")
@@ -237,6 +262,7 @@ def stage_I_flags(preset: Preset, model: Path, train: Path, validation: Path, ou
         "save_strategy": "no",
         "logging_steps": 1,
         "report_to": "none",
+        "metrics_file": str(output.parent / "logs" / "stage_I_metrics.jsonl"),
     }
 
 
@@ -303,9 +329,14 @@ def read_curve(state: Path, global_batch: int) -> tuple[list[dict[str, float]], 
     seen, every measure without its ``eval_`` prefix), and the repeats. A resumed run evaluates its first step again
     (``eval_on_start``); the first evaluation is the step's row and each repeat is returned beside it, as
     ``(row, repeat)``, so that a caller can say whether the resume restored the model."""
+    return curve_from_log(json.loads(state.read_text(encoding="utf-8"))["log_history"], global_batch)
+
+
+def curve_from_log(entries: list[dict], global_batch: int) -> tuple[list[dict[str, float]], list[tuple[dict, dict]]]:
+    """:func:`read_curve` of a run's log entries (``log_history``, or the lines of its ``metrics_file``)."""
     rows: dict[int, dict[str, float]] = {}
     repeats = []
-    for h in json.loads(state.read_text(encoding="utf-8"))["log_history"]:
+    for h in entries:
         if "eval_anchor_gain_d2q" not in h:
             continue
         step = int(h["step"])
@@ -348,59 +379,135 @@ def machine() -> dict[str, Any]:
     return out
 
 
+NOT_YET = "not reached: the run stopped before it, or is still running"
+
+
 def write_report(out: Path, result: dict[str, Any]) -> None:
-    (out / "report.json").write_text(json.dumps(result, indent=2) + "\n")
-    p, s1 = result["preset"], result["stage_I"]
-    source = f" (the run in `{s1['from']}`, not trained by this command)" if s1["from"] else ""
-    lines = [
-        f"# Anchor embedding at scale: preset `{p['name']}`",
-        "",
-        f"Stage I{source}: {s1['steps']} steps of {s1['global_batch']} pairs ({s1['steps'] * s1['global_batch']:,} "
-        f"pairs seen, {result['train_pairs']:,} distinct), max {p['max_seq_length']} tokens, bf16 {p['bf16']}; "
-        f"Stage II: {p['stage_II_steps']} steps of {p['stage_II_batch']} triples per arm.",
-        "",
-        "## Stage I: anchor measures on held-out validation pairs against pairs seen",
-        "",
-        "| step | pairs seen | loss q2d | loss d2q | gain q2d | gain d2q | gain@4 q2d | gain@4 d2q | rank acc q2d | rank acc d2q |",
-        "|" + "---:|" * 10,
-    ]
-    for r in result["stage_I_curve"]:
+    """``report.json`` and ``report.md`` of what ``result`` holds so far (each replaced whole, never half-written):
+    called after every stage, every Stage I evaluation and every evaluation row, so that a run killed at any
+    point leaves what it measured."""
+    _replace(out / "report.json", json.dumps(result, indent=2) + "\n")
+    _replace(out / "report.md", "\n".join(report_lines(result)) + "\n")
+
+
+def _replace(path: Path, text: str) -> None:
+    part = path.with_name(path.name + ".part")
+    part.write_text(text)
+    os.replace(part, path)
+
+
+def _stopped(run: dict[str, Any]) -> str:
+    stop = run.get("stopped_by")
+    return f", stopped by its time budget after {stop['minutes']:.2f} minutes" if stop else ""
+
+
+def report_lines(result: dict[str, Any]) -> list[str]:
+    """The report as Markdown lines; a part not measured yet says so (:data:`NOT_YET`)."""
+    p, s1, budget = result["preset"], result.get("stage_I") or {}, result.get("budget") or {}
+    lines = [f"# Anchor embedding at scale: preset `{p['name']}`", "", f"Status: {result['status']}.", ""]
+    if budget.get("minutes"):
+        lines += [f"Time budget: {budget['minutes']:g} minutes ({budget['rule']}).", ""]
+    if s1:
+        source = f" (the run in `{s1['from']}`, not trained by this command)" if s1.get("from") else ""
+        trained = "not finished" if s1.get("steps") is None else f"{s1['steps']} of {s1['planned_steps']} steps"
+        lines += [
+            f"Stage I{source}: {trained}{_stopped(s1)}, {s1['global_batch']} pairs a step, max "
+            f"{p['max_seq_length']} tokens, bf16 {p['bf16']} ({result['train_pairs']:,} distinct train pairs); "
+            f"Stage II: {p['stage_II_steps']} steps of {p['stage_II_batch']} triples per arm.",
+            "",
+        ]
+    lines += ["## Stage I: anchor measures on held-out validation pairs against pairs seen", ""]
+    curve = result.get("stage_I_curve") or []
+    if curve:
+        lines += [
+            "| step | pairs seen | loss q2d | loss d2q | gain q2d | gain d2q | gain@4 q2d | gain@4 d2q | rank acc q2d | rank acc d2q |",
+            "|" + "---:|" * 10,
+        ]
+    for r in curve:
         lines.append(
             f"| {r['step']} | {r['pairs_seen']:,} | {r['loss_q2d']:.3f} | {r['loss_d2q']:.3f} | "
             f"{r['anchor_gain_q2d']:+.3f} | {r['anchor_gain_d2q']:+.3f} | {r['anchor_gain_first4_q2d']:+.3f} | "
             f"{r['anchor_gain_first4_d2q']:+.3f} | {r['rank_accuracy_q2d']:.3f} | {r['rank_accuracy_d2q']:.3f} |"
         )
-    held = result["held_out_anchor_gain"]
-    lines += [
-        "",
-        f"Held-out anchor gain (nats per target token, q2d / d2q): untrained {held['untrained']['q2d']:+.3f} / "
-        f"{held['untrained']['d2q']:+.3f}, after Stage I {held['stage_I']['q2d']:+.3f} / {held['stage_I']['d2q']:+.3f}.",
-        "",
-        f"## Retrieval on the test split ({result['evaluation']['untrained']['queries']} queries, "
-        f"{result['evaluation']['untrained']['documents']} documents; no mteb)",
-        "",
-        "| row | nDCG@10 | Recall@1 | Recall@10 | MRR@10 |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for key, label in ROWS.items():
-        s = result["evaluation"][key]
-        lines.append(
-            f"| {label} | {s['ndcg_at_10']:.4f} | {s['recall_at_1']:.4f} | {s['recall_at_10']:.4f} | {s['mrr_at_10']:.4f} |"
+    if len(curve) > 1:
+        first, last = curve[0], curve[-1]
+        lines += [
+            "",
+            f"Held-out anchor gain (nats per target token, q2d / d2q): untrained {first['anchor_gain_q2d']:+.3f} / "
+            f"{first['anchor_gain_d2q']:+.3f}, at step {last['step']} {last['anchor_gain_q2d']:+.3f} / "
+            f"{last['anchor_gain_d2q']:+.3f}.",
+        ]
+    elif not curve:
+        lines.append(NOT_YET)
+    lines += ["", "## Stage II", ""]
+    for arm, r in (result.get("stage_II") or {}).items():
+        lines.append(f"- {arm}: {r['steps']} of {r['planned_steps']} steps{_stopped(r)}")
+    if not result.get("stage_II"):
+        lines.append(NOT_YET)
+    evaluation = result.get("evaluation") or {}
+    lines += ["", "## Retrieval on the test split (no mteb)", ""]
+    if evaluation:
+        any_row = next(iter(evaluation.values()))
+        lines += [
+            f"{any_row['queries']} queries, {any_row['documents']} documents.",
+            "",
+            "| row | nDCG@10 | Recall@1 | Recall@10 | MRR@10 |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for key, label in ROWS.items():
+            e = evaluation.get(key)
+            lines.append(
+                f"| {label} | {e['ndcg_at_10']:.4f} | {e['recall_at_1']:.4f} | {e['recall_at_10']:.4f} | "
+                f"{e['mrr_at_10']:.4f} |"
+                if e
+                else f"| {label} | {NOT_YET} | | | |"
+            )
+    else:
+        lines.append(NOT_YET)
+    d = result.get("differences") or {}
+    if d:
+        lines += [
+            "",
+            f"Stage I only - untrained: {d['stage_I_minus_untrained']:+.4f} nDCG@10; "
+            f"Anchor - Baseline: {d['anchor_minus_baseline']:+.4f} nDCG@10 (one seed).",
+        ]
+    lines += ["", "## Machine and time", "", ", ".join(f"{k} {v}" for k, v in result["machine"].items()), ""]
+    lines.append("Seconds per stage: " + ", ".join(f"{k} {v:.0f}" for k, v in result["seconds"].items()))
+    return lines
+
+
+@dataclasses.dataclass
+class Budget:
+    """``--minutes`` split among the stages: each training stage may use the time left of the budget less what
+    the stages after it keep (:attr:`Preset.stage_II_minutes` for each Stage II arm still to run,
+    :attr:`Preset.evaluation_minutes` for the evaluation); the inputs and the evaluation run to their end. A stage
+    whose share is spent still trains one step (``stop_after_minutes`` stops at the first step past it)."""
+
+    minutes: float | None
+    preset: Preset
+    start: float = dataclasses.field(default_factory=time.monotonic)
+
+    def rule(self) -> str:
+        return (
+            "each training stage may use what is left less what the stages after it keep: "
+            f"{self.preset.stage_II_minutes:g} min for each Stage II arm, {self.preset.evaluation_minutes:g} min "
+            "for the evaluation"
         )
-    d = result["differences"]
-    lines += [
-        "",
-        f"Stage I only - untrained: {d['stage_I_minus_untrained']:+.4f} nDCG@10; "
-        f"Anchor - Baseline: {d['anchor_minus_baseline']:+.4f} nDCG@10 (one seed).",
-        "",
-        "## Machine and time",
-        "",
-        ", ".join(f"{k} {v}" for k, v in result["machine"].items()),
-        "",
-        "Seconds per stage: " + ", ".join(f"{k} {v:.0f}" for k, v in result["seconds"].items()),
-        "",
-    ]
-    (out / "report.md").write_text("\n".join(lines))
+
+    def share(self, arms_after: int) -> float | None:
+        """Minutes the next training stage may use, given the Stage II arms still to run after it."""
+        if self.minutes is None:
+            return None
+        left = self.minutes - (time.monotonic() - self.start) / 60.0
+        kept = arms_after * self.preset.stage_II_minutes + self.preset.evaluation_minutes
+        return max(left - kept, 1e-3)  # spent: one step, then the stop
+
+
+def run_outcome(folder: Path) -> dict[str, Any]:
+    """A finished training run's steps and its time-budget stop (``stopped_by`` in its ``trainer_state.json``)."""
+    state = json.loads((folder / "trainer_state.json").read_text())
+    stop = next((h for h in state["log_history"] if h.get("stopped_by")), None)
+    return {"steps": int(state["global_step"]), "stopped_by": stop}
 
 
 # -------------------------------------------------------------------------------------------------- main
@@ -437,91 +544,120 @@ def given_stage_I(folder: Path, train: Path) -> tuple[int, int]:
 
 
 def run(
-    preset: Preset, out: Path, data: Path | None, model: Path, carry: Path, stage_I_run: Path | None = None
+    preset: Preset,
+    out: Path,
+    data: Path | None,
+    model: Path,
+    carry: Path,
+    stage_I_run: Path | None = None,
+    minutes: float | None = None,
 ) -> dict[str, Any]:
-    """Every stage of the module docstring, into ``out`` (emptied first); returns the report's dict. With
-    ``stage_I_run`` (a finished Stage I run's folder) Stage I is that run's, not trained here."""
+    """Every stage of the module docstring, into ``out`` (emptied first), the report rewritten as each part
+    finishes; returns the report's dict. With ``stage_I_run`` (a finished Stage I run's folder) Stage I is that
+    run's, not trained here. ``minutes``: the time budget (:class:`Budget`). A stage that fails is named in the
+    report's status before the error goes on."""
     if out.exists():
         shutil.rmtree(out)
     (out / "logs").mkdir(parents=True)
+    budget = Budget(minutes, preset)
     seconds: dict[str, float] = {}
+    result: dict[str, Any] = {
+        "status": "running: inputs",
+        "preset": {**dataclasses.asdict(preset), "global_batch": preset.global_batch},
+        "budget": {"minutes": minutes, "rule": budget.rule()} if minutes else None,
+        "machine": machine(),
+        "seconds": seconds,
+    }
     clock = time.perf_counter()
 
-    def lap(name: str) -> None:
+    def lap(name: str, next_stage: str) -> None:
         nonlocal clock
         now = time.perf_counter()
         seconds[name] = now - clock
         clock = now
+        result["status"] = f"running: {next_stage}" if next_stage else "complete"
+        write_report(out, result)
         print(f"[scale] {name}: {seconds[name]:.0f} s", flush=True)
 
+    try:
+        _stages(preset, out, data, model, carry, stage_I_run, budget, result, lap)
+    except BaseException as e:  # the report says where the run stopped; then the error goes on
+        said = str(e).splitlines()[0] if str(e) else ""
+        result["status"] = f"failed at {result['status'].removeprefix('running: ')}: {type(e).__name__}: {said}"
+        write_report(out, result)
+        raise
+    print((out / "report.md").read_text(), flush=True)
+    return result
+
+
+def _stages(preset, out, data, model, carry, stage_I_run, budget, result, lap) -> None:
+    """The stages of :func:`run`, each adding its part to ``result``; ``lap(stage, next)`` ends one."""
     base = prepare_model(preset, out, model, carry)
     corpus = prepare_data(data, carry, out)
     train = write_train_file(corpus, out / "data")
     validation = write_validation_file(corpus, out / "data", preset.validation_pairs)
-    train_pairs = sum(1 for _, r in iter_jsonl(train) if r is not None)
+    result["corpus"], result["train_pairs"] = str(corpus), sum(1 for _, r in iter_jsonl(train) if r is not None)
     if stage_I_run is not None:
         global_batch, steps = given_stage_I(stage_I_run, train)
-    lap("inputs")
+    else:
+        global_batch, steps = preset.global_batch, preset.stage_I_steps
+    result["stage_I"] = {
+        "from": str(stage_I_run) if stage_I_run else None,
+        "planned_steps": steps,
+        "steps": steps if stage_I_run else None,
+        "global_batch": global_batch,
+    }
+    result["stage_I_curve"] = []
+    lap("inputs", "stage_I")
     if stage_I_run is None:
         stage_I = out / "stage_I"
-        run_script(
-            STAGE_I_SCRIPT,
-            STAGE_I_CONFIG,
-            stage_I_flags(preset, base, train, validation, stage_I),
-            out / "logs" / "stage_I.log",
-        )
-        global_batch, steps = preset.global_batch, preset.stage_I_steps
+        flags = stage_I_flags(preset, base, train, validation, stage_I)
+        if (share := budget.share(arms_after=2)) is not None:
+            flags["stop_after_minutes"] = share
+        metrics = Path(flags["metrics_file"])
+
+        def live_curve() -> None:
+            if metrics.is_file():
+                entries = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+                rows, _ = curve_from_log(entries, global_batch)
+                if rows != result["stage_I_curve"]:
+                    result["stage_I_curve"] = rows
+                    write_report(out, result)
+
+        run_script(STAGE_I_SCRIPT, STAGE_I_CONFIG, flags, out / "logs" / "stage_I.log", poll=live_curve)
+        result["stage_I"].update(run_outcome(stage_I))
     else:
         stage_I = stage_I_run
-    lap("stage_I")
-    anchor, baseline = out / "stage_II_anchor", out / "stage_II_baseline"
-    run_script(
-        STAGE_II_SCRIPT, ANCHOR_CONFIG, stage_II_flags(preset, stage_I, train, anchor), out / "logs" / "anchor.log"
-    )
-    run_script(
-        STAGE_II_SCRIPT, BASELINE_CONFIG, stage_II_flags(preset, base, train, baseline), out / "logs" / "baseline.log"
-    )
-    lap("stage_II")
-    test = corpus / "eval"
-    evaluation = {
-        row: retrieval_scores(m, a, test, preset.max_seq_length, preset.eval_batch * 4)
-        for row, (m, a) in {
-            "untrained": (base, None),
-            "stage_I": (stage_I, None),
-            "baseline": (base, baseline),
-            "anchor": (stage_I, anchor),
-        }.items()
+    result["stage_I_curve"] = stage_I_curve(stage_I, global_batch)
+    lap("stage_I", "stage_II_anchor")
+    result["stage_II"] = {}
+    arms = {"anchor": (ANCHOR_CONFIG, stage_I), "baseline": (BASELINE_CONFIG, base)}
+    for k, (arm, (config, start)) in enumerate(arms.items()):
+        folder = out / f"stage_II_{arm}"
+        flags = stage_II_flags(preset, start, train, folder)
+        if (share := budget.share(arms_after=len(arms) - 1 - k)) is not None:
+            flags["stop_after_minutes"] = share
+        run_script(STAGE_II_SCRIPT, config, flags, out / "logs" / f"{arm}.log")
+        result["stage_II"][arm] = {"planned_steps": preset.stage_II_steps, **run_outcome(folder)}
+        result["status"] = "running: stage_II_baseline" if arm == "anchor" else "running: stage_II"
+        write_report(out, result)
+    lap("stage_II", "evaluation")
+    evaluation = result["evaluation"] = {}
+    rows = {
+        "untrained": (base, None),
+        "stage_I": (stage_I, None),
+        "baseline": (base, out / "stage_II_baseline"),
+        "anchor": (stage_I, out / "stage_II_anchor"),
     }
-    lap("evaluation")
-    curve = stage_I_curve(stage_I, global_batch)
-    result = {
-        "preset": {**dataclasses.asdict(preset), "global_batch": preset.global_batch},
-        "stage_I": {
-            "from": str(stage_I_run) if stage_I_run else None,
-            "steps": steps,
-            "global_batch": global_batch,
-        },
-        "corpus": str(corpus),
-        "train_pairs": train_pairs,
-        "stage_I_curve": curve,
-        "held_out_anchor_gain": {
-            "untrained": {s: curve[0][f"anchor_gain_{s}"] for s in ("q2d", "d2q")},
-            "stage_I": {s: curve[-1][f"anchor_gain_{s}"] for s in ("q2d", "d2q")},
-            "validation_pairs": preset.validation_pairs,
-        },
-        "evaluation": evaluation,
-        "differences": {
-            "stage_I_minus_untrained": evaluation["stage_I"]["ndcg_at_10"] - evaluation["untrained"]["ndcg_at_10"],
-            "anchor_minus_baseline": evaluation["anchor"]["ndcg_at_10"] - evaluation["baseline"]["ndcg_at_10"],
-        },
-        "machine": machine(),
-        "seconds": seconds,
+    for row, (m, a) in rows.items():
+        evaluation[row] = retrieval_scores(m, a, corpus / "eval", preset.max_seq_length, preset.eval_batch * 4)
+        write_report(out, result)
+    result["differences"] = {
+        "stage_I_minus_untrained": evaluation["stage_I"]["ndcg_at_10"] - evaluation["untrained"]["ndcg_at_10"],
+        "anchor_minus_baseline": evaluation["anchor"]["ndcg_at_10"] - evaluation["baseline"]["ndcg_at_10"],
     }
-    lap("report")
-    result["seconds"] = dict(seconds)
-    write_report(out, result)
-    print((out / "report.md").read_text(), flush=True)
-    return result
+    lap("evaluation", "report")
+    lap("report", "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -536,13 +672,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--stage_I", type=Path, default=None, help="a finished Stage I run's folder to start from (not trained here)"
     )
+    parser.add_argument(
+        "--minutes",
+        type=float,
+        default=None,
+        help="time budget of the whole command (Budget: Stage I stops at its share; default: the preset's, gpu 11)",
+    )
     args = parser.parse_args(argv)
     preset = PRESETS[args.preset]
     if preset.tiny_model and args.data is None:
         parser.error("--preset smoke needs --data (a small corpus folder, e.g. built by demo.stdlib_data)")
     out = args.out or REPO / "cache" / f"scale-{preset.name}"
     try:
-        run(preset, out, args.data, args.model, args.carry, args.stage_I)
+        minutes = args.minutes if args.minutes is not None else preset.minutes
+        if minutes is not None and not 0 < minutes < float("inf"):
+            parser.error(f"--minutes {args.minutes}: must be a positive number of minutes")
+        run(preset, out, args.data, args.model, args.carry, args.stage_I, minutes)
     except (ScaleError, gpu_carry.CarryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
