@@ -83,6 +83,17 @@ def test_the_run_uses_this_checkout_and_resumes_only_from_a_checkpoint(driver, t
     assert [c[0] for c in driver[6:8]] == ["build", "write"]  # the inputs were never written: built for the resume
 
 
+def test_a_second_run_has_its_own_seed_and_folder(driver, tmp_path):
+    """--seed and --out: another run beside the first, its inputs and checkpoints in its own folder."""
+    assert long_run.main(["--seed", "43", "--out", str(tmp_path / "second")]) == 0
+    flags = _flags(driver[-1][0])
+    assert flags["--seed"] == "43" and flags["--output_dir"] == str(tmp_path / "second" / "stage_I")
+    assert flags["--dataset_file_path"].startswith(str(tmp_path / "second" / "data"))
+    assert long_run.main([]) == 0  # the first run: the config's seed, the default folder
+    flags = _flags(driver[-1][0])
+    assert "--seed" not in flags and flags["--output_dir"] == str(tmp_path / "long-run" / "stage_I")
+
+
 def test_a_resume_trains_on_the_inputs_the_run_started_with(driver, tmp_path):
     """The corpus is not built again for a resume: the environment may have changed since it was built (a package
     installed), which would change the inputs a resume refuses to change."""

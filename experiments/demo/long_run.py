@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--seed", type=int, default=None, help="the run's seed (data order, dropout); default the config's"
     )
-    parser.add_argument("--out", type=Path, default=None, help=f"the run's folder (default {OUT.relative_to(REPO)})")
+    parser.add_argument("--out", type=Path, default=None, help="the run's folder (default cache/long-run)")
     parser.add_argument("--table", action="store_true", help="print the measurements so far and exit")
     args = parser.parse_args(argv)
     out = args.out or OUT
