@@ -79,6 +79,7 @@ class _Tally:
         self.hits = self.chance = 0.0
         self.pairs = 0
         self.source = {"loss": 0.0, "rolled": 0.0, "hits": 0.0, "chance": 0.0, "tokens": 0, "pairs": 0}
+        self.terms: list[dict[str, float]] = []  # each pair's sums, in batch order (pair_terms)
 
     def add(self, cross, mask, first, shift, candidates, groups):
         """One batch: ``cross`` (B, B, M) holds c_t(i, j) (NaN where not computed), ``mask`` (B, M) the targets,
@@ -86,18 +87,21 @@ class _Tally:
         size = mask.shape[0]
         totals = (cross * mask[:, None, :]).sum(-1).tolist()  # totals[i][j] = C_i(j)
         firsts = (cross * first[:, None, :]).sum(-1).tolist()  # the same over the first k targets
+        counts, first_counts = mask.sum(-1).tolist(), first.sum(-1).tolist()
         for i in range(size):
             partner = (i + shift) % size
-            self.sums["loss"] += totals[i][i]
-            self.sums["rolled"] += totals[i][partner]
-            self.sums["first_loss"] += firsts[i][i]
-            self.sums["first_rolled"] += firsts[i][partner]
-            self.hits += _rank_credit({j: totals[i][j] for j in ((i + c) % size for c in range(candidates))}, i)
+            hit = _rank_credit({j: totals[i][j] for j in ((i + c) % size for c in range(candidates))}, i)
+            term = {"loss": totals[i][i], "rolled": totals[i][partner], "tokens": counts[i]}
+            term.update(first_loss=firsts[i][i], first_rolled=firsts[i][partner], first_tokens=first_counts[i])
+            term.update(hit=hit, chance=1.0 / candidates)
+            self.terms.append(term)
+            for key in self.sums:
+                self.sums[key] += term[key]
+            self.hits += hit
             self.chance += 1.0 / candidates
         self.tokens += int(mask.sum())
         self.first_tokens += int(first.sum())
         self.pairs += size
-        counts = mask.sum(-1).tolist()
         for members in groups:
             n = len(members)
             for p, i in enumerate(members):
@@ -136,6 +140,52 @@ def anchor_gain(
     ``pairs``, the number of pairs measured; with ``sources``, ``anchor_gain_in_source_d``,
     ``rank_accuracy_in_source_d``, ``rank_chance_in_source`` and ``pairs_in_source`` (measured pairs only).
     """
+    tallies = _tally(model, batches, device, sources, first_tokens, rank_candidates)
+    first = next(iter(tallies.values()))
+    result: dict[str, float] = {"pairs": float(first.pairs), "rank_chance": first.chance / first.pairs}
+    for direction, t in tallies.items():
+        loss, rolled = t.sums["loss"] / t.tokens, t.sums["rolled"] / t.tokens
+        first_gain = (t.sums["first_rolled"] - t.sums["first_loss"]) / max(1, t.first_tokens)
+        result.update(
+            {
+                f"loss_{direction}": loss,
+                f"rolled_{direction}": rolled,
+                f"anchor_gain_{direction}": rolled - loss,
+                f"anchor_gain_first{first_tokens}_{direction}": first_gain,
+                f"rank_accuracy_{direction}": t.hits / t.pairs,
+            }
+        )
+        if sources is not None:
+            s = t.source
+            measured = s["pairs"]
+            result[f"anchor_gain_in_source_{direction}"] = (
+                (s["rolled"] - s["loss"]) / s["tokens"] if s["tokens"] else float("nan")
+            )
+            result[f"rank_accuracy_in_source_{direction}"] = s["hits"] / measured if measured else float("nan")
+            result["rank_chance_in_source"] = s["chance"] / measured if measured else float("nan")
+            result["pairs_in_source"] = float(measured)
+    return result
+
+
+@torch.no_grad()
+def pair_terms(
+    model: torch.nn.Module,
+    batches: Iterable[dict],
+    device: torch.device | None = None,
+    first_tokens: int = FIRST_TOKENS,
+    rank_candidates: int = RANK_CANDIDATES,
+) -> dict[str, list[dict[str, float]]]:
+    """Each pair's part of :func:`anchor_gain`'s sums, per direction, in the order of the batches' pairs:
+    ``loss`` = sum_t c_t(i, i), ``rolled`` = sum_t c_t(i, p(i)), ``tokens`` = T_i, the same over the first k
+    targets (``first_loss``, ``first_rolled``, ``first_tokens``), the rank credit ``hit`` and ``chance`` = 1 / R.
+    ``anchor_gain`` of the same batches is (sum rolled - sum loss) / sum tokens, and so on: the pieces a standard
+    error over groups of pairs (modules, say) is computed from."""
+    tallies = _tally(model, batches, device, None, first_tokens, rank_candidates)
+    return {direction: t.terms for direction, t in tallies.items()}
+
+
+def _tally(model, batches, device, sources, first_tokens, rank_candidates) -> dict[str, _Tally]:
+    """One :class:`_Tally` per direction over ``batches`` (the loop of :func:`anchor_gain`)."""
     if first_tokens < 1 or rank_candidates < 2:
         raise ValueError(f"first_tokens must be >= 1 and rank_candidates >= 2, got {first_tokens}, {rank_candidates}")
     device = device or next(model.parameters()).device
@@ -165,30 +215,7 @@ def anchor_gain(
         model.train(was_training)
     if not tallies:
         raise ValueError("the anchor gain needs held-out pairs; got no batches")
-    first = next(iter(tallies.values()))
-    result: dict[str, float] = {"pairs": float(first.pairs), "rank_chance": first.chance / first.pairs}
-    for direction, t in tallies.items():
-        loss, rolled = t.sums["loss"] / t.tokens, t.sums["rolled"] / t.tokens
-        first_gain = (t.sums["first_rolled"] - t.sums["first_loss"]) / max(1, t.first_tokens)
-        result.update(
-            {
-                f"loss_{direction}": loss,
-                f"rolled_{direction}": rolled,
-                f"anchor_gain_{direction}": rolled - loss,
-                f"anchor_gain_first{first_tokens}_{direction}": first_gain,
-                f"rank_accuracy_{direction}": t.hits / t.pairs,
-            }
-        )
-        if sources is not None:
-            s = t.source
-            measured = s["pairs"]
-            result[f"anchor_gain_in_source_{direction}"] = (
-                (s["rolled"] - s["loss"]) / s["tokens"] if s["tokens"] else float("nan")
-            )
-            result[f"rank_accuracy_in_source_{direction}"] = s["hits"] / measured if measured else float("nan")
-            result["rank_chance_in_source"] = s["chance"] / measured if measured else float("nan")
-            result["pairs_in_source"] = float(measured)
-    return result
+    return tallies
 
 
 def _as_matrix(per_shift: torch.Tensor, shifts: Sequence[int]) -> torch.Tensor:

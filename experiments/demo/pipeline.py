@@ -341,15 +341,17 @@ def write_train_file(source: Path, folder: Path) -> dict[str, Any]:
     return {"examples": write_jsonl(folder / f"{TRAIN_SOURCE}.jsonl", rows)}
 
 
-def validation_rows(split: Path, count: int = VALIDATION_PAIRS) -> list[dict[str, str]]:
+def validation_rows(split: Path, count: int = VALIDATION_PAIRS, with_ids: bool = False) -> list[dict[str, str]]:
     """``count`` (query, relevant document) pairs of the retrieval split in ``split`` (BEIR layout), a fixed random
     subset (the qrels in file order, shuffled with seed 0: a larger ``count`` keeps the smaller one's pairs first),
     with the query instruction, in the training layout. The one choice of validation pairs of the demo, the long
-    run, :mod:`demo.scale`, :mod:`demo.anchor_spread` and the anchor sweep; fewer when the split holds fewer."""
+    run, :mod:`demo.scale`, :mod:`demo.anchor_spread` and the anchor sweep; fewer when the split holds fewer.
+    ``with_ids``: each row also names its document (``id``, the corpus id: the object's dotted name)."""
     corpus = {r["_id"]: r["text"] for _, r in iter_jsonl(split / "corpus.jsonl") if r is not None}
     queries = {r["_id"]: r["text"] for _, r in iter_jsonl(split / "queries.jsonl") if r is not None}
     rows = [
         {"query": queries[r["query-id"]], "positive": corpus[r["corpus-id"]], "instruction": INSTRUCTION}
+        | ({"id": r["corpus-id"]} if with_ids else {})
         for _, r in iter_jsonl(split / "qrels.jsonl")
         if r is not None
     ]
