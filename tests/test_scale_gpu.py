@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 import zipfile
 from pathlib import Path
@@ -108,10 +109,22 @@ def test_a_run_killed_in_stage_II_leaves_a_report_of_what_finished(smoke, tmp_pa
 
 def test_a_finished_stage_I_run_is_taken_to_stage_II_and_the_test_split(smoke, tmp_path, capsys):
     """--stage_I: the run's model and curve, nothing trained again; its Stage I only row equals the first run's
-    (the same model scored twice), and a folder that is not a finished Stage I run is refused by name."""
+    (the same model scored twice). --seeds 2: each arm trained with the configs' seed and the next, each scored,
+    Anchor - Baseline per seed, their mean and SD. A folder that is not a finished Stage I run is refused by name."""
     data, out, first = smoke
     again = tmp_path / "again"
-    argv = ["--preset", "smoke", "--data", str(data), "--out", str(again), "--stage_I", str(out / "stage_I")]
+    argv = [
+        "--preset",
+        "smoke",
+        "--data",
+        str(data),
+        "--out",
+        str(again),
+        "--seeds",
+        "2",
+        "--stage_I",
+        str(out / "stage_I"),
+    ]
     assert scale.main(argv) == 0
     report = json.loads((again / "report.json").read_text())
     assert not (again / "stage_I").exists() and not (again / "logs" / "stage_I.log").exists()
@@ -119,8 +132,20 @@ def test_a_finished_stage_I_run_is_taken_to_stage_II_and_the_test_split(smoke, t
     assert report["stage_I_curve"] == first["stage_I_curve"]
     assert report["evaluation"]["stage_I"] == first["evaluation"]["stage_I"]
     assert report["evaluation"]["untrained"] == first["evaluation"]["untrained"]
-    assert (again / "stage_II_anchor" / "adapter_config.json").is_file()
-    assert f"(the run in `{out / 'stage_I'}`, not trained by this command)" in (again / "report.md").read_text()
+    e, d = report["evaluation"], report["differences"]
+    arms = ["anchor_seed42", "baseline_seed42", "anchor_seed43", "baseline_seed43"]
+    assert list(report["stage_II"]) == arms and set(e) == {"untrained", "stage_I", *arms}
+    for arm in arms:
+        seed = arm[-2:]
+        assert (again / f"stage_II_{arm}" / "adapter_config.json").is_file()
+        assert f"seed {seed}" in (again / "logs" / f"{arm}.log").read_text()
+    gaps = {s: e[f"anchor_{s}"]["ndcg_at_10"] - e[f"baseline_{s}"]["ndcg_at_10"] for s in ("seed42", "seed43")}
+    assert d["anchor_minus_baseline_by_seed"] == gaps
+    assert d["anchor_minus_baseline"] == pytest.approx(sum(gaps.values()) / 2, rel=1e-12)
+    assert d["anchor_minus_baseline_sd"] == pytest.approx(abs(gaps["seed42"] - gaps["seed43"]) / math.sqrt(2))
+    text = (again / "report.md").read_text()
+    assert f"(the run in `{out / 'stage_I'}`, not trained by this command)" in text
+    assert "mean of 2 Stage II seeds" in text and "| Stage I + II (Anchor), seed 43 |" in text
     capsys.readouterr()
     argv[-1] = str(out / "stage_II_anchor")
     assert scale.main(argv) == 2
@@ -130,7 +155,7 @@ def test_a_finished_stage_I_run_is_taken_to_stage_II_and_the_test_split(smoke, t
     argv[-1], argv[argv.index("--data") + 1] = str(out / "stage_I"), str(other)
     assert scale.main(argv) == 2
     assert "not trained on the train split of --data" in capsys.readouterr().err
-    assert not (again / "stage_II_anchor").exists()
+    assert not any(again.glob("stage_II_*"))
 
 
 def test_a_resumed_runs_repeated_evaluation_is_one_row(tmp_path):

@@ -2,7 +2,7 @@
 
     python experiments/demo/scale.py --preset gpu   [--minutes 11] [--carry cache/gpu-carry] [--out cache/scale-gpu]
     python experiments/demo/scale.py --preset smoke --data <corpus folder> [--out cache/scale-smoke]
-    python experiments/demo/scale.py --preset cpu --stage_I cache/long-run/stage_I --data <its corpus folder>
+    python experiments/demo/scale.py --preset cpu --stage_I cache/long-run/stage_I --data <its corpus folder> [--seeds 2]
 
 What it runs, in order (each a stage of the report):
 
@@ -34,7 +34,9 @@ says at which step and after how many minutes; the later stages run on what it l
 ``--stage_I <folder>`` starts from a finished Stage I run instead of training one (stage 2 is skipped; its curve
 and batch are read from the run's ``trainer_state.json`` and ``run_config.json``): the ``cpu`` preset, the long CPU
 run's size (``experiments/demo/long_run.py``: 640 steps of 8 pairs, the demo's Stage II of 50 steps of 8 triples),
-takes that run to Stage II and the test split. Everything lives in ``--out``; a rerun starts over.
+takes that run to Stage II and the test split. ``--seeds N`` trains each Stage II arm with N seeds (the configs'
+seed and the ones after it) and reports Anchor - Baseline per seed, their mean and their SD. Everything lives in
+``--out``; a rerun starts over.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -454,7 +457,7 @@ def report_lines(result: dict[str, Any]) -> list[str]:
             "| row | nDCG@10 | Recall@1 | Recall@10 | MRR@10 |",
             "|---|---:|---:|---:|---:|",
         ]
-        for key, label in ROWS.items():
+        for key, label in row_labels(result).items():
             e = evaluation.get(key)
             lines.append(
                 f"| {label} | {e['ndcg_at_10']:.4f} | {e['recall_at_1']:.4f} | {e['recall_at_10']:.4f} | "
@@ -466,14 +469,33 @@ def report_lines(result: dict[str, Any]) -> list[str]:
         lines.append(NOT_YET)
     d = result.get("differences") or {}
     if d:
+        by_seed = d.get("anchor_minus_baseline_by_seed")
+        seeds = (
+            f"mean of {len(by_seed)} Stage II seeds, SD {d['anchor_minus_baseline_sd']:.4f}: "
+            + ", ".join(f"{k} {v:+.4f}" for k, v in by_seed.items())
+            if by_seed
+            else "one seed"
+        )
         lines += [
             "",
             f"Stage I only - untrained: {d['stage_I_minus_untrained']:+.4f} nDCG@10; "
-            f"Anchor - Baseline: {d['anchor_minus_baseline']:+.4f} nDCG@10 (one seed).",
+            f"Anchor - Baseline: {d['anchor_minus_baseline']:+.4f} nDCG@10 ({seeds}).",
         ]
     lines += ["", "## Machine and time", "", ", ".join(f"{k} {v}" for k, v in result["machine"].items()), ""]
     lines.append("Seconds per stage: " + ", ".join(f"{k} {v:.0f}" for k, v in result["seconds"].items()))
     return lines
+
+
+def row_labels(result: dict[str, Any]) -> dict[str, str]:
+    """The evaluation's rows and their labels: :data:`ROWS`, the Stage II rows once per seed when there are several."""
+    seeds = [arm.removeprefix("anchor") for arm in result.get("stage_II") or {} if arm.startswith("anchor")]
+    if not seeds or seeds == [""]:
+        return dict(ROWS)
+    labels = {"untrained": ROWS["untrained"], "stage_I": ROWS["stage_I"]}
+    for s in seeds:
+        for arm in ("baseline", "anchor"):
+            labels[f"{arm}{s}"] = f"{ROWS[arm]}, {s.removeprefix('_').replace('seed', 'seed ')}"
+    return labels
 
 
 @dataclasses.dataclass
@@ -551,10 +573,12 @@ def run(
     carry: Path,
     stage_I_run: Path | None = None,
     minutes: float | None = None,
+    seeds: int = 1,
 ) -> dict[str, Any]:
     """Every stage of the module docstring, into ``out`` (emptied first), the report rewritten as each part
     finishes; returns the report's dict. With ``stage_I_run`` (a finished Stage I run's folder) Stage I is that
-    run's, not trained here. ``minutes``: the time budget (:class:`Budget`). A stage that fails is named in the
+    run's, not trained here. ``minutes``: the time budget (:class:`Budget`); ``seeds``: Stage II seeds per arm
+    (:func:`stage_II_seeds`). A stage that fails is named in the
     report's status before the error goes on."""
     if out.exists():
         shutil.rmtree(out)
@@ -580,7 +604,7 @@ def run(
         print(f"[scale] {name}: {seconds[name]:.0f} s", flush=True)
 
     try:
-        _stages(preset, out, data, model, carry, stage_I_run, budget, result, lap)
+        _stages(preset, out, data, model, carry, stage_I_run, budget, result, lap, stage_II_seeds(seeds))
     except BaseException as e:  # the report says where the run stopped; then the error goes on
         said = str(e).splitlines()[0] if str(e) else ""
         result["status"] = f"failed at {result['status'].removeprefix('running: ')}: {type(e).__name__}: {said}"
@@ -590,7 +614,29 @@ def run(
     return result
 
 
-def _stages(preset, out, data, model, carry, stage_I_run, budget, result, lap) -> None:
+def stage_II_seeds(count: int) -> list[tuple[str, int | None]]:
+    """(name suffix, seed) of each Stage II seed: one seed is the configs' own, unnamed; several are the configs'
+    seed and the ones after it, each arm and row named ``<arm>_seed<s>``."""
+    if count == 1:
+        return [("", None)]
+    first = int(json.loads(ANCHOR_CONFIG.read_text())["seed"])
+    return [(f"_seed{first + k}", first + k) for k in range(count)]
+
+
+def differences(evaluation: dict[str, dict], suffixes: list[str]) -> dict[str, Any]:
+    """Stage I only - untrained, and Anchor - Baseline in nDCG@10 (for several Stage II seeds: each seed's, their
+    mean and their sample SD)."""
+    ndcg = {row: e["ndcg_at_10"] for row, e in evaluation.items()}
+    gaps = {s.removeprefix("_"): ndcg[f"anchor{s}"] - ndcg[f"baseline{s}"] for s in suffixes}
+    out = {"stage_I_minus_untrained": ndcg["stage_I"] - ndcg["untrained"]}
+    out["anchor_minus_baseline"] = statistics.fmean(gaps.values())
+    if len(gaps) > 1:
+        out["anchor_minus_baseline_by_seed"] = gaps
+        out["anchor_minus_baseline_sd"] = statistics.stdev(gaps.values())
+    return out
+
+
+def _stages(preset, out, data, model, carry, stage_I_run, budget, result, lap, seeds) -> None:
     """The stages of :func:`run`, each adding its part to ``result``; ``lap(stage, next)`` ends one."""
     base = prepare_model(preset, out, model, carry)
     corpus = prepare_data(data, carry, out)
@@ -612,7 +658,7 @@ def _stages(preset, out, data, model, carry, stage_I_run, budget, result, lap) -
     if stage_I_run is None:
         stage_I = out / "stage_I"
         flags = stage_I_flags(preset, base, train, validation, stage_I)
-        if (share := budget.share(arms_after=2)) is not None:
+        if (share := budget.share(arms_after=2 * len(seeds))) is not None:
             flags["stop_after_minutes"] = share
         metrics = Path(flags["metrics_file"])
 
@@ -631,31 +677,27 @@ def _stages(preset, out, data, model, carry, stage_I_run, budget, result, lap) -
     result["stage_I_curve"] = stage_I_curve(stage_I, global_batch)
     lap("stage_I", "stage_II_anchor")
     result["stage_II"] = {}
-    arms = {"anchor": (ANCHOR_CONFIG, stage_I), "baseline": (BASELINE_CONFIG, base)}
-    for k, (arm, (config, start)) in enumerate(arms.items()):
+    arms = [(f"{arm}{suffix}", config, start, seed) for suffix, seed in seeds for arm, config, start in (
+        ("anchor", ANCHOR_CONFIG, stage_I), ("baseline", BASELINE_CONFIG, base))]  # fmt: skip
+    rows = {"untrained": (base, None), "stage_I": (stage_I, None)}
+    for k, (arm, config, start, seed) in enumerate(arms):
         folder = out / f"stage_II_{arm}"
         flags = stage_II_flags(preset, start, train, folder)
+        if seed is not None:
+            flags["seed"] = seed
         if (share := budget.share(arms_after=len(arms) - 1 - k)) is not None:
             flags["stop_after_minutes"] = share
-        run_script(STAGE_II_SCRIPT, config, flags, out / "logs" / f"{arm}.log")
-        result["stage_II"][arm] = {"planned_steps": preset.stage_II_steps, **run_outcome(folder)}
-        result["status"] = "running: stage_II_baseline" if arm == "anchor" else "running: stage_II"
+        result["status"] = f"running: stage_II_{arm}"
         write_report(out, result)
+        run_script(STAGE_II_SCRIPT, config, flags, out / "logs" / f"{arm}.log")
+        result["stage_II"][arm] = {"planned_steps": preset.stage_II_steps, "seed": seed, **run_outcome(folder)}
+        rows[arm] = (start, folder)
     lap("stage_II", "evaluation")
     evaluation = result["evaluation"] = {}
-    rows = {
-        "untrained": (base, None),
-        "stage_I": (stage_I, None),
-        "baseline": (base, out / "stage_II_baseline"),
-        "anchor": (stage_I, out / "stage_II_anchor"),
-    }
     for row, (m, a) in rows.items():
         evaluation[row] = retrieval_scores(m, a, corpus / "eval", preset.max_seq_length, preset.eval_batch * 4)
         write_report(out, result)
-    result["differences"] = {
-        "stage_I_minus_untrained": evaluation["stage_I"]["ndcg_at_10"] - evaluation["untrained"]["ndcg_at_10"],
-        "anchor_minus_baseline": evaluation["anchor"]["ndcg_at_10"] - evaluation["baseline"]["ndcg_at_10"],
-    }
+    result["differences"] = differences(evaluation, [suffix for suffix, _ in seeds])
     lap("evaluation", "report")
     lap("report", "")
 
@@ -672,6 +714,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--stage_I", type=Path, default=None, help="a finished Stage I run's folder to start from (not trained here)"
     )
+    parser.add_argument("--seeds", type=int, default=1, help="Stage II seeds per arm (the configs' seed and on)")
     parser.add_argument(
         "--minutes",
         type=float,
@@ -687,7 +730,9 @@ def main(argv: list[str] | None = None) -> int:
         minutes = args.minutes if args.minutes is not None else preset.minutes
         if minutes is not None and not 0 < minutes < float("inf"):
             parser.error(f"--minutes {args.minutes}: must be a positive number of minutes")
-        run(preset, out, args.data, args.model, args.carry, args.stage_I, minutes)
+        if args.seeds < 1:
+            parser.error(f"--seeds {args.seeds}: at least 1")
+        run(preset, out, args.data, args.model, args.carry, args.stage_I, minutes, args.seeds)
     except (ScaleError, gpu_carry.CarryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
