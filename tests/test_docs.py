@@ -103,3 +103,30 @@ def test_every_link_of_the_readme_and_docs_reaches_its_file_and_heading():
                 broken.append(f"{page.name}: {target} (no such heading in {file.name})")
     assert checked > 50
     assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+def test_every_measured_figure_of_the_readme_is_on_the_page_it_links_to():
+    """The README quotes measured numbers and links to the page that holds them with their command and machine:
+    every decimal figure (and every number with thousands separators) of a "Measured so far" bullet, and of the
+    GPU bullet, appears on the first docs page the bullet links to, so a page updated without its README line (or
+    the reverse) fails here."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "README.md").read_text()
+    section = text.split("## Measured so far")[1].split("\n## ")[0]
+    bullets = [b for b in re.split(r"\n(?=- )", section) if b.startswith("- ")]
+    bullets.append(re.search(r"\n(- \*\*On a GPU\*\*.*?)(?=\n- )", text, re.S).group(1))
+    checked = 0
+    for bullet in bullets:
+        figures = re.findall(r"(?<![\w.])[-+]?\d[\d,]*\.\d+|(?<![\w.])\d{1,3}(?:,\d{3})+", bullet)
+        if not figures:
+            continue
+        link = re.search(r"\]\((docs/[^)#]+)", bullet)
+        assert link, f"a README bullet with measured figures links to no docs page: {bullet[:80]}"
+        page = (root / link.group(1)).read_text()
+        missing = [f for f in figures if f.lstrip("+-") not in page]
+        assert not missing, f"{link.group(1)} does not hold the README's {missing}"
+        checked += len(figures)
+    assert checked > 10
