@@ -286,6 +286,12 @@ def _closing_ids(tokenizer, closing: str, dummy_prefix: bool) -> list[int]:
     ]
 
 
+def _text_context(prefix: str, dummy_prefix: bool) -> str:
+    """What to tokenize a text after, so that it gets the ids it has after ``prefix`` in the whole user turn: the
+    prompt itself for a dummy-prefix tokenizer when the prompt ends in something else than a space, else ""."""
+    return prefix if dummy_prefix and prefix and not prefix.endswith(" ") else ""
+
+
 def prompt_parts(
     tokenizer, spec: TemplateSpec, instruction: str, dummy_prefix: bool | None = None
 ) -> tuple[list[int], str]:
@@ -313,7 +319,10 @@ def encode(
 
     The text is stripped of surrounding whitespace (as the Llama-3 chat template and LLM2Vec do). Prefix,
     text and closing are tokenized separately, with the spaces between them handled as in the module
-    docstring, so the ids equal those of the whole user turn tokenized at once.
+    docstring, so the ids equal those of the whole user turn tokenized at once. With a tokenizer that marks
+    the start of a text as a word start (a sentencepiece dummy prefix), a text that follows a prompt ending in
+    something else than a space (Phi-3's ``<|user|>\\n``) is tokenized after that prompt and the prompt's ids
+    are taken off, since alone it would get a word-start mark it does not have in the whole turn.
     """
     turn = spec.turn()
     dummy_prefix = adds_leading_space(tokenizer)
@@ -328,12 +337,20 @@ def encode(
     for instruction, _ in items:
         if instruction not in prefixes:
             prefixes[instruction] = prompt_parts(tokenizer, spec, instruction, dummy_prefix)
+    # a text tokenized after its prompt (see above): the prompt, else ""
+    context = {i: _text_context(spec.build(i)[0], dummy_prefix) for i in prefixes}
     # the lead spaces belong to a text: an empty one is no tokens at all
-    texts = [prefixes[instruction][1] + text.strip() if text.strip() else "" for instruction, text in items]
+    texts = [
+        (context[instruction] or prefixes[instruction][1]) + text.strip() if text.strip() else ""
+        for instruction, text in items
+    ]
     text_ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
     out = []
-    for (instruction, _), ids in zip(items, text_ids):
+    for (instruction, text), ids in zip(items, text_ids):
         prefix_ids = prefixes[instruction][0]
+        if context[instruction] and text.strip():
+            n = len(prefix_ids)
+            ids = ids[n:] if ids[:n] == prefix_ids else tokenizer(text.strip(), add_special_tokens=False)["input_ids"]
         budget = max_length - len(prefix_ids) - len(closing_ids)
         if budget < 1:
             raise ValueError(

@@ -149,6 +149,29 @@ def test_separate_tokenization_adds_no_space_token(tiny_models, family, separato
         assert naive[i] == space and naive[:i] + naive[i + 1 :] == body  # exactly one extra lone "▁"
 
 
+@pytest.mark.parametrize("separator", [": ", "\n"])
+def test_a_text_after_a_prompt_ending_without_a_space_keeps_the_ids_of_the_whole_turn(separator):
+    """transformers 5's LlamaTokenizer (Phi-3's, Mistral-v0.3's) marks the start of an input as a word start: after
+    Phi-3's ``<|user|>\\n``, or an instruction joined by a newline, the text has no such mark in the whole user turn,
+    and encode gives it none (tokenized alone it would get one)."""
+    import functools
+
+    from _chat_families import chat_tokenizer
+
+    from llm2vec.templates import TemplateSpec, UserTurn, adds_leading_space, encode
+
+    tokenizer = chat_tokenizer("phi3")
+    assert adds_leading_space(tokenizer)
+    turn = functools.partial(UserTurn, "<|user|>\n", "<|end|>\n<|endoftext|>", "<|endoftext|>")
+    spec = TemplateSpec("phi3_user_turn", turn, ("phi3",), (), separator=separator)
+    for instruction in ["", "Retrieve passages"]:
+        for text in ["Paris", "  the quick brown fox  ", TEXTS[0]]:
+            ours = list(encode(tokenizer, spec, [(instruction, text)], max_length=512)[0].input_ids)
+            assert ours == tokenizer(spec.render(instruction, text), add_special_tokens=False)["input_ids"], text
+    alone = tokenizer("Paris", add_special_tokens=False)["input_ids"]
+    assert alone != tokenizer("<|user|>\nParis", add_special_tokens=False)["input_ids"][1:]
+
+
 def test_join_instruction_does_not_repeat_the_mark():
     from llm2vec.templates import join_instruction
 
