@@ -228,14 +228,23 @@ def test_doc_max_length_cuts_each_text_before_the_prompt(tiny_models, family):
 
 
 def test_unknown_family_gives_clear_error(tiny_models):
+    """A model of no registered family whose tokenizer has no chat template to derive one from is refused (with a
+    chat template it gets the derived family: tests/test_derived_templates.py)."""
+    import copy
+
     from transformers import AutoConfig
 
-    _, tokenizer = tiny_models["llama3"]
+    def without_chat_template(tokenizer):
+        tokenizer = copy.deepcopy(tokenizer)
+        tokenizer.chat_template = None
+        return tokenizer
+
+    tokenizer = without_chat_template(tiny_models["llama3"][1])
     with pytest.raises(ValueError, match="register_template"):
         resolve_template(AutoConfig.for_model("gpt2"), tokenizer)
     _, qwen_tokenizer = tiny_models["qwen2"]  # a llama config whose tokenizer lacks both llama chat formats
     with pytest.raises(ValueError, match="register_template"):
-        resolve_template(AutoConfig.for_model("llama"), tiny_models["mistral"][1])
+        resolve_template(AutoConfig.for_model("llama"), without_chat_template(tiny_models["mistral"][1]))
     with pytest.raises(ValueError, match="unknown template"):
         resolve_template(AutoConfig.for_model("llama"), qwen_tokenizer, name="nope")
 
