@@ -72,7 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokens per input, template and anchor included (default: the model's llm2vec_config.json, "
         "else 512); becomes max_seq_length",
     )
-    p.add_argument("--template", default=None, help="prompt template name (default: detected from the model)")
+    p.add_argument(
+        "--template",
+        default=None,
+        help="prompt template name, or chat_template: the one derived from the tokenizer's chat template (default: "
+        "detected from the model)",
+    )
     p.add_argument(
         "--no_normalize",
         dest="normalize",

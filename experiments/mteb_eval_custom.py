@@ -89,7 +89,12 @@ def build_arg_parser() -> argparse.ArgumentParser:
         "the authors' evaluation used 400 (default: no such cap)",
     )
     p.add_argument("--pooling_mode", default=None, help="eos_token (the paper's), last_token, mean, weighted_mean")
-    p.add_argument("--template", default=None, help="prompt template name (default: detected from the model)")
+    p.add_argument(
+        "--template",
+        default=None,
+        help="prompt template name, or chat_template: the one derived from the tokenizer's chat template (default: "
+        "detected from the model)",
+    )
     p.add_argument("--attn_implementation", default=None, help="e.g. flash_attention_2, sdpa")
     p.add_argument(
         "--device",

@@ -75,7 +75,9 @@ class LLM2Vec(nn.Module):
         tokenizer: its tokenizer.
         pooling_mode: one of ``eos_token`` (the paper's), ``last_token``, ``mean``, ``weighted_mean``.
         max_length: the most tokens of one input, template and anchor included.
-        template: a registered template name; ``None`` detects the family from config and tokenizer.
+        template: a registered template name, or ``"chat_template"`` for the family derived from the tokenizer's own
+            chat template; ``None`` detects the family from config and tokenizer (the derived one when no family is
+            registered for the model: :func:`llm2vec.templates.resolve_template`).
         doc_max_length: if set, every text is first cut to this many tokens, then the prompt is added and
             ``max_length`` applies (the authors' evaluation used 400 under 512). An encoding-time setting:
             training ignores it and it is not saved with the model.

@@ -38,14 +38,18 @@ The separator is part of the :class:`TemplateSpec`: evaluation uses the spec as 
 
 The family is selected from the model config (``config.model_type``) together with the special tokens
 present in the tokenizer (Llama-3 and SmolLM2 are both ``model_type == "llama"`` but use different chat
-formats), never from a hub name. Register a new family with :func:`register_template`.
+formats), never from a hub name. A model of no registered family whose tokenizer has a chat template gets the
+family :data:`DERIVED_TEMPLATE` (``"chat_template"``), derived from that template by :mod:`llm2vec.chat_turn` and
+checked against it (:func:`derive_template`); ``template="chat_template"`` asks for it for any model. Register a
+family with :func:`register_template` to set its format yourself.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -170,7 +174,18 @@ register_template(TemplateSpec("qwen2", qwen2_template, ("qwen2",), ("<|im_start
 register_template(TemplateSpec("mistral", mistral_template, ("mistral",), ("</s>",), packing_exact=True))
 
 
+DERIVED_TEMPLATE = "chat_template"
+"""The name of the family derived from the tokenizer's own chat template (:func:`derive_template`): what
+``llm2vec_config.json`` records for such a model, and what ``template=`` names to ask for it. It is not in the
+registry: its user turn is read from each tokenizer."""
+
+
 def get_template(name: str) -> TemplateSpec:
+    if name == DERIVED_TEMPLATE:
+        raise ValueError(
+            f"template {DERIVED_TEMPLATE!r} is derived from a tokenizer's chat template: resolve it with "
+            "llm2vec.templates.resolve_template(config, tokenizer, 'chat_template')"
+        )
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -185,25 +200,31 @@ def _has_token(tokenizer, token: str) -> bool:
 
 
 def resolve_template(config, tokenizer, name: str | None = None, generation_config=None) -> TemplateSpec:
-    """The template for a model: by explicit ``name``, else detected from ``config`` and ``tokenizer``.
+    """The template for a model: by explicit ``name``, else detected from ``config`` and ``tokenizer``; a model of no
+    registered family whose tokenizer has a chat template gets the family derived from it (:func:`derive_template`,
+    also what ``name="chat_template"`` asks for).
 
-    An anchor that is not one of the model's end-of-sequence ids (:func:`anchor_mismatch`) is logged as a
-    warning. When the tokenizer carries a chat template, the spec's token ids are compared with it once
-    (:func:`chat_template_mismatch`) and a difference is logged as a warning.
+    For a registered family, an anchor that is not one of the model's end-of-sequence ids (:func:`anchor_mismatch`)
+    is logged as a warning, and when the tokenizer carries a chat template, the spec's token ids are compared with it
+    once (:func:`chat_template_mismatch`) and a difference is logged as a warning.
     """
+    if name == DERIVED_TEMPLATE:
+        return derive_template(config, tokenizer, generation_config)
     if name is not None:
         spec = get_template(name)
     else:
         model_type = getattr(config, "model_type", None)
         candidates = [s for s in _REGISTRY.values() if model_type in s.model_types]
         matches = [s for s in candidates if all(_has_token(tokenizer, t) for t in s.marker_tokens)]
+        if not matches and getattr(tokenizer, "chat_template", None):
+            return derive_template(config, tokenizer, generation_config)
         if not matches:
             known = ", ".join(f"{s.name} (model_type {'/'.join(s.model_types)})" for s in _REGISTRY.values())
             raise ValueError(
                 f"no prompt template for this model: model_type={model_type!r}"
                 + (f" with none of the chat tokens of {[s.name for s in candidates]}" if candidates else "")
-                + f". Known families: {known}. Register one with "
-                "llm2vec.templates.register_template(TemplateSpec(name, turn_fn, model_types, marker_tokens)) "
+                + f", and its tokenizer has no chat template to derive one from. Known families: {known}. Register "
+                "one with llm2vec.templates.register_template(TemplateSpec(name, turn_fn, model_types, marker_tokens)) "
                 'and pass template=<name> (or set "template" in the config).'
             )
         spec = matches[0]
@@ -286,6 +307,12 @@ def _closing_ids(tokenizer, closing: str, dummy_prefix: bool) -> list[int]:
     ]
 
 
+def _text_context(prefix: str, dummy_prefix: bool) -> str:
+    """What to tokenize a text after, so that it gets the ids it has after ``prefix`` in the whole user turn: the
+    prompt itself for a dummy-prefix tokenizer when the prompt ends in something else than a space, else ""."""
+    return prefix if dummy_prefix and prefix and not prefix.endswith(" ") else ""
+
+
 def prompt_parts(
     tokenizer, spec: TemplateSpec, instruction: str, dummy_prefix: bool | None = None
 ) -> tuple[list[int], str]:
@@ -313,7 +340,10 @@ def encode(
 
     The text is stripped of surrounding whitespace (as the Llama-3 chat template and LLM2Vec do). Prefix,
     text and closing are tokenized separately, with the spaces between them handled as in the module
-    docstring, so the ids equal those of the whole user turn tokenized at once.
+    docstring, so the ids equal those of the whole user turn tokenized at once. With a tokenizer that marks
+    the start of a text as a word start (a sentencepiece dummy prefix), a text that follows a prompt ending in
+    something else than a space (Phi-3's ``<|user|>\\n``) is tokenized after that prompt and the prompt's ids
+    are taken off, since alone it would get a word-start mark it does not have in the whole turn.
     """
     turn = spec.turn()
     dummy_prefix = adds_leading_space(tokenizer)
@@ -328,12 +358,20 @@ def encode(
     for instruction, _ in items:
         if instruction not in prefixes:
             prefixes[instruction] = prompt_parts(tokenizer, spec, instruction, dummy_prefix)
+    # a text tokenized after its prompt (see above): the prompt, else ""
+    context = {i: _text_context(spec.build(i)[0], dummy_prefix) for i in prefixes}
     # the lead spaces belong to a text: an empty one is no tokens at all
-    texts = [prefixes[instruction][1] + text.strip() if text.strip() else "" for instruction, text in items]
+    texts = [
+        (context[instruction] or prefixes[instruction][1]) + text.strip() if text.strip() else ""
+        for instruction, text in items
+    ]
     text_ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
     out = []
-    for (instruction, _), ids in zip(items, text_ids):
+    for (instruction, text), ids in zip(items, text_ids):
         prefix_ids = prefixes[instruction][0]
+        if context[instruction] and text.strip():
+            n = len(prefix_ids)
+            ids = ids[n:] if ids[:n] == prefix_ids else tokenizer(text.strip(), add_special_tokens=False)["input_ids"]
         budget = max_length - len(prefix_ids) - len(closing_ids)
         if budget < 1:
             raise ValueError(
@@ -350,20 +388,48 @@ def chat_template_mismatch(
     spec: TemplateSpec,
     instruction: str = "Given a question, retrieve passages",
     text: str = "Paris is the capital of France.",
+    *,
+    chat_ids: Callable[[str], list[int]] | None = None,
+    eos: Collection[int] | None = None,
 ) -> str | None:
     """``None`` when :func:`encode` agrees with the tokenizer's own chat template for one user message,
     else a one-line description of the difference.
 
     They agree when the chat template's ids are ours with, at most, a system turn inserted after the
     common beginning (the default system turn of Llama-3.x, Qwen2.5 and SmolLM2, which this package
-    leaves out) and whitespace tokens after the anchor (ChatML's newline between turns).
+    leaves out), whitespace tokens after the anchor (ChatML's newline between turns), and our EOS anchor
+    appended after a user turn the chat format leaves open (Mistral).
+
+    ``chat_ids`` gives the chat template's ids for a message content (default: ``apply_chat_template``);
+    ``eos``: the ids an appended anchor may be (default: the tokenizer's EOS).
     """
+    difference = _chat_difference(tokenizer, spec, instruction, text, chat_ids, eos)
+    if difference is None:
+        return None
+    ours, chat = difference
+    return (
+        f"template {spec.name!r} differs from the tokenizer's chat template for one user message: ours "
+        f"{ours!r}, the chat template's {chat!r}. Pass the right template=<name> or register one that matches the "
+        "model's chat format."
+    )
+
+
+def _chat_difference(
+    tokenizer, spec: TemplateSpec, instruction: str, text: str, chat_ids, eos
+) -> tuple[str, str] | None:
+    """``None`` when :func:`encode` agrees with the chat template (:func:`chat_template_mismatch`), else both decoded:
+    ``(ours, the chat template's)``."""
     content = join_instruction(instruction, spec.separator) + text
-    chat = list(tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=True, return_dict=False))
+    if chat_ids is None:
+        chat = list(
+            tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=True, return_dict=False)
+        )
+    else:
+        chat = list(chat_ids(content))
     ours = list(encode(tokenizer, spec, [(instruction, text)], max_length=1 << 20)[0].input_ids)
     while chat and chat[-1] != ours[-1] and not tokenizer.decode([chat[-1]]).strip():
         chat.pop()
-    if chat and chat[-1] != ours[-1] and ours[-1] in eos_ids(tokenizer):
+    if chat and chat[-1] != ours[-1] and ours[-1] in (eos_ids(tokenizer) if eos is None else eos):
         chat.append(ours[-1])  # the EOS anchor appended after a user turn the chat format leaves open (Mistral)
     if chat == ours:
         return None
@@ -375,8 +441,101 @@ def chat_template_mismatch(
         inserted = tokenizer.decode(chat[common : len(chat) - len(tail)])
         if "system" in inserted:
             return None
-    return (
-        f"template {spec.name!r} differs from the tokenizer's chat template for one user message: ours "
-        f"{tokenizer.decode(ours)!r}, the chat template's {tokenizer.decode(chat)!r}. Pass the right "
-        "template=<name> or register one that matches the model's chat format."
+    return tokenizer.decode(ours), tokenizer.decode(chat)
+
+
+# --- a family derived from the tokenizer's own chat template -------------------------------------------------------
+
+DERIVATION_PROBES = (
+    ("Given a question, retrieve passages that answer the question", "Paris is the capital of France."),
+    ("", "0123456789 numbers, punctuation: commas, periods. Questions? (parentheses)"),
+)
+"""``(instruction, text)`` items whose ids a derived family must share with the chat template, with each separator."""
+
+
+def _model_folder(config, tokenizer) -> str:
+    return getattr(tokenizer, "name_or_path", None) or getattr(config, "_name_or_path", None) or "this model"
+
+
+def _saved_generation_config(config, tokenizer):
+    """The generation config saved beside the model (its folder, or the hub cache), read without the network; None
+    when there is none. It may name more EOS ids than the config (Gemma 3's ``<end_of_turn>``)."""
+    from transformers import GenerationConfig
+
+    for source in dict.fromkeys((getattr(config, "_name_or_path", None), getattr(tokenizer, "name_or_path", None))):
+        if source:
+            try:
+                return GenerationConfig.from_pretrained(source, local_files_only=True)
+            except Exception:  # no generation_config.json there
+                continue
+    return None
+
+
+def derive_template(config, tokenizer, generation_config=None) -> TemplateSpec:
+    """The family :data:`DERIVED_TEMPLATE` of a model: the user turn of ``tokenizer``'s own chat template
+    (:func:`llm2vec.chat_turn.derive_turn`: one user message rendered around a sentinel, no system turn, no generation
+    prompt, thinking off), whose anchor is one of the model's end-of-sequence ids (:func:`eos_ids`, with the
+    generation config saved beside the model when none is given).
+
+    The derived family is checked before it is returned: for each of :data:`DERIVATION_PROBES`, with the evaluation
+    and the training separator, :func:`encode` must give the chat template's ids for that user message
+    (:func:`chat_template_mismatch`: the default system turn left out, whitespace after the anchor, an EOS appended
+    after an open user turn). A template that cannot render one user message (it raises, or runs without end), whose
+    user turn and reply end with no EOS id, or whose pieces do not tokenize as the whole turn is refused with a
+    ``ValueError`` of one line naming the model folder and ``template=`` as the way out. Packing is off for a derived
+    family (``packing_exact=False``): its architecture is not known to give packed calls equal to texts run alone.
+    """
+    from . import chat_turn
+
+    where = _model_folder(config, tokenizer)
+    registered = ", ".join(_REGISTRY)
+
+    def refused(reason: str) -> ValueError:
+        reason = " ".join(reason.split())
+        return ValueError(
+            f"the chat template of {where} gives no prompt template: {reason}. Pass template=<name> (registered: "
+            f"{registered}) or register the model's format with llm2vec.templates.register_template(TemplateSpec(...))"
+        )
+
+    eos = eos_ids(tokenizer, config, generation_config or _saved_generation_config(config, tokenizer))
+    dummy_prefix = adds_leading_space(tokenizer)
+    try:
+        turn = chat_turn.derive_turn(tokenizer, eos, lambda closing: _closing_ids(tokenizer, closing, dummy_prefix))
+    except chat_turn.ChatTemplateError as e:
+        raise refused(str(e)) from None
+    model_type = getattr(config, "model_type", None)
+    spec = TemplateSpec(
+        DERIVED_TEMPLATE,
+        functools.partial(UserTurn, turn.opening, turn.closing, turn.anchor),
+        (model_type,) if model_type else (),
+        (),
     )
+
+    def chat_ids(content: str) -> list[int]:
+        text = chat_turn.render(tokenizer, [{"role": "user", "content": content}])
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    for separator in (EVALUATION_SEPARATOR, TRAINING_SEPARATOR):
+        for instruction, text in DERIVATION_PROBES:
+            try:
+                difference = _chat_difference(
+                    tokenizer, spec.with_separator(separator), instruction, text, chat_ids, eos
+                )
+            except ValueError as e:  # ChatTemplateError, or encode's: the closing does not end with the anchor
+                raise refused(str(e)) from None
+            if difference:
+                raise refused(
+                    "its user turn tokenized in pieces (prompt, text, closing) differs from the chat template's "
+                    f"ids for that message: ours {difference[0]!r}, the chat template's {difference[1]!r}"
+                )
+    logger.info(
+        "template %r: derived from the chat template of %s: opening %r, closing %r, anchor %r%s%s",
+        DERIVED_TEMPLATE,
+        where,
+        turn.opening,
+        turn.closing,
+        turn.anchor,
+        f"; its default system turn {turn.system_turn!r} left out" if turn.system_turn else "",
+        f"; the EOS {turn.appended!r} appended after the open user turn" if turn.appended else "",
+    )
+    return spec

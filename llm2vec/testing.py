@@ -150,25 +150,69 @@ def _sentencepiece_bpe(specials, bos, vocab_size):
     return tok
 
 
-def build_tokenizer(family: str, vocab_size: int = 320):
-    """A tokenizer with ``family``'s special tokens and chat template: byte-level BPE, or sentencepiece-style
-    BPE for :data:`SENTENCEPIECE_FAMILIES`."""
+def _word_start_bpe(specials, bos, vocab_size, style):
+    """A BPE over "▁"-marked words laid out as transformers 5 builds two sentencepiece-derived tokenizers:
+    ``llama`` (``LlamaTokenizer``, as Mistral-7B-Instruct-v0.3's and Phi-3's: a Metaspace pre-tokenizer that marks
+    the start of the input only, ``prepend_scheme="first"``) or ``gemma`` (``GemmaTokenizer``: spaces become "▁",
+    nothing is prepended). Newlines are single tokens."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>" if "<unk>" in map(str, specials) else None, fuse_unk=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=specials, initial_alphabet=_ALPHABET + ["▁", "\n"], show_progress=False
+    )
+    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    decoding = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if style == "llama":
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+        tok.decoder = decoders.Sequence([*decoding, decoders.Strip(" ", 1, 0)])
+    else:
+        tok.pre_tokenizer = None
+        tok.normalizer = normalizers.Replace(" ", "▁")
+        tok.decoder = decoders.Sequence(decoding)
+    if bos is not None:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))]
+        )
+    return tok
+
+
+TOKENIZER_STYLES = ("byte_level", "sentencepiece", "llama", "gemma")
+"""Tokenizer pipelines :func:`build_chat_tokenizer` builds: byte-level BPE (Llama-3, Qwen, SmolLM2, Phi-4-mini), the
+legacy sentencepiece layout that marks every text segment as a word start (Mistral-7B-Instruct-v0.2), and the
+``llama`` and ``gemma`` layouts of :func:`_word_start_bpe`."""
+
+
+def build_chat_tokenizer(
+    style: str, specials, bos, eos, pad, chat_template: str | None, unk: str | None = None, vocab_size: int = 320
+):
+    """A tokenizer of one of :data:`TOKENIZER_STYLES` with these special tokens (strings, or ``tokenizers.AddedToken``
+    for one that strips the whitespace beside it, as Phi-3's do) and ``chat_template``, trained offline."""
     from transformers import PreTrainedTokenizerFast
 
-    _, specials, bos, eos, pad, chat_template = _FAMILIES[family]
-    if family in SENTENCEPIECE_FAMILIES:
-        tok = _sentencepiece_bpe(specials, bos, vocab_size)
-    else:
+    if style == "byte_level":
         tok = _byte_level_bpe(specials, vocab_size)
+    elif style == "sentencepiece":
+        tok = _sentencepiece_bpe(specials, bos, vocab_size)
+    elif style in ("llama", "gemma"):
+        tok = _word_start_bpe(specials, bos, vocab_size, style)
+    else:
+        raise ValueError(f"unknown tokenizer style {style!r}; one of {TOKENIZER_STYLES}")
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token=bos,
-        eos_token=eos,
-        pad_token=pad,
-        unk_token="<unk>" if "<unk>" in specials else None,
+        tokenizer_object=tok, bos_token=bos, eos_token=eos, pad_token=pad, unk_token=unk
     )
     tokenizer.chat_template = chat_template
     return tokenizer
+
+
+def build_tokenizer(family: str, vocab_size: int = 320):
+    """A tokenizer with ``family``'s special tokens and chat template: byte-level BPE, or sentencepiece-style
+    BPE for :data:`SENTENCEPIECE_FAMILIES`."""
+    _, specials, bos, eos, pad, chat_template = _FAMILIES[family]
+    style = "sentencepiece" if family in SENTENCEPIECE_FAMILIES else "byte_level"
+    unk = "<unk>" if "<unk>" in specials else None
+    return build_chat_tokenizer(style, specials, bos, eos, pad, chat_template, unk, vocab_size)
 
 
 def build_tiny_model(family: str, seed: int = 0, hidden_size: int = 32, num_layers: int = 2, vocab_size: int = 320):

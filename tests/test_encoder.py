@@ -149,6 +149,29 @@ def test_separate_tokenization_adds_no_space_token(tiny_models, family, separato
         assert naive[i] == space and naive[:i] + naive[i + 1 :] == body  # exactly one extra lone "▁"
 
 
+@pytest.mark.parametrize("separator", [": ", "\n"])
+def test_a_text_after_a_prompt_ending_without_a_space_keeps_the_ids_of_the_whole_turn(separator):
+    """transformers 5's LlamaTokenizer (Phi-3's, Mistral-v0.3's) marks the start of an input as a word start: after
+    Phi-3's ``<|user|>\\n``, or an instruction joined by a newline, the text has no such mark in the whole user turn,
+    and encode gives it none (tokenized alone it would get one)."""
+    import functools
+
+    from _chat_families import chat_tokenizer
+
+    from llm2vec.templates import TemplateSpec, UserTurn, adds_leading_space, encode
+
+    tokenizer = chat_tokenizer("phi3")
+    assert adds_leading_space(tokenizer)
+    turn = functools.partial(UserTurn, "<|user|>\n", "<|end|>\n<|endoftext|>", "<|endoftext|>")
+    spec = TemplateSpec("phi3_user_turn", turn, ("phi3",), (), separator=separator)
+    for instruction in ["", "Retrieve passages"]:
+        for text in ["Paris", "  the quick brown fox  ", TEXTS[0]]:
+            ours = list(encode(tokenizer, spec, [(instruction, text)], max_length=512)[0].input_ids)
+            assert ours == tokenizer(spec.render(instruction, text), add_special_tokens=False)["input_ids"], text
+    alone = tokenizer("Paris", add_special_tokens=False)["input_ids"]
+    assert alone != tokenizer("<|user|>\nParis", add_special_tokens=False)["input_ids"][1:]
+
+
 def test_join_instruction_does_not_repeat_the_mark():
     from llm2vec.templates import join_instruction
 
@@ -205,14 +228,23 @@ def test_doc_max_length_cuts_each_text_before_the_prompt(tiny_models, family):
 
 
 def test_unknown_family_gives_clear_error(tiny_models):
+    """A model of no registered family whose tokenizer has no chat template to derive one from is refused (with a
+    chat template it gets the derived family: tests/test_derived_templates.py)."""
+    import copy
+
     from transformers import AutoConfig
 
-    _, tokenizer = tiny_models["llama3"]
+    def without_chat_template(tokenizer):
+        tokenizer = copy.deepcopy(tokenizer)
+        tokenizer.chat_template = None
+        return tokenizer
+
+    tokenizer = without_chat_template(tiny_models["llama3"][1])
     with pytest.raises(ValueError, match="register_template"):
         resolve_template(AutoConfig.for_model("gpt2"), tokenizer)
     _, qwen_tokenizer = tiny_models["qwen2"]  # a llama config whose tokenizer lacks both llama chat formats
     with pytest.raises(ValueError, match="register_template"):
-        resolve_template(AutoConfig.for_model("llama"), tiny_models["mistral"][1])
+        resolve_template(AutoConfig.for_model("llama"), without_chat_template(tiny_models["mistral"][1]))
     with pytest.raises(ValueError, match="unknown template"):
         resolve_template(AutoConfig.for_model("llama"), qwen_tokenizer, name="nope")
 

@@ -258,9 +258,11 @@ def test_an_interrupted_final_save_is_completed_from_the_last_checkpoint(assets,
 
 
 def tiny_gpt2(path: Path) -> Path:
+    """A GPT-2 model (no registered family) whose tokenizer has no chat template to derive a family from."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     tokenizer = build_tokenizer("llama3")
+    tokenizer.chat_template = None
     GPT2LMHeadModel(
         GPT2Config(vocab_size=len(tokenizer), n_embd=16, n_layer=1, n_head=2, n_positions=64)
     ).save_pretrained(path)

@@ -61,7 +61,9 @@ class ModelArguments:
     template: str | None = field(
         default=None,
         metadata={
-            "help": "Prompt template (model family) name; default: detected from the model's config and tokenizer."
+            "help": "Prompt template (model family) name: a registered family, or chat_template for the one derived from "
+            "the tokenizer's own chat template; default: detected from the model's config and tokenizer, derived from "
+            "its chat template when no family is registered for the model."
         },
     )
     attn_implementation: str = field(

@@ -1,0 +1,223 @@
+"""The user turn of a tokenizer's own chat template: how a model of no registered family gets its prompt.
+
+The chat template renders one user message whose content is a sentinel, with no system message, no generation
+prompt (``add_generation_prompt=False``) and ``enable_thinking=False`` where the template reads that switch (Qwen3's
+hybrid thinking). The rendering splits at the sentinel into the *opening* (BOS where the template writes it, and the
+user header) and what follows the user's text; that, less the whitespace at its end (ChatML's and Gemma's newline
+between turns), is the *closing*, and the closing's last token is the *anchor* the embedding is read at. The anchor
+must be one of the model's end-of-sequence ids (the paper's Eq. 1 reads the embedding at an appended [EOS]):
+
+- Qwen3: ``<|im_start|>user\\n`` ... ``<|im_end|>``; Gemma 3: ``<bos><start_of_turn>user\\n`` ... ``<end_of_turn>``;
+  Llama 3.x: ``<|begin_of_text|><|start_header_id|>user<|end_header_id|>\\n\\n`` ... ``<|eot_id|>``;
+- Phi-3 and Phi-4-mini, whose templates end a conversation without a generation prompt with the EOS token:
+  ``<|user|>\\n`` ... ``<|end|>\\n<|endoftext|>`` (Phi-4-mini without the newlines), anchor ``<|endoftext|>``;
+- a user turn left open, whose last token is no EOS id, takes the EOS that ends the assistant's reply in the same
+  chat format, appended after the turn: Mistral's ``<s>[INST] `` ... ``[/INST]`` (``[INST] `` ... `` [/INST]`` in
+  v0.2) and its reply's ``</s>`` give the closing ``[/INST]</s>``, as the registered ``mistral`` family appends
+  ``</s>``. A chat format that ends neither turn with an EOS id is refused, naming the token its user turn ends with.
+
+A default system turn that the template writes when the conversation has none (Llama 3.1 and later: knowledge
+cut-off and today's date; Qwen2.5 and SmolLM2: a persona) is left out, as the registered families and LLM2Vec leave
+it out: the rendering of ``[system, user]`` shows what surrounds a system message's text, and when the one-message
+rendering has that shape around a default text, the opening keeps only what precedes the system turn (BOS) and the
+user header after it. So the ids never depend on the day the prompt was built.
+
+Rendering runs the template (untrusted Jinja from the model folder, in transformers' sandbox) under a budget of
+:data:`RENDER_LINES` executed template lines, so a template that loops without end stops; a template that raises,
+loops or renders the user's text other than once is a :class:`ChatTemplateError` of one line.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
+from typing import NamedTuple
+
+USER_TEXT = "LLM2VECUSERTEXT"
+SYSTEM_TEXT = "LLM2VECSYSTEMTEXT"
+REPLY_TEXT = "LLM2VECREPLYTEXT"
+"""Sentinel contents: plain letters, which no template trims or escapes and no chat format contains."""
+
+RENDER_LINES = 1_000_000
+"""The most template lines one rendering may execute (a one-message rendering of a published template runs a few
+hundred; a million take well under a second)."""
+
+
+class ChatTemplateError(ValueError):
+    """The tokenizer's chat template gives no usable user turn; the message is one line, without the way out (the
+    caller names the model folder and ``template=``)."""
+
+
+class ChatTurn(NamedTuple):
+    """The user turn of a chat template: ``opening + text + closing``; ``anchor`` is the closing's last token.
+
+    ``system_turn``: the default system turn left out of the opening ("" when the template writes none);
+    ``trailing``: what the template writes after the closing (whitespace); ``appended``: the EOS appended after a
+    user turn the format leaves open ("" when the user turn ends with an EOS id).
+    """
+
+    opening: str
+    closing: str
+    anchor: str
+    system_turn: str = ""
+    trailing: str = ""
+    appended: str = ""
+
+
+class _TooManyLines(BaseException):
+    """Raised inside the template's frames when the budget is spent (a BaseException, so that no ``except
+    Exception`` between the template and :func:`render` can swallow it)."""
+
+
+@contextmanager
+def _line_budget(lines: int) -> Iterator[None]:
+    """Count the lines executed in compiled Jinja templates (code objects named ``<template>``) in this thread, and
+    raise :class:`_TooManyLines` past ``lines``; any trace function already set (a debugger, coverage) is restored."""
+    count = 0
+
+    def in_template(frame, event, arg):
+        nonlocal count
+        if event == "line":
+            count += 1
+            if count > lines:
+                raise _TooManyLines
+        return in_template
+
+    def on_call(frame, event, arg):
+        return in_template if frame.f_code.co_filename == "<template>" else None
+
+    previous = sys.gettrace()
+    sys.settrace(on_call)
+    try:
+        yield
+    finally:
+        sys.settrace(previous)
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(error).__name__}: {first[:200]}" if first else type(error).__name__
+
+
+def template_kwargs(tokenizer) -> dict[str, bool]:
+    """``enable_thinking=False`` where the chat template reads that switch (Qwen3), else nothing."""
+    try:
+        source = tokenizer.get_chat_template()
+    except Exception:  # no template, or several without a default: render() says so
+        return {}
+    return {"enable_thinking": False} if "enable_thinking" in source else {}
+
+
+def render(tokenizer, messages: list[dict[str, str]]) -> str:
+    """The chat template's text for ``messages``, without a generation prompt and with thinking off, under the line
+    budget; a template that raises or runs past the budget is a :class:`ChatTemplateError`."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ChatTemplateError("the tokenizer has no chat template")
+    kwargs = template_kwargs(tokenizer)
+    roles = "+".join(m["role"] for m in messages)
+    try:
+        with _line_budget(RENDER_LINES):
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False, **kwargs)
+    except _TooManyLines:
+        raise ChatTemplateError(
+            f"rendering a {roles} conversation ran past {RENDER_LINES:,} template lines (a loop without end?)"
+        ) from None
+    except Exception as e:  # jinja2's TemplateError, raise_exception(), RecursionError, a TypeError of the template
+        raise ChatTemplateError(f"rendering a {roles} conversation raised {_one_line(e)}") from None
+    if not isinstance(text, str):
+        raise ChatTemplateError(f"rendering a {roles} conversation gave a {type(text).__name__}, not text")
+    return text
+
+
+def _around(text: str, sentinel: str, what: str) -> tuple[str, str]:
+    """``text`` before and after the one occurrence of ``sentinel``."""
+    if text.count(sentinel) != 1:
+        raise ChatTemplateError(
+            f"it renders {what} {text.count(sentinel)} times in one message, not once (rendered {text[:120]!r})"
+        )
+    before, after = text.split(sentinel)
+    return before, after
+
+
+def _first_token_text(tokenizer, text: str) -> str:
+    """The text of the first token of ``text`` (leading whitespace left out); "" for no tokens."""
+    ids = tokenizer(text.lstrip(), add_special_tokens=False)["input_ids"]
+    return tokenizer.decode(ids[:1]) if ids else ""
+
+
+def _reply_eos(tokenizer, eos: Collection[int], closing_ids: Callable[[str], list[int]], user_turn: str) -> str:
+    """The text of the EOS token that ends an assistant's reply after ``user_turn`` (the rendering of one user
+    message up to its closing), or "" when the chat format ends a reply with no EOS id (or cannot render one)."""
+    try:
+        text = render(tokenizer, [{"role": "user", "content": USER_TEXT}, {"role": "assistant", "content": REPLY_TEXT}])
+    except ChatTemplateError:
+        return ""
+    if not text.startswith(user_turn) or text.count(REPLY_TEXT) != 1:
+        return ""
+    after = text.split(REPLY_TEXT)[1].rstrip()
+    ids = closing_ids(after) if after else []
+    return tokenizer.decode(ids[-1:]) if ids and ids[-1] in eos else ""
+
+
+def _without_default_system_turn(tokenizer, opening: str, closing: str) -> tuple[str, str]:
+    """``(opening, system_turn)``: the one-message ``opening`` without the system turn the template writes by
+    default, and that turn ("" when there is none, or when its shape cannot be told from the rendering)."""
+    try:
+        text = render(tokenizer, [{"role": "system", "content": SYSTEM_TEXT}, {"role": "user", "content": USER_TEXT}])
+    except ChatTemplateError:  # no system role (Mistral v0.2, Gemma 2): no default system turn either
+        return opening, ""
+    if text.count(SYSTEM_TEXT) != 1 or text.count(USER_TEXT) != 1 or text.index(SYSTEM_TEXT) > text.index(USER_TEXT):
+        return opening, ""
+    before, rest = text.split(SYSTEM_TEXT)
+    between = rest.split(USER_TEXT)[0]  # the system turn's end, then the user header
+    if not (len(opening) >= len(before) + len(between) and opening.startswith(before) and opening.endswith(between)):
+        return opening, ""  # no system turn around a default text (Gemma 3 puts a system text inside the user turn)
+    turn_end = _first_token_text(tokenizer, closing)  # the token that ends a turn: <|eot_id|>, <|im_end|>
+    end = between.rfind(turn_end) if turn_end else -1
+    if end < 0:
+        return opening, ""
+    header = between[end + len(turn_end) :].lstrip()
+    turn_start = _first_token_text(tokenizer, header)  # <|start_header_id|>, <|im_start|>: the system turn's start
+    start = before.find(turn_start) if turn_start else -1
+    if start < 0:
+        bos = getattr(tokenizer, "bos_token", None)
+        start = len(bos) if bos and before.startswith(bos) else 0
+    return before[:start] + header, opening[start : len(opening) - len(header)]
+
+
+def derive_turn(tokenizer, eos: Collection[int], closing_ids: Callable[[str], list[int]]) -> ChatTurn:
+    """The user turn of ``tokenizer``'s chat template (the module docstring), whose anchor is one of ``eos``.
+
+    ``closing_ids`` tokenizes a closing as :func:`llm2vec.templates.encode` does. Raises :class:`ChatTemplateError`
+    when the template cannot render one user message, renders its text other than once, or ends neither the user turn
+    nor the assistant's reply with an id of ``eos``.
+    """
+    pre, post = _around(render(tokenizer, [{"role": "user", "content": USER_TEXT}]), USER_TEXT, "the user's text")
+    closing = post.rstrip()
+    trailing = post[len(closing) :]
+    ids = closing_ids(closing) if closing else []
+    appended = ""
+    if not ids or ids[-1] not in eos:
+        appended = _reply_eos(tokenizer, eos, closing_ids, pre + USER_TEXT + closing)
+        if not appended:
+            names = ", ".join(f"{tokenizer.convert_ids_to_tokens(i)!r} ({i})" for i in sorted(eos)) or "none"
+            ends = (
+                f"its user turn ends with {tokenizer.convert_ids_to_tokens(ids[-1])!r} ({ids[-1]}), which is not an "
+                f"end-of-sequence id of the model (EOS ids: {names})"
+                if ids
+                else f"it writes nothing after the user's text, so no end-of-sequence id of the model ({names}) ends it"
+            )
+            raise ChatTemplateError(
+                f"{ends}, and no EOS id ends an assistant's reply either; the anchor must be an EOS id (Eq. 1)"
+            )
+        ids = closing_ids(closing + appended)
+        if not ids or ids[-1] not in eos:
+            raise ChatTemplateError(
+                f"the reply's end-of-sequence token {appended!r} does not tokenize alone after the user turn"
+            )
+    opening, system_turn = _without_default_system_turn(tokenizer, pre, closing)
+    return ChatTurn(
+        opening, closing + appended, tokenizer.convert_ids_to_tokens(ids[-1]), system_turn, trailing, appended
+    )
