@@ -83,6 +83,18 @@ def test_the_run_uses_this_checkout_and_resumes_only_from_a_checkpoint(driver, t
     assert [c[0] for c in driver[6:8]] == ["build", "write"]  # the inputs were never written: built for the resume
 
 
+def test_a_start_again_before_the_first_checkpoint_keeps_the_inputs_written(driver, tmp_path):
+    """A run cut before its first checkpoint starts again on the inputs it wrote: a corpus built again in a
+    changed environment would be another corpus."""
+    train, validation = long_run.input_files(tmp_path / "long-run" / "data")
+    train.parent.mkdir(parents=True)
+    train.write_text("{}\n")
+    validation.write_text("{}\n")
+    assert long_run.main([]) == 0
+    assert len(driver) == 1 and "--resume_from_checkpoint" not in _flags(driver[0][0])
+    assert _flags(driver[0][0])["--dataset_file_path"] == str(train)
+
+
 def test_a_second_run_has_its_own_seed_and_folder(driver, tmp_path):
     """--seed and --out: another run beside the first, its inputs and checkpoints in its own folder."""
     assert long_run.main(["--seed", "43", "--out", str(tmp_path / "second")]) == 0

@@ -11,8 +11,9 @@ and every 40 steps, 64 fixed pairs of the corpus's validation split (modules nev
 validation reconstruction loss, the anchor gain, the gain over the first 4 target tokens and the rank accuracy
 among 8 anchors (:mod:`llm2vec.anchor_gain`). It checkpoints every 40 steps (the newest kept) and, started again
 after an interruption, resumes from the newest complete checkpoint with the run's own ``--resume_from_checkpoint``,
-on the inputs it started with (``cache/long-run/data/``): the corpus is not built again for a resume, since the
-environment may have changed since (a package installed) and a resume refuses changed inputs.
+on the inputs it started with (``cache/long-run/data/``): the corpus is not built again once they are written (a
+resume, or a start again after a run cut before its first checkpoint), since the environment may have changed
+since (a package installed: the build would change) and a resume refuses changed inputs.
 Everything lives in ``cache/long-run/``; the measurements are in its ``stage_I/trainer_state.json`` (and in each
 checkpoint's) and ``--table`` prints them.
 """
@@ -128,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     model = materialise_smollm2(SMOLLM2_DIR)
     resume = bool(RunFolder.inspect(run).checkpoints)  # the run picks its newest complete one, or says why not
     train, validation = input_files(out / "data")
-    if not (resume and train.is_file() and validation.is_file()):
+    if train.is_file() and validation.is_file():  # the run's inputs, also for a start after one cut before step 40
+        print(f"[long-run] training on the inputs in {train.parent}", flush=True)
+    else:
         build_package_dataset(DATA)
         train, validation = write_inputs(DATA, out / "data")
     flags = {
