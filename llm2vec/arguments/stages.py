@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..compat import TrainingArguments
+from ..config_values import MAX_PARALLEL
 from ..loss.reconstruction import RECONSTRUCTION_TARGETS
 from .shared import STAGES, ConfigError, DataArguments, ModelArguments, _choice
 
@@ -68,7 +69,7 @@ class _StageArguments:
     num_threads: int | None = field(
         default=None,
         metadata={
-            "help": "CPU threads of torch (torch.set_num_threads) for this run. Float sums split among threads round "
+            "help": "CPU threads of torch (torch.set_num_threads) for this run, 1 to 1024. Float sums split among threads round "
             "differently, so bit-identical results on CPU need the same value in both runs; default: torch's "
             "own (OMP_NUM_THREADS, else the number of cores)."
         },
@@ -84,8 +85,8 @@ class _StageArguments:
             raise ConfigError(f"total_batch_size={self.total_batch_size}: must be positive")
         if self.stop_after_n_steps is not None and self.stop_after_n_steps < 1:
             raise ConfigError(f"stop_after_n_steps={self.stop_after_n_steps}: must be a positive number of steps")
-        if self.num_threads is not None and self.num_threads < 1:
-            raise ConfigError(f"num_threads={self.num_threads}: must be positive (or leave it unset)")
+        if self.num_threads is not None and not 1 <= self.num_threads <= MAX_PARALLEL:
+            raise ConfigError(f"num_threads={self.num_threads}: must be from 1 to {MAX_PARALLEL} (or leave it unset)")
 
     def collator_options(self) -> dict[str, Any]:
         """Keyword arguments of :class:`llm2vec.collator.TrainCollator` for this stage."""
