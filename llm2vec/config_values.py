@@ -22,16 +22,23 @@ their path (``lr_scheduler_kwargs.min_lr``): JSON's ``NaN``, ``Infinity`` and ``
 this project uses (the project's own argument classes check theirs in ``__post_init__``); :func:`check_ranges`
 names the field, the value and the range. No number of any field lies beyond :data:`NUMBER_LIMIT` either way
 (``2**31 - 1``: a count of steps, tokens, examples or threads beyond it cannot make a run).
+
+The Python API holds its booleans to the same rule: :func:`strict_booleans` makes every parameter annotated
+``bool`` (or ``bool | None``) of a public function take ``True`` or ``False`` (or ``None``) only, so
+``trust_remote_code="false"``, which Python reads as true, is one ``TypeError`` line instead of a yes.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import math
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, TypeVar
 
 
 class ValueProblem(ValueError):
@@ -306,3 +313,45 @@ def check_ranges(values: dict[str, Any], ranges: dict[str, Range] = TRAINING_RAN
             raise ValueProblem(f"{name}={value!r}: must be {allowed.describe()}")
         if abs(value) > NUMBER_LIMIT and value not in allowed.capped(value):
             raise ValueProblem(f"{name}={value!r}: must be {allowed.capped(value).describe()}")
+
+
+# ---------------------------------------------------------------------------------------------- the Python API
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def strict_booleans(function: F) -> F:
+    """Decorate a public function (or method): each parameter annotated ``bool`` takes ``True`` or ``False`` only,
+    one annotated ``bool | None`` also ``None``; anything else (``"false"``, ``0``, ``numpy.True_``) raises one
+    ``TypeError`` line naming the keyword, before the function runs. Python reads ``"false"`` as true, and a library
+    called with it (transformers' ``trust_remote_code``) would too. The annotations are read at the first call
+    (a method's may name its class, which does not exist yet when the decorator runs)."""
+    parameters = inspect.signature(function).parameters
+    by_position = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    position = {name: i for i, (name, p) in enumerate(parameters.items()) if p.kind in by_position}
+    booleans: dict[str, bool] = {}  # name -> whether None is allowed
+    read = False
+
+    @functools.wraps(function)
+    def checked(*args, **kwargs):
+        nonlocal read
+        if not read:
+            for name, hint in typing.get_type_hints(function).items():
+                kind, optional = _shape(hint)
+                if kind == "bool" and name in parameters:
+                    booleans[name] = optional
+            read = True
+        for name, optional in booleans.items():
+            if name in kwargs:
+                value = kwargs[name]
+            elif position.get(name, len(args)) < len(args):
+                value = args[position[name]]
+            else:
+                continue
+            if value is not True and value is not False and not (optional and value is None):
+                allowed = "True, False or None" if optional else "True or False"
+                why = " (Python reads any non-empty string as true, 'false' included)" if isinstance(value, str) else ""
+                raise TypeError(f"{name}={value!r}: {function.__qualname__} takes {allowed} only{why}")
+        return function(*args, **kwargs)
+
+    return typing.cast(F, checked)

@@ -24,6 +24,7 @@ from transformers import AutoModel, AutoTokenizer
 from . import templates
 from .collator import pad_batch
 from .compat import enable_activation_checkpointing, peft_reads_deprecated_property
+from .config_values import strict_booleans
 from .devices import default_device, resolve_dtype
 from .encode_inputs import read_inputs, read_item
 from .model_files import check_model_files
@@ -149,6 +150,7 @@ class LLM2Vec(nn.Module):
     which generates, uses ``AutoModelForCausalLM``."""
 
     @classmethod
+    @strict_booleans
     def load(
         cls,
         base_model_name_or_path: str,
@@ -343,6 +345,7 @@ class LLM2Vec(nn.Module):
         return self.prompts[prompt_name]
 
     @torch.no_grad()
+    @strict_booleans
     def encode(
         self,
         sentences: str | Sequence[str | Sequence[str]],

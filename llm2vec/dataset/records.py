@@ -24,6 +24,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from ..config_values import strict_booleans
 from ..io import iter_jsonl
 
 logger = logging.getLogger(__name__)
@@ -114,6 +115,7 @@ def _text_field(obj: dict, name: str, path: str, line: int, fix: str, required: 
     return value.strip()
 
 
+@strict_booleans
 def read_jsonl_pairs(
     path: str,
     *,
