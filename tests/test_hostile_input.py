@@ -609,6 +609,32 @@ def test_encode_refuses_what_is_not_texts_or_pairs(encoder, sentences, message):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("prompt", [5, b"Retrieve", ["Retrieve", "passages"], {"query": "Retrieve"}])
+def test_a_prompt_that_is_not_a_string_is_refused(encoder, prompt):
+    for keyword in ("prompt", "prompt_name"):
+        with pytest.raises(TypeError, match=f"^{keyword}={re.escape(repr(prompt))}: expected a string") as info:
+            encoder.encode(["fine"], show_progress_bar=False, **{keyword: prompt})
+        assert "\n" not in str(info.value)
+    with pytest.raises(TypeError, match="^prompt="):
+        encoder.encode_query(["fine"], prompt=prompt)
+
+
+def test_an_export_query_instruction_that_is_not_a_string_is_refused(model, tmp_path):
+    with pytest.raises(llm2vec.export.ExportError, match=r"^query_instruction=5: expected a string"):
+        llm2vec.export.export_sentence_transformers(model, tmp_path / "st", query_instruction=5)
+    assert not (tmp_path / "st").exists()
+
+
+def test_truncate_dim_larger_than_the_embedding_is_refused(model, encoder):
+    hidden = encoder.encode("a text", show_progress_bar=False).shape[0]
+    message = f"^truncate_dim={hidden + 1}: the model's embeddings have {hidden} dimensions"
+    with pytest.raises(ValueError, match=message):
+        encoder.encode(["a text"], truncate_dim=hidden + 1, show_progress_bar=False)
+    with pytest.raises(ValueError, match=message):
+        LLM2Vec.from_pretrained(model, device="cpu", truncate_dim=hidden + 1)
+    assert encoder.encode(["a text"], truncate_dim=hidden, show_progress_bar=False).shape == (1, hidden)
+
+
 def test_encode_reads_numpy_arrays_of_texts_and_pairs_as_lists(encoder):
     texts = ["Open a file.", "Sort a list in place.", "Join two paths."]
     pairs = [["Retrieve the documentation", t] for t in texts]
