@@ -10,6 +10,9 @@
    retrieval folder whose ids or grades cannot give a meaningful score, an ``encode`` input that is not a
    list of texts or pairs.
 
+And for the Python API: every keyword annotated ``bool`` takes ``True`` or ``False`` only (``trust_remote_code="false"``
+ran a folder's code), and a ``prompt`` that is not a string or a ``truncate_dim`` beyond the embedding is refused.
+
 References are independent of the code under test: file trees listed before and after, marker files that the
 hostile code writes, scores of a folder with the meaningless queries removed by hand, embeddings of the same
 texts given as a plain list.
