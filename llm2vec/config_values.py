@@ -14,21 +14,31 @@ value into its field's type before any argument class sees it, and refuses what 
 - any other flag given with no value, or with several values where one belongs, is an error.
 
 Fields whose type is none of these (dicts, lists of options, unions such as ``report_to``) are read
-loosely: a flag's value is parsed as JSON where it parses, else kept as a string.
+loosely: a flag's value is parsed as JSON where it parses, else kept as a string. NaN and infinity are refused
+anywhere in a value, at any depth (``lr_scheduler_kwargs``' ``min_lr``, a list inside ``fsdp_config``), named by
+their path (``lr_scheduler_kwargs.min_lr``): JSON's ``NaN``, ``Infinity`` and ``1e999`` all parse.
 
 :data:`TRAINING_RANGES` gives the allowed range of every numeric field of transformers' ``TrainingArguments``
 this project uses (the project's own argument classes check theirs in ``__post_init__``); :func:`check_ranges`
-names the field, the value and the range.
+names the field, the value and the range. No number of any field lies beyond :data:`NUMBER_LIMIT` either way
+(``2**31 - 1``: a count of steps, tokens, examples or threads beyond it cannot make a run).
+
+The Python API holds its booleans to the same rule: :func:`strict_booleans` makes every parameter annotated
+``bool`` (or ``bool | None``) of a public function take ``True`` or ``False`` (or ``None``) only, so
+``trust_remote_code="false"``, which Python reads as true, is one ``TypeError`` line instead of a yes.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import math
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, TypeVar
 
 
 class ValueProblem(ValueError):
@@ -63,12 +73,30 @@ class Range:
     def describe(self) -> str:
         parts = []
         if self.low is not None:
-            parts.append(f"{'>' if self.low_open else '>='} {self.low:g}")
+            parts.append(f"{'>' if self.low_open else '>='} {_number(self.low)}")
         if self.high is not None:
-            parts.append(f"{'<' if self.high_open else '<='} {self.high:g}")
+            parts.append(f"{'<' if self.high_open else '<='} {_number(self.high)}")
         text = " and ".join(parts) or "any number"
-        return text + "".join(f", or {v:g}" for v in self.also)
+        return text + "".join(f", or {_number(v)}" for v in self.also)
 
+    def capped(self, value: float) -> Range:
+        """This range with the side that ``value`` lies beyond bounded by :data:`NUMBER_LIMIT` where it is open."""
+        if value > 0 and self.high is None:
+            return Range(self.low, NUMBER_LIMIT, self.low_open, False, self.also)
+        if value < 0 and self.low is None:
+            return Range(-NUMBER_LIMIT, self.high, False, self.high_open, self.also)
+        return self
+
+
+def _number(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"
+
+
+NUMBER_LIMIT = 2**31 - 1
+"""The largest count any field takes (the largest 32-bit integer), and its negative the smallest number."""
+
+MAX_PARALLEL = 1024
+"""The most threads (``num_threads``) or data-loading processes (``dataloader_num_workers``) a run may ask for."""
 
 # The numeric fields of transformers' TrainingArguments, with the values that can make a run.
 TRAINING_RANGES: dict[str, Range] = {
@@ -95,7 +123,7 @@ TRAINING_RANGES: dict[str, Range] = {
     "save_total_limit": Range(0),
     "seed": Range(0, 2**32 - 1),
     "data_seed": Range(0, 2**32 - 1),
-    "dataloader_num_workers": Range(0),
+    "dataloader_num_workers": Range(0, MAX_PARALLEL),
     "dataloader_prefetch_factor": Range(1),
     "ddp_bucket_cap_mb": Range(1),
     "ddp_timeout": Range(1),
@@ -247,8 +275,8 @@ HINT_OVERRIDES: dict[str, Any] = {
 
 
 def coerce_config(config: dict[str, Any], classes) -> dict[str, Any]:
-    """Every value of ``config`` read as its field's type (see the module docstring); unknown keys are left as
-    they are (the caller reports them)."""
+    """Every value of ``config`` read as its field's type (see the module docstring), with no NaN or infinity at
+    any depth; unknown keys are left as they are (the caller reports them)."""
     hints = field_hints(classes)
     out = {}
     for name, value in config.items():
@@ -257,14 +285,73 @@ def coerce_config(config: dict[str, Any], classes) -> dict[str, Any]:
             continue
         hint, choices = hints[name]
         out[name] = coerce_value(name, value, HINT_OVERRIDES.get(name, hint), choices)
+        check_finite(name, out[name])
     return out
 
 
+def check_finite(path: str, value: Any) -> None:
+    """No float in ``value`` (a JSON value: dicts and lists at any depth) is NaN or infinite; the error names its
+    ``path`` (``lr_scheduler_kwargs.min_lr``, ``fsdp_config.limits[1]``)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueProblem(f"{path}={value!r}: expected a finite number")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            check_finite(f"{path}.{key}", item)
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            check_finite(f"{path}[{i}]", item)
+
+
 def check_ranges(values: dict[str, Any], ranges: dict[str, Range] = TRAINING_RANGES) -> None:
-    """Each numeric value with a range in ``ranges`` lies in it (``None``: unset, allowed)."""
-    for name, allowed in ranges.items():
-        value = values.get(name)
+    """Each numeric value lies in its range in ``ranges`` and within :data:`NUMBER_LIMIT` of zero (``None``:
+    unset, allowed); the error names the field, the value and the range."""
+    for name, value in values.items():
         if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
+        allowed = ranges.get(name, Range())
         if value not in allowed:
             raise ValueProblem(f"{name}={value!r}: must be {allowed.describe()}")
+        if abs(value) > NUMBER_LIMIT and value not in allowed.capped(value):
+            raise ValueProblem(f"{name}={value!r}: must be {allowed.capped(value).describe()}")
+
+
+# ---------------------------------------------------------------------------------------------- the Python API
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def strict_booleans(function: F) -> F:
+    """Decorate a public function (or method): each parameter annotated ``bool`` takes ``True`` or ``False`` only,
+    one annotated ``bool | None`` also ``None``; anything else (``"false"``, ``0``, ``numpy.True_``) raises one
+    ``TypeError`` line naming the keyword, before the function runs. Python reads ``"false"`` as true, and a library
+    called with it (transformers' ``trust_remote_code``) would too. The annotations are read at the first call
+    (a method's may name its class, which does not exist yet when the decorator runs)."""
+    parameters = inspect.signature(function).parameters
+    by_position = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    position = {name: i for i, (name, p) in enumerate(parameters.items()) if p.kind in by_position}
+    booleans: dict[str, bool] = {}  # name -> whether None is allowed
+    read = False
+
+    @functools.wraps(function)
+    def checked(*args, **kwargs):
+        nonlocal read
+        if not read:
+            for name, hint in typing.get_type_hints(function).items():
+                kind, optional = _shape(hint)
+                if kind == "bool" and name in parameters:
+                    booleans[name] = optional
+            read = True
+        for name, optional in booleans.items():
+            if name in kwargs:
+                value = kwargs[name]
+            elif position.get(name, len(args)) < len(args):
+                value = args[position[name]]
+            else:
+                continue
+            if value is not True and value is not False and not (optional and value is None):
+                allowed = "True, False or None" if optional else "True or False"
+                why = " (Python reads any non-empty string as true, 'false' included)" if isinstance(value, str) else ""
+                raise TypeError(f"{name}={value!r}: {function.__qualname__} takes {allowed} only{why}")
+        return function(*args, **kwargs)
+
+    return typing.cast(F, checked)

@@ -2,10 +2,12 @@
 
 Every reader of a JSON-lines file in the package (training data, local retrieval tasks) goes through
 :func:`iter_jsonl`, so a malformed line gives the same kind of message everywhere: the file, the line
-number, what is wrong, and what to do. Every JSON file a user writes (a run config, an instructions file,
-a tasks file) is read by :func:`read_json_file`, which refuses what would parse but mean something else:
-a text that is not UTF-8 (named with the encoding it looks like), and an object that gives one key twice
-(``json`` keeps the last value silently).
+number, what is wrong, and what to do. It reads at most :data:`MAX_LINE_BYTES` of a line, so one huge line (a
+file that is not JSON lines, say, or a corpus dumped on one line) is refused by its line number without being
+held in memory. Every JSON file a user writes (a run config, an instructions file, a tasks file) is read by
+:func:`read_json_file`, which refuses what would parse but mean something else: a text that is not UTF-8
+(named with the encoding it looks like), and an object that gives one key twice (``json`` keeps the last value
+silently).
 
 Atomic writes build a file or a folder under a temporary name and rename it into place at the end. A
 rename within one folder is atomic on POSIX (``os.replace``), so a reader sees either the old content or
@@ -26,18 +28,28 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+MAX_LINE_BYTES = 16 * 2**20
+"""The longest line :func:`iter_jsonl` reads, its line end included: 16 MiB, a hundred times a 32k-token text."""
+
 
 def iter_jsonl(
     path: str | os.PathLike, *, error: type[Exception] = ValueError, fix: str = "Fix or remove this line."
 ) -> Iterator[tuple[int, dict[str, Any] | None]]:
     """``(line number, object)`` for each line of a JSON-lines file; ``None`` for a blank line.
 
-    Raises ``error`` naming ``file:line`` for a line that is not UTF-8 (with the encoding it looks like), not
-    JSON, not a JSON object, or an object that gives one key twice; ``fix`` (what the user should do) ends the
-    message.
+    Raises ``error`` naming ``file:line`` for a line longer than :data:`MAX_LINE_BYTES` (read no further than
+    that), a line that is not UTF-8 (with the encoding it looks like), not JSON, not a JSON object, or an object
+    that gives one key twice; ``fix`` (what the user should do) ends the message.
     """
+    limit = MAX_LINE_BYTES  # read once: a reader never sees the limit change under it
     with open(path, "rb") as handle:
-        for line_no, raw in enumerate(handle, start=1):
+        for line_no, raw in enumerate(iter(lambda: handle.readline(limit + 1), b""), start=1):
+            if len(raw) > limit:
+                raise error(
+                    f"{path}:{line_no}: the line is longer than {limit:,} bytes (llm2vec.io.MAX_LINE_BYTES), more "
+                    "than any text a model reads; it is not read. Is this a JSON-lines file (one object per line)? "
+                    f"{fix}"
+                )
             try:
                 text = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
             except UnicodeDecodeError as err:

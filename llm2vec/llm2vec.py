@@ -24,6 +24,7 @@ from transformers import AutoModel, AutoTokenizer
 from . import templates
 from .collator import pad_batch
 from .compat import enable_activation_checkpointing, peft_reads_deprecated_property
+from .config_values import strict_booleans
 from .devices import default_device, resolve_dtype
 from .encode_inputs import read_inputs, read_item
 from .model_files import check_model_files
@@ -89,7 +90,8 @@ class LLM2Vec(nn.Module):
             ``encode_document`` (``"document"``); saved in ``llm2vec_config.json`` (an export writes its prompts
             there). An instruction is joined to the text in the family's chat layout, as ``[instruction, text]``.
         truncate_dim: ``encode`` keeps the first ``truncate_dim`` dimensions (before ``normalize_embeddings``), as
-            sentence-transformers does; an encoding-time setting, not saved.
+            sentence-transformers does; an encoding-time setting, not saved. More than the model's hidden size is a
+            ``ValueError``.
     """
 
     def __init__(
@@ -123,10 +125,22 @@ class LLM2Vec(nn.Module):
         ):
             raise ValueError(f"prompts must map prompt names to instruction strings, got {prompts!r:.120}")
         self.prompts: dict[str, str] = dict(prompts or {})
-        self.truncate_dim = _positive_or_none("truncate_dim", truncate_dim)
+        self.truncate_dim = self._checked_truncate_dim(truncate_dim)
         self.pad_token_id = tokenizer.pad_token_id
         if self.pad_token_id is None:
             self.pad_token_id = tokenizer.convert_tokens_to_ids(self.template.build("")[1])
+
+    def _checked_truncate_dim(self, truncate_dim: int | None) -> int | None:
+        """``truncate_dim`` when it is None or a whole number from 1 to the embedding's dimension; else a
+        ``ValueError`` (slicing past the end would silently keep every dimension)."""
+        truncate_dim = _positive_or_none("truncate_dim", truncate_dim)
+        hidden = decoder_body(self.model).config.hidden_size
+        if truncate_dim is not None and truncate_dim > hidden:
+            raise ValueError(
+                f"truncate_dim={truncate_dim}: the model's embeddings have {hidden} dimensions; give at most "
+                f"{hidden}, or None to keep them all"
+            )
+        return truncate_dim
 
     def _packing(self, packing: bool | str) -> bool:
         """Whether decoder calls are packed: ``packing`` checked against the family's ``packing_exact``."""
@@ -151,6 +165,7 @@ class LLM2Vec(nn.Module):
     which generates, uses ``AutoModelForCausalLM``."""
 
     @classmethod
+    @strict_booleans
     def load(
         cls,
         base_model_name_or_path: str,
@@ -330,7 +345,14 @@ class LLM2Vec(nn.Module):
 
     def resolve_prompt(self, prompt: str | None = None, prompt_name: str | None = None) -> str | None:
         """The instruction of an ``encode`` call, by sentence-transformers' rule: ``prompt`` itself (an instruction;
-        ``prompt_name`` is then ignored, with a warning), else the prompt named ``prompt_name``, else None."""
+        ``prompt_name`` is then ignored, with a warning), else the prompt named ``prompt_name``, else None. Either
+        one that is not a string raises a one-line ``TypeError``."""
+        for keyword, value in (("prompt", prompt), ("prompt_name", prompt_name)):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(
+                    f"{keyword}={value!r:.80}: expected a string (or None); one instruction is given to every text, "
+                    "so for an instruction per text pass [instruction, text] pairs"
+                )
         if prompt is not None:
             if prompt_name is not None:
                 logger.warning("both prompt and prompt_name given: prompt_name %r is ignored", prompt_name)
@@ -345,6 +367,7 @@ class LLM2Vec(nn.Module):
         return self.prompts[prompt_name]
 
     @torch.no_grad()
+    @strict_booleans
     def encode(
         self,
         sentences: str | Sequence[str | Sequence[str]],
@@ -363,12 +386,13 @@ class LLM2Vec(nn.Module):
         The arguments mean what they mean in sentence-transformers' ``encode``: ``prompt`` is an instruction given
         to every text (joined in the family's chat layout: ``encode(texts, prompt=i)`` equals
         ``encode([[i, t] for t in texts])``, and an export's ``encode(texts, prompt=i)``); ``prompt_name`` names one
-        of :attr:`prompts`; ``truncate_dim`` (default :attr:`truncate_dim`) keeps the first dimensions, before
-        ``normalize_embeddings``. ``show_progress_bar=None`` shows a bar only for more than one batch and when the
-        ``llm2vec`` logger is at INFO or below. A single string gives a single vector. Inputs are sorted by token
+        of :attr:`prompts`; ``truncate_dim`` (default :attr:`truncate_dim`, at most the embedding's dimension) keeps
+        the first dimensions, before ``normalize_embeddings``. ``show_progress_bar=None`` shows a bar only for more
+        than one batch and when the ``llm2vec`` logger is at INFO or below. A single string gives a single vector. Inputs are sorted by token
         length (fewer pad tokens per batch) and the order restored afterwards. A mapping, a set, bytes, numbers or
-        ``None`` (as the input or as one item) raise a one-line ``TypeError`` (:mod:`llm2vec.encode_inputs`).
-        """
+        ``None`` (as the input or as one item) raise a one-line ``TypeError`` (:mod:`llm2vec.encode_inputs`), as do
+        a ``prompt`` or ``prompt_name`` that is not a string and a true/false keyword given anything but ``True`` or
+        ``False`` (:func:`llm2vec.config_values.strict_booleans`)."""
         items, single = read_inputs(sentences)  # what is accepted and refused: llm2vec.encode_inputs
         instruction = self.resolve_prompt(prompt, prompt_name)
         if instruction is not None:
@@ -381,7 +405,7 @@ class LLM2Vec(nn.Module):
             items = [(instruction, text) for _, text in items]
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        truncate_dim = _positive_or_none("truncate_dim", truncate_dim) or self.truncate_dim
+        truncate_dim = self._checked_truncate_dim(truncate_dim) or self.truncate_dim
         if show_progress_bar is None:
             show_progress_bar = len(items) > batch_size and logger.getEffectiveLevel() <= logging.INFO
         device = torch.device(device) if device is not None else self.device

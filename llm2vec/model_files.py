@@ -37,6 +37,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .config_values import strict_booleans
 from .fingerprints import fingerprint_model, model_folder
 
 logger = logging.getLogger("llm2vec")
@@ -85,6 +86,7 @@ def custom_code(name_or_path: str | os.PathLike) -> dict[str, list[str]]:
     return found
 
 
+@strict_booleans
 def check_remote_code(name_or_path: str | os.PathLike, trust_remote_code: bool = False, what: str = "model") -> None:
     """Refuse a model whose files name custom code (:class:`ModelFilesError`), unless ``trust_remote_code``."""
     if trust_remote_code:
@@ -180,6 +182,7 @@ def _fingerprint_problem(recorded: dict[str, Any], base: Path | None) -> str | N
     return None
 
 
+@strict_booleans
 def check_adapter(
     base_model_name_or_path: str | os.PathLike,
     peft_model_name_or_path: str | os.PathLike | None,
@@ -238,6 +241,7 @@ def check_adapter(
 _WARNED: set[tuple[str, str]] = set()  # an accepted mismatch is logged once per adapter and base
 
 
+@strict_booleans
 def check_model_files(
     base_model_name_or_path: str | os.PathLike,
     peft_model_name_or_path: str | os.PathLike | None = None,

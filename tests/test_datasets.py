@@ -339,3 +339,65 @@ def test_jsonl_blank_lines_ignored_and_counted(tmp_path):
     ds = load_jsonl(str(a), global_batch_size=1)
     assert sorted(e.query for e in ds) == ["q0", "q1"]
     assert ds.sources["a"].blank_lines == 2
+
+
+def test_duplicate_pairs_and_negatives_equal_to_their_positive_are_counted_and_warned(tmp_path, caplog):
+    """Both are kept (the data is the user's), but a repeated pair puts the same positive twice in a batch (each
+    copy an in-batch negative of the other query) and a negative equal to its positive scores exactly as it."""
+    rows = triples("fiqa", 8)
+    rows[4] = {**rows[1], "negative": "another negative"}  # line 5 repeats the pair of line 2
+    rows[6] = dict(rows[1])  # line 7 too
+    rows[2]["negative"] = " " + rows[2]["positive"]  # line 3: the same text once stripped
+    path = write_jsonl(tmp_path / "fiqa.jsonl", rows)
+    with caplog.at_level(logging.WARNING, logger="llm2vec.dataset"):
+        ds = load_jsonl(str(path), global_batch_size=1, require_negative=True)
+    assert len(ds) == 8  # nothing dropped
+    warnings = " | ".join(r.getMessage() for r in caplog.records)
+    assert f"{path}: 2 of 8 records repeat the query and positive of an earlier record (lines 5, 7)" in warnings
+    assert f"{path}: 1 of 8 records has a negative equal to its positive (line 3)" in warnings
+
+    caplog.clear()
+    clean = write_jsonl(tmp_path / "clean.jsonl", triples("clean", 8))
+    with caplog.at_level(logging.WARNING, logger="llm2vec.dataset"):
+        load_jsonl(str(clean), global_batch_size=1, require_negative=True)
+    assert not caplog.records
+
+
+def test_a_data_line_longer_than_the_limit_is_refused_with_its_line_number(tmp_path, monkeypatch):
+    """The limit is lowered for the test (``llm2vec.io.MAX_LINE_BYTES``); a line of exactly the limit, its newline
+    included, is read."""
+    import llm2vec.io
+
+    monkeypatch.setattr(llm2vec.io, "MAX_LINE_BYTES", 200)
+    rows = triples("fiqa", 4)
+    fits = {"query": "q", "positive": "p", "negative": ""}
+    fits["negative"] = "n" * (199 - len(json.dumps(fits)))  # 199 characters and the newline: 200 bytes
+    rows[1] = fits
+    path = write_jsonl(tmp_path / "fiqa.jsonl", rows)
+    assert len(load_jsonl(str(path), global_batch_size=1)) == 4
+    rows[2] = {**fits, "negative": fits["negative"] + "n"}
+    path = write_jsonl(tmp_path / "fiqa.jsonl", rows)
+    with pytest.raises(DataError, match=f"^{path}:3: the line is longer than 200 bytes"):
+        load_jsonl(str(path), global_batch_size=1)
+
+
+def test_a_huge_data_line_is_refused_in_bounded_memory(tmp_path, monkeypatch):
+    """A 4 MiB line under a 64 KiB limit: the reader never holds more than about the limit (Python's allocations,
+    traced), where reading the line whole would take 4 MiB and more."""
+    import tracemalloc
+
+    import llm2vec.io
+
+    monkeypatch.setattr(llm2vec.io, "MAX_LINE_BYTES", 64 * 1024)
+    path = tmp_path / "huge.jsonl"
+    with open(path, "w") as f:
+        f.write(json.dumps({"query": "q", "positive": "p"}) + "\n")
+        f.write(json.dumps({"query": "q", "positive": "p" * (4 << 20)}) + "\n")
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataError, match=f"^{path}:2: the line is longer than 65,536 bytes"):
+            load_jsonl(str(path), global_batch_size=1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak

@@ -10,11 +10,15 @@
    retrieval folder whose ids or grades cannot give a meaningful score, an ``encode`` input that is not a
    list of texts or pairs.
 
+And for the Python API: every keyword annotated ``bool`` takes ``True`` or ``False`` only (``trust_remote_code="false"``
+ran a folder's code), and a ``prompt`` that is not a string or a ``truncate_dim`` beyond the embedding is refused.
+
 References are independent of the code under test: file trees listed before and after, marker files that the
 hostile code writes, scores of a folder with the meaningless queries removed by hand, embeddings of the same
 texts given as a plain list.
 """
 
+import inspect
 import json
 import os
 import re
@@ -22,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import typing
 from pathlib import Path
 
 import mteb_eval_custom
@@ -29,8 +34,12 @@ import numpy as np
 import pytest
 from _drivers import subprocess_env, tiny_run_flags
 
+import llm2vec.dataset
+import llm2vec.export
+import llm2vec.model_files
 from llm2vec import LLM2Vec
 from llm2vec.arguments import ConfigError, parse_config
+from llm2vec.evaluation import mteb_wrapper
 from llm2vec.evaluation.benchmark import BenchmarkError, load_benchmark
 from llm2vec.evaluation.local_task import local_retrieval_task
 from llm2vec.evaluation.mteb_wrapper import InstructionsFileError, LLM2VecMTEBEncoder, evaluate, load_instructions
@@ -296,6 +305,87 @@ def test_library_loading_refuses_custom_code_before_running_it(evil_model):
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("value", ["false", "no", "0", 0, None])
+def test_trust_remote_code_that_is_not_true_or_false_is_refused_before_any_code_runs(evil_model, value):
+    """A string is true in Python (``bool("false")``): ``from_pretrained`` passed ``"false"`` on as it was, and
+    transformers ran the folder's code. The marker file the code writes is the reference."""
+    folder, marker = evil_model
+    with pytest.raises(TypeError, match=f"^trust_remote_code={re.escape(repr(value))}: .*takes True or False") as info:
+        LLM2Vec.from_pretrained(str(folder), device="cpu", trust_remote_code=value)
+    assert "\n" not in str(info.value)
+    with pytest.raises(TypeError, match="^trust_remote_code="):
+        LLM2VecMTEBEncoder.from_pretrained(str(folder), instructions={}, devices="cpu", trust_remote_code=value)
+    assert not marker.exists()
+
+
+def _boolean_keywords() -> list[tuple[str, object, str]]:
+    """``(name, function, keyword)`` for each parameter annotated ``bool`` (or ``bool | None``) of the public Python
+    API: ``LLM2Vec``, the export, the mteb wrapper, the data loaders and the model-file checks; read from the
+    annotations here, independently of the code under test."""
+    functions = {}
+    for module in (llm2vec.export, llm2vec.dataset, mteb_wrapper, llm2vec.model_files):
+        names = getattr(module, "__all__", [n for n in vars(module) if not n.startswith("_")])
+        for name in names:
+            obj = getattr(module, name)
+            if getattr(obj, "__module__", "").startswith("llm2vec") and (
+                inspect.isfunction(obj) or inspect.isclass(obj)
+            ):
+                functions[f"{obj.__module__}.{obj.__qualname__}"] = obj
+    functions["llm2vec.llm2vec.LLM2Vec"] = LLM2Vec
+    for key, obj in list(functions.items()):
+        if inspect.isclass(obj):
+            del functions[key]
+            for name, member in vars(obj).items():
+                member = getattr(member, "__func__", member)  # classmethod, staticmethod
+                if inspect.isfunction(member) and (name == "__init__" or not name.startswith("_")):
+                    functions[f"{key}.{name}"] = member
+    found = []
+    for key, function in sorted(functions.items()):
+        hints = typing.get_type_hints(inspect.unwrap(function))
+        for name, hint in hints.items():
+            if name != "return" and (hint is bool or hint == bool | None):
+                found.append((key, function, name))
+    return found
+
+
+BOOLEAN_KEYWORDS = _boolean_keywords()
+
+
+@pytest.mark.parametrize(
+    ("name", "function", "keyword"), BOOLEAN_KEYWORDS, ids=[f"{n}:{k}" for n, _, k in BOOLEAN_KEYWORDS]
+)
+def test_every_boolean_keyword_of_the_python_api_takes_true_or_false_only(name, function, keyword):
+    """Each is refused before the function does anything: the other arguments are ``None`` here (``True`` for a
+    required true/false one)."""
+    hints = typing.get_type_hints(inspect.unwrap(function))
+    parameters = inspect.signature(inspect.unwrap(function)).parameters.values()
+    required = [p for p in parameters if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    positional = [None for p in required if p.kind != p.KEYWORD_ONLY]
+    keywords = {p.name: True if hints.get(p.name) is bool else None for p in required if p.kind == p.KEYWORD_ONLY}
+    for value in ("false", 1, np.bool_(True)):
+        with pytest.raises(
+            TypeError, match=f"^{keyword}={re.escape(repr(value))}: .*takes True,? (or False|False or None) only"
+        ) as info:
+            function(*positional, **{**keywords, keyword: value})
+        assert "\n" not in str(info.value)
+
+
+def test_the_boolean_keywords_found_include_the_documented_ones():
+    found = {(name.rsplit(".", 1)[-1], keyword) for name, _, keyword in BOOLEAN_KEYWORDS}
+    assert {
+        ("load", "trust_remote_code"),
+        ("load", "merge_peft"),
+        ("encode", "normalize_embeddings"),
+        ("encode", "show_progress_bar"),
+        ("export_sentence_transformers", "overwrite"),
+        ("export_sentence_transformers", "trust_remote_code"),
+        ("from_pretrained", "accept_other_base"),
+        ("evaluate", "raise_error"),
+        ("check_model_files", "trust_remote_code"),
+        ("load_jsonl", "require_negative"),
+    } <= found, sorted(found)
+
+
 # ---------------------------------------------------------------------------------------------- 8. pickled adapter
 
 
@@ -520,6 +610,32 @@ def test_encode_refuses_what_is_not_texts_or_pairs(encoder, sentences, message):
     with pytest.raises(TypeError, match=message) as info:
         encoder.encode(sentences, show_progress_bar=False)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("prompt", [5, b"Retrieve", ["Retrieve", "passages"], {"query": "Retrieve"}])
+def test_a_prompt_that_is_not_a_string_is_refused(encoder, prompt):
+    for keyword in ("prompt", "prompt_name"):
+        with pytest.raises(TypeError, match=f"^{keyword}={re.escape(repr(prompt))}: expected a string") as info:
+            encoder.encode(["fine"], show_progress_bar=False, **{keyword: prompt})
+        assert "\n" not in str(info.value)
+    with pytest.raises(TypeError, match="^prompt="):
+        encoder.encode_query(["fine"], prompt=prompt)
+
+
+def test_an_export_query_instruction_that_is_not_a_string_is_refused(model, tmp_path):
+    with pytest.raises(llm2vec.export.ExportError, match=r"^query_instruction=5: expected a string"):
+        llm2vec.export.export_sentence_transformers(model, tmp_path / "st", query_instruction=5)
+    assert not (tmp_path / "st").exists()
+
+
+def test_truncate_dim_larger_than_the_embedding_is_refused(model, encoder):
+    hidden = encoder.encode("a text", show_progress_bar=False).shape[0]
+    message = f"^truncate_dim={hidden + 1}: the model's embeddings have {hidden} dimensions"
+    with pytest.raises(ValueError, match=message):
+        encoder.encode(["a text"], truncate_dim=hidden + 1, show_progress_bar=False)
+    with pytest.raises(ValueError, match=message):
+        LLM2Vec.from_pretrained(model, device="cpu", truncate_dim=hidden + 1)
+    assert encoder.encode(["a text"], truncate_dim=hidden, show_progress_bar=False).shape == (1, hidden)
 
 
 def test_encode_reads_numpy_arrays_of_texts_and_pairs_as_lists(encoder):

@@ -364,6 +364,82 @@ def test_a_value_out_of_range_is_one_line_before_anything_is_written(assets, tmp
     assert not out.exists()
 
 
+BIG = 10**30
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("per_device_train_batch_size", BIG, f"per_device_train_batch_size={BIG}: must be >= 1 and <= 2147483647"),
+        ("max_steps", BIG, f"max_steps={BIG}: must be >= 1 and <= 2147483647, or -1"),
+        (
+            "gradient_accumulation_steps",
+            2**31,
+            "gradient_accumulation_steps=2147483648: must be >= 1 and <= 2147483647",
+        ),
+        ("save_steps", BIG, f"save_steps={BIG}: must be > 0 and <= 2147483647"),
+        ("num_train_epochs", 1e30, "num_train_epochs=1e+30: must be > 0 and <= 2147483647"),
+        ("max_seq_length", BIG, f"max_seq_length={BIG}: must be <= 2147483647"),
+        ("max_seq_length", -BIG, f"max_seq_length={-BIG}: must be >= -2147483647"),
+        ("num_threads", BIG, f"num_threads={BIG}: must be <= 2147483647"),
+    ],
+)
+def test_an_absurd_number_is_refused_by_field_with_its_range(assets, tmp_path, capsys, field, value, message):
+    """Measured before this check: num_threads 10**30 ended in a traceback, max_steps 10**30 was refused by the
+    disk check for 10**21 TB of checkpoints, and max_seq_length 10**30 trained."""
+    out = tmp_path / "run"
+    assert main("I", flags(assets, out, **{field: value})) == 2
+    assert one_line_error(capsys) == f"error: command line: {message}"
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("num_threads", 5000, "num_threads=5000: must be from 1 to 1024 (or leave it unset)"),
+        ("dataloader_num_workers", 5000, "dataloader_num_workers=5000: must be >= 0 and <= 1024"),
+    ],
+)
+def test_more_threads_or_workers_than_any_machine_has_are_refused(field, value, message):
+    """Read, not run: without the check, 2**31 - 1 threads abort in the OpenMP runtime (it allocates their stacks)
+    and 5000 workers are 5000 processes."""
+    with pytest.raises(ConfigError) as caught:
+        parse_config("I", BASE + [f"--{field}", str(value)])
+    assert str(caught.value) == f"command line: {message}"
+
+
+@pytest.mark.parametrize(
+    "text, where",
+    [
+        ('"lr_scheduler_kwargs": {"min_lr": NaN}', "lr_scheduler_kwargs.min_lr=nan"),
+        ('"lr_scheduler_kwargs": {"min_lr": -Infinity}', "lr_scheduler_kwargs.min_lr=-inf"),
+        ('"lr_scheduler_kwargs": {"min_lr": 1e999}', "lr_scheduler_kwargs.min_lr=inf"),
+        ('"fsdp_config": {"limits": [1, {"x": NaN}]}', "fsdp_config.limits[1].x=nan"),
+        ('"learning_rate": Infinity', "learning_rate=inf"),
+    ],
+)
+def test_nan_or_infinity_anywhere_in_a_config_is_refused(tmp_path, text, where):
+    path = tmp_path / "config.json"
+    path.write_text('{"model_name_or_path": "m", "output_dir": "o", ' + text + "}")
+    with pytest.raises(ConfigError) as caught:
+        parse_config("I", [str(path)])
+    assert str(caught.value) == f"{path}: {where}: expected a finite number", caught.value
+    key, value = text.split(": ", 1)
+    with pytest.raises(ConfigError) as caught:
+        parse_config("I", BASE + [f"--{json.loads(key)}", value])
+    assert str(caught.value) == f"command line: {where}: expected a finite number", caught.value
+
+
+def test_a_nan_in_the_scheduler_settings_stops_the_run_before_it_trains(assets, tmp_path, capsys):
+    """Measured before this check: the run trained at learning rate 0 (transformers' cosine_with_min_lr rate is
+    ``max(0, nan)``, which is 0) and exited 0 with a finished model."""
+    out = tmp_path / "run"
+    argv = flags(assets, out, lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs='{"min_lr": NaN}')
+    assert main("I", argv) == 2
+    assert one_line_error(capsys) == "error: command line: lr_scheduler_kwargs.min_lr=nan: expected a finite number"
+    assert not out.exists()
+
+
 # ---------------------------------------------------------------------------------------------- 6. data
 
 

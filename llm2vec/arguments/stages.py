@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..compat import TrainingArguments
+from ..config_values import MAX_PARALLEL
 from ..loss.reconstruction import RECONSTRUCTION_TARGETS
 from .shared import STAGES, ConfigError, DataArguments, ModelArguments, _choice
 
@@ -88,7 +89,7 @@ class _StageArguments:
     num_threads: int | None = field(
         default=None,
         metadata={
-            "help": "CPU threads of torch (torch.set_num_threads) for this run. Float sums split among threads round "
+            "help": "CPU threads of torch (torch.set_num_threads) for this run, 1 to 1024. Float sums split among threads round "
             "differently, so bit-identical results on CPU need the same value in both runs; default: torch's "
             "own (OMP_NUM_THREADS, else the number of cores)."
         },
@@ -106,8 +107,8 @@ class _StageArguments:
             raise ConfigError(f"stop_after_n_steps={self.stop_after_n_steps}: must be a positive number of steps")
         if self.stop_after_minutes is not None and not 0 < self.stop_after_minutes < float("inf"):
             raise ConfigError(f"stop_after_minutes={self.stop_after_minutes}: must be a positive number of minutes")
-        if self.num_threads is not None and self.num_threads < 1:
-            raise ConfigError(f"num_threads={self.num_threads}: must be positive (or leave it unset)")
+        if self.num_threads is not None and not 1 <= self.num_threads <= MAX_PARALLEL:
+            raise ConfigError(f"num_threads={self.num_threads}: must be from 1 to {MAX_PARALLEL} (or leave it unset)")
 
     def collator_options(self) -> dict[str, Any]:
         """Keyword arguments of :class:`llm2vec.collator.TrainCollator` for this stage."""

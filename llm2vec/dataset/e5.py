@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ..config_values import strict_booleans
 from .base import SourceStats, TrainDataset, examples_from_records
 from .records import DataError, TrainExample, check_path_kind, missing_files, read_jsonl_pairs
 
@@ -124,6 +125,7 @@ def e5_instruction(source: str, position: int) -> str:
     return instructions[position % len(instructions)]
 
 
+@strict_booleans
 def load_e5(
     data_dir: str,
     global_batch_size: int = 512,

@@ -14,7 +14,12 @@ Parsing rules (both loaders):
   stripping is skipped; skips are counted per file, logged as a warning with
   the file name, and reported in :meth:`llm2vec.dataset.base.TrainDataset.summary`;
 * blank lines are not records; they are counted and reported too;
-* a file in which no record survives is an error.
+* a file in which no record survives is an error;
+* records that repeat the query and positive of an earlier record of the file, and records whose negative equals
+  their positive (after stripping), are kept, counted (:class:`FileReport`) and warned about with their first
+  line numbers: a repeated pair can put the same positive twice in a batch, each copy an in-batch negative of
+  the other's query, and a negative equal to its positive scores exactly as it. Pairs are compared by the hash
+  of their two texts, so the check holds one integer per record.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from ..config_values import strict_booleans
 from ..io import iter_jsonl
 
 logger = logging.getLogger(__name__)
@@ -80,6 +86,9 @@ class FileReport:
     skipped_empty: int = 0  # records with an empty text, not used
     blank_lines: int = 0
     truncated: bool = False  # stopped early because of a limit
+    # the lines of kept records that repeat an earlier record's query and positive, and whose negative is the positive
+    duplicates: list[int] = field(default_factory=list)
+    negative_is_positive: list[int] = field(default_factory=list)
 
 
 def _fail(path: str, line: int, problem: str, fix: str) -> DataError:
@@ -114,6 +123,7 @@ def _text_field(obj: dict, name: str, path: str, line: int, fix: str, required: 
     return value.strip()
 
 
+@strict_booleans
 def read_jsonl_pairs(
     path: str,
     *,
@@ -142,6 +152,7 @@ def read_jsonl_pairs(
     """
     report = FileReport(path=path)
     records: list[RawRecord] = []
+    pairs_seen: set[int] = set()
     for line_no, obj in iter_jsonl(path, error=DataError, fix=fix):
         if limit is not None and len(records) >= limit:
             report.truncated = True
@@ -158,6 +169,12 @@ def read_jsonl_pairs(
         if not query or not positive or (require_negative and not negative):
             report.skipped_empty += 1
             continue
+        pair = hash((query, positive))
+        if pair in pairs_seen:
+            report.duplicates.append(line_no)
+        pairs_seen.add(pair)
+        if negative == positive:
+            report.negative_is_positive.append(line_no)
         records.append(
             RawRecord(
                 index=index,
@@ -181,6 +198,27 @@ def read_jsonl_pairs(
         )
     if report.blank_lines:
         logger.warning("%s: ignored %d blank lines", path, report.blank_lines)
+    if report.duplicates:
+        logger.warning(
+            "%s: %d of %d records %s the query and positive of an earlier record (%s); they are kept, but two copies "
+            "in one batch make each an in-batch negative of the other's query",
+            path,
+            len(report.duplicates),
+            report.records,
+            "repeats" if len(report.duplicates) == 1 else "repeat",
+            _line_list(report.duplicates),
+        )
+    if report.negative_is_positive:
+        logger.warning(
+            "%s: %d of %d records %s a negative equal to %s positive (%s); they are kept, but such a hard negative "
+            "scores exactly as the positive",
+            path,
+            len(report.negative_is_positive),
+            report.records,
+            "has" if len(report.negative_is_positive) == 1 else "have",
+            "its" if len(report.negative_is_positive) == 1 else "their",
+            _line_list(report.negative_is_positive),
+        )
     if not records:
         if report.records == 0:
             raise DataError(f"{path}: the file holds no records. Check that it is the right file.")
@@ -189,6 +227,12 @@ def read_jsonl_pairs(
             "is empty or whitespace only. Check the file's field names and contents."
         )
     return records, report
+
+
+def _line_list(lines: list[int], shown: int = 5) -> str:
+    """``line 3``, ``lines 5, 7``, or the first ``shown`` of many followed by ``...``."""
+    listed = ", ".join(map(str, lines[:shown])) + (", ..." if len(lines) > shown else "")
+    return f"line{'s' if len(lines) > 1 else ''} {listed}"
 
 
 def _listing(folder: str, n: int = 2) -> str:

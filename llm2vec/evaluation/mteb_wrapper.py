@@ -52,6 +52,7 @@ from mteb.models.abs_encoder import AbsEncoder
 from mteb.models.model_meta import ModelMeta
 from mteb.types import PromptType
 
+from ..config_values import strict_booleans
 from ..devices import resolve_dtype
 from ..io import JsonFileError, read_json_file, short_hash
 from ..llm2vec import LLM2Vec, read_llm2vec_config
@@ -152,6 +153,7 @@ class LLM2VecMTEBEncoder(AbsEncoder):
         chunk_size: inputs per work item of the multi-replica path (default ``4 * batch_size``).
     """
 
+    @strict_booleans
     def __init__(
         self,
         model: LLM2Vec | Sequence[LLM2Vec],
@@ -221,6 +223,7 @@ class LLM2VecMTEBEncoder(AbsEncoder):
     # ------------------------------------------------------------------ loading
 
     @classmethod
+    @strict_booleans
     def from_pretrained(
         cls,
         base_model_name_or_path: str,
@@ -350,6 +353,7 @@ class LLM2VecMTEBEncoder(AbsEncoder):
         show = bool(kwargs.get("show_progress_bar", True))
         return self.encode_items(items, batch_size=batch_size, show_progress_bar=show)
 
+    @strict_booleans
     def encode_items(
         self, items: Sequence[Sequence[str]], batch_size: int | None = None, show_progress_bar: bool = True
     ) -> np.ndarray:
@@ -404,6 +408,7 @@ def prompt_instructions(folder: str | None) -> dict[str, str]:
     }
 
 
+@strict_booleans
 def evaluate(
     encoder: LLM2VecMTEBEncoder,
     tasks: Sequence,

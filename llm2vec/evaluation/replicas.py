@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..config_values import strict_booleans
 from ..devices import default_device
 from ..llm2vec import LLM2Vec
 
@@ -48,6 +49,7 @@ def replicate(model: LLM2Vec, devices: Sequence[torch.device]) -> list[LLM2Vec]:
     return replicas
 
 
+@strict_booleans
 def encode_on_replicas(
     replicas: Sequence[LLM2Vec],
     items: Sequence[Sequence[str]],

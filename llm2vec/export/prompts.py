@@ -144,6 +144,11 @@ def resolve_query_instruction(
         '--query_instruction "" to export an empty query prompt (encode_query then equals encode_document)'
     )
     if given is not None:
+        if not isinstance(given, str):
+            raise ExportError(
+                f"query_instruction={given!r:.80}: expected a string, the instruction queries get ('' for none), or "
+                "None to read it from the run's run_config.json"
+            )
         if not given.strip():
             logger.warning(
                 "the query prompt is empty (query_instruction=''): encode_query will embed exactly as "

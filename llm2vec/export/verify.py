@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from .. import templates
+from ..config_values import strict_booleans
 from ..llm2vec import LLM2Vec, decoder_body, read_llm2vec_config
 from .prompts import ExportError
 
@@ -79,6 +80,7 @@ def _real_ids(features: Mapping[str, torch.Tensor]) -> list[list[int]]:
     return [ids[mask.bool()].tolist() for ids, mask in zip(features["input_ids"], features["attention_mask"])]
 
 
+@strict_booleans
 def verify_export(
     folder: str | os.PathLike,
     encoder_ids: Mapping[str, list[list[int]]],

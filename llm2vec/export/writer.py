@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ..config_values import strict_booleans
 from ..devices import default_device, resolve_dtype
 from ..io import JsonFileError, read_json_file
 from ..llm2vec import CONFIG_NAME, LLM2Vec, decoder_body
@@ -106,6 +107,7 @@ def _default_dtype(path: str, trust_remote_code: bool = False) -> torch.dtype:
     return dtype if isinstance(dtype, torch.dtype) else torch.float32
 
 
+@strict_booleans
 def export_sentence_transformers(
     base_model_name_or_path: str,
     output_dir: str | os.PathLike,
