@@ -15,6 +15,9 @@ naming an unknown query or document or repeating a pair, a grade that is not a w
 relevant document at all) is an error naming ``file:line`` (:func:`read_beir_folder`). The dataset "revision" in the task
 metadata is a hash of the three files, so the results file records which version of the data was scored.
 
+Its name becomes the results file's name (``<name>.json``), where mteb looks for a task's stored result by name
+alone, so it may not be the name of a task mteb knows (:func:`check_local_task_name`).
+
 The task's instruction (for its queries; documents get none) is ``task.instruction``, kept in the task's
 metadata as mteb keeps a task's own prompt (``metadata.prompt = {"query": instruction}``), where
 ``LLM2VecMTEBEncoder`` reads it when its instructions mapping has no entry for the task.
@@ -22,6 +25,8 @@ metadata as mteb keeps a task's own prompt (``metadata.prompt = {"query": instru
 
 from __future__ import annotations
 
+import functools
+import importlib
 import json
 import logging
 from pathlib import Path
@@ -38,6 +43,34 @@ from .paths import check_name
 logger = logging.getLogger(__name__)
 
 FILES = ("corpus.jsonl", "queries.jsonl", "qrels.jsonl")
+
+
+class TaskNameError(ValueError):
+    """A local task's name that is the name of a task mteb knows (one line)."""
+
+
+@functools.lru_cache(maxsize=1)
+def _mteb_task_names() -> dict[str, str]:
+    """Lower-cased name -> name of every task in mteb's registry (its task classes, read offline), renamed ones
+    included."""
+    registry = importlib.import_module("mteb.get_tasks")  # the module; ``mteb.get_tasks`` is its function
+    names = [cls.metadata.name for cls in registry.TASK_LIST]
+    names += list(getattr(registry, "_TASK_RENAMES", {}))  # old names mteb still answers to
+    return {name.lower(): name for name in names}
+
+
+def check_local_task_name(name: str, what: str = "local task name") -> str:
+    """``name`` unless it is the name of a task mteb knows, compared without case (two result files whose names
+    differ only in case are one file on a case-insensitive file system); then :class:`TaskNameError`: a local
+    task's results would be stored, and found, as that task's."""
+    known = _mteb_task_names().get(name.lower())
+    if known is not None:
+        same = f"the mteb task {known!r}" if known == name else f"the mteb task {known!r} (names differ only in case)"
+        raise TaskNameError(
+            f"{what} {name!r} is the name of {same}; its results would be stored and found as that task's: choose "
+            f"another name (say {name + '-local'!r})"
+        )
+    return name
 
 
 def _read_jsonl(path: Path, required: tuple[str, ...]) -> list[tuple[int, dict[str, Any]]]:
@@ -238,14 +271,21 @@ def local_retrieval_task(
     name: str = "StdlibDocRetrieval",
     instruction: str | None = None,
     description: str | None = None,
+    *,
+    allow_mteb_name: bool = False,
 ) -> LocalRetrievalTask:
     """An mteb retrieval task over ``data_dir`` (BEIR layout), evaluated on split ``test``, score nDCG@10.
 
     The files are checked (and hashed) here, so a bad folder fails before any model is loaded. ``name``
     becomes the results file's name (``<name>.json``): it must be a plain file name
-    (:func:`llm2vec.evaluation.paths.check_name`).
+    (:func:`llm2vec.evaluation.paths.check_name`) and not the name of a task mteb knows
+    (:func:`check_local_task_name`). ``allow_mteb_name=True`` lifts the latter for a local copy that stands in
+    for an mteb task in mteb's own tools (mteb's sentence-transformers wrapper takes prompts by mteb task name
+    only).
     """
     check_name(name, "task name")
+    if not allow_mteb_name:
+        check_local_task_name(name, "task name")
     _, digest = read_beir_folder(data_dir)
     metadata = TaskMetadata(
         name=name,
