@@ -8,7 +8,9 @@
 in this repository's ``test_configs/mteb``. Inputs are checked before the model is loaded (the files, every
 name that becomes a folder or file name, that the results folder can be read and written, and that the model
 runs no code of its folder unless ``--trust_remote_code``, and that ``--local_task_name`` is no task mteb knows);
-bad input is one ``error:`` line and exit status 2; a task that fails during evaluation gives exit status 1.
+bad input is one ``error:`` line and exit status 2; a task that fails during evaluation gives exit status 1. A
+stored result is reused only when it was computed from the same task content, instruction, model files and
+settings (:mod:`llm2vec.evaluation.result_keys`); otherwise the task is computed again.
 The library code is :mod:`llm2vec.evaluation`.
 """
 

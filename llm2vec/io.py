@@ -28,16 +28,24 @@ from typing import IO, Any
 
 
 def iter_jsonl(
-    path: str | os.PathLike, *, error: type[Exception] = ValueError, fix: str = "Fix or remove this line."
+    path: str | os.PathLike,
+    *,
+    error: type[Exception] = ValueError,
+    fix: str = "Fix or remove this line.",
+    digests: Iterable[Any] = (),
 ) -> Iterator[tuple[int, dict[str, Any] | None]]:
     """``(line number, object)`` for each line of a JSON-lines file; ``None`` for a blank line.
 
     Raises ``error`` naming ``file:line`` for a line that is not UTF-8 (with the encoding it looks like), not
     JSON, not a JSON object, or an object that gives one key twice; ``fix`` (what the user should do) ends the
-    message.
+    message. ``digests``: ``hashlib`` objects updated with every byte read, so that once the file is read to its
+    end they hold the hash of exactly the bytes that were parsed (read once, not again to hash them).
     """
+    digests = list(digests)
     with open(path, "rb") as handle:
         for line_no, raw in enumerate(handle, start=1):
+            for digest in digests:
+                digest.update(raw)
             try:
                 text = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
             except UnicodeDecodeError as err:
