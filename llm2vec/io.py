@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -42,10 +43,8 @@ def iter_jsonl(
     end they hold the hash of exactly the bytes that were parsed (read once, not again to hash them).
     """
     digests = list(digests)
-    with open(path, "rb") as handle:
+    with _open_hashing(path, digests) as handle:
         for line_no, raw in enumerate(handle, start=1):
-            for digest in digests:
-                digest.update(raw)
             try:
                 text = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
             except UnicodeDecodeError as err:
@@ -65,6 +64,35 @@ def iter_jsonl(
             if not isinstance(obj, dict):
                 raise error(f"{path}:{line_no}: expected a JSON object, got {type(obj).__name__}. {fix}")
             yield line_no, obj
+
+
+class _HashingReader(io.RawIOBase):
+    """A raw binary file that feeds every block it reads to ``digests`` (one call a block, not one a line)."""
+
+    def __init__(self, raw: IO[bytes], digests: list[Any]):
+        self.raw, self.digests = raw, digests
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        n = self.raw.readinto(buffer)
+        if n:
+            block = memoryview(buffer)[:n]
+            for digest in self.digests:
+                digest.update(block)
+        return n
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
+
+
+def _open_hashing(path: str | os.PathLike, digests: list[Any]) -> IO[bytes]:
+    """``path`` opened for reading bytes; with ``digests``, each block read is hashed on its way."""
+    if not digests:
+        return open(path, "rb")
+    return io.BufferedReader(_HashingReader(open(path, "rb", buffering=0), digests), buffer_size=1 << 20)
 
 
 class JsonFileError(ValueError):

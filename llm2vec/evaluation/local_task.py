@@ -42,7 +42,7 @@ from mteb.abstasks.retrieval import AbsTaskRetrieval
 from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData
 from mteb.abstasks.task_metadata import TaskMetadata
 
-from ..io import iter_jsonl
+from ..io import iter_jsonl, short_hash
 from .paths import check_name
 
 logger = logging.getLogger(__name__)
@@ -159,7 +159,7 @@ def read_beir_folder(data_dir: str | Path) -> tuple[RetrievalSplitData, str]:
 
 def read_beir_files(data_dir: str | Path) -> tuple[RetrievalSplitData, dict[str, str], str]:
     """The split data of a BEIR-style folder, the SHA-256 of each of its three files (of the bytes parsed, each file
-    read once) and a short hash of the three together (12 hex digits of the SHA-256 of their concatenation).
+    read once) and a short hash of the three (12 hex digits of the SHA-256 of their names and hashes).
 
     Refused (``ValueError`` naming ``file:line``), since they cannot give a meaningful score: an id given
     twice in the corpus or the queries, an id that is neither a string nor an integer, a text that is not a
@@ -181,11 +181,10 @@ def read_beir_files(data_dir: str | Path) -> tuple[RetrievalSplitData, dict[str,
             '({"_id","title","text"}), queries.jsonl ({"_id","text"}) and qrels.jsonl ({"query-id","corpus-id","score"})'
         )
     corpus_path, queries_path, qrels_path = (data_dir / name for name in FILES)
-    together = hashlib.sha256()
     each = {name: hashlib.sha256() for name in FILES}
-    corpus = _read_jsonl(corpus_path, ("_id", "text"), (each["corpus.jsonl"], together))
-    queries = _read_jsonl(queries_path, ("_id", "text"), (each["queries.jsonl"], together))
-    qrels = _read_jsonl(qrels_path, ("query-id", "corpus-id", "score"), (each["qrels.jsonl"], together))
+    corpus = _read_jsonl(corpus_path, ("_id", "text"), (each["corpus.jsonl"],))
+    queries = _read_jsonl(queries_path, ("_id", "text"), (each["queries.jsonl"],))
+    qrels = _read_jsonl(qrels_path, ("query-id", "corpus-id", "score"), (each["qrels.jsonl"],))
     doc_ids, query_ids = _unique_ids(corpus_path, corpus), _unique_ids(queries_path, queries)
 
     relevant: dict[str, dict[str, int]] = {}
@@ -246,7 +245,8 @@ def read_beir_files(data_dir: str | Path) -> tuple[RetrievalSplitData, dict[str,
         relevant_docs=relevant,
         top_ranked=None,
     )
-    return split, {name: digest.hexdigest() for name, digest in each.items()}, together.hexdigest()[:12]
+    file_sha256 = {name: digest.hexdigest() for name, digest in each.items()}
+    return split, file_sha256, short_hash(file_sha256, n=12)
 
 
 class LocalRetrievalTask(AbsTaskRetrieval):
