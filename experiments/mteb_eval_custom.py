@@ -7,8 +7,10 @@
 ``--help`` lists the options. The defaults of ``--tasks_fp`` and ``--task_to_instructions_fp`` are the files
 in this repository's ``test_configs/mteb``. Inputs are checked before the model is loaded (the files, every
 name that becomes a folder or file name, that the results folder can be read and written, and that the model
-runs no code of its folder unless ``--trust_remote_code``); bad input is one ``error:`` line and exit
-status 2; a task that fails during evaluation gives exit status 1.
+runs no code of its folder unless ``--trust_remote_code``, and that ``--local_task_name`` is no task mteb knows);
+bad input is one ``error:`` line and exit status 2; a task that fails during evaluation gives exit status 1. A
+stored result is reused only when it was computed from the same task content, instruction, model files and
+settings (:mod:`llm2vec.evaluation.result_keys`); otherwise the task is computed again.
 The library code is :mod:`llm2vec.evaluation`.
 """
 
@@ -62,7 +64,11 @@ def build_arg_parser() -> argparse.ArgumentParser:
         default=None,
         help="a BEIR-style folder (corpus.jsonl, queries.jsonl, qrels.jsonl) to evaluate as a retrieval task",
     )
-    p.add_argument("--local_task_name", default="StdlibDocRetrieval", help="task name of --local_retrieval_dir")
+    p.add_argument(
+        "--local_task_name",
+        default="StdlibDocRetrieval",
+        help="task name of --local_retrieval_dir; not the name of a task mteb knows (default: %(default)s)",
+    )
     p.add_argument(
         "--local_instruction",
         default=None,
@@ -128,13 +134,15 @@ def build_arg_parser() -> argparse.ArgumentParser:
 
 
 def check_output(args: argparse.Namespace) -> None:
-    """Every name that becomes a path component is a plain name, and the results folder can be read and
-    written: all before the model loads (:mod:`llm2vec.evaluation.paths`)."""
+    """Every name that becomes a path component is a plain name, the local task's name is no mteb task's, and the
+    results folder can be read and written: all before the model loads (:mod:`llm2vec.evaluation.paths`)."""
+    from llm2vec.evaluation.local_task import TaskNameError, check_local_task_name
     from llm2vec.evaluation.paths import PathNameError, check_name, check_output_folder, model_folder_name
 
     try:
         if args.local_retrieval_dir is not None:
             check_name(args.local_task_name, "--local_task_name")
+            check_local_task_name(args.local_task_name, "--local_task_name")
         if args.revision is not None:
             check_name(args.revision, "--revision")
         results = Path(args.output_dir) / "results"
@@ -143,7 +151,7 @@ def check_output(args: argparse.Namespace) -> None:
             if args.revision is not None:
                 results = results / args.revision
         check_output_folder(results, f"--output_dir {args.output_dir}")
-    except PathNameError as e:
+    except (PathNameError, TaskNameError) as e:
         raise UsageError(str(e)) from None
 
 

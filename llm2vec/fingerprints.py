@@ -1,9 +1,11 @@
-"""Fingerprints of files and model folders: what a run records of its inputs (:mod:`llm2vec.run.inputs`) and what
-an adapter's load compares with the base it was trained on (:func:`llm2vec.model_files.check_adapter`).
+"""Fingerprints of files and model folders: what a run records of its inputs (:mod:`llm2vec.run.inputs`), what
+an adapter's load compares with the base it was trained on (:func:`llm2vec.model_files.check_adapter`) and what a
+stored evaluation result records of its model (:mod:`llm2vec.evaluation.result_keys`).
 
 A file's fingerprint is its size, modification time (ns) and the SHA-256 of its first MiB: cheap on a model of
 many GB, and enough to tell two trainings of one shape apart (the first MiB of a safetensors file holds its header
-and the start of its first tensor).
+and the start of its first tensor). A model's content fingerprint (:func:`model_content`) leaves out the
+modification time, so a copy of a folder is the same model.
 """
 
 from __future__ import annotations
@@ -50,3 +52,17 @@ def fingerprint_model(name: str | None) -> dict[str, Any] | None:
         if p.is_file() and not p.name.startswith(".") and p.name != "README.md"
     }
     return {"name": str(name), "files": files}
+
+
+def model_content(name: str | None) -> dict[str, Any] | None:
+    """What a model folder holds, as far as its fingerprint tells: ``{"files": {file: {"size", "head_sha256"}}}``
+    of :func:`fingerprint_model` without modification times (a copy of the folder gives the same value; a weights
+    file of the same size and first MiB counts as the same file); ``{"hub_id": name}`` for a hub id that is not in
+    the local cache; ``None`` for no model."""
+    fingerprint = fingerprint_model(name)
+    if fingerprint is None:
+        return None
+    if "files" not in fingerprint:
+        return {"hub_id": fingerprint["name"]}
+    files = fingerprint["files"]
+    return {"files": {f: {"size": v["size"], "head_sha256": v["head_sha256"]} for f, v in files.items()}}

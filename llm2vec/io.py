@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -33,16 +34,23 @@ MAX_LINE_BYTES = 16 * 2**20
 
 
 def iter_jsonl(
-    path: str | os.PathLike, *, error: type[Exception] = ValueError, fix: str = "Fix or remove this line."
+    path: str | os.PathLike,
+    *,
+    error: type[Exception] = ValueError,
+    fix: str = "Fix or remove this line.",
+    digests: Iterable[Any] = (),
 ) -> Iterator[tuple[int, dict[str, Any] | None]]:
     """``(line number, object)`` for each line of a JSON-lines file; ``None`` for a blank line.
 
     Raises ``error`` naming ``file:line`` for a line longer than :data:`MAX_LINE_BYTES` (read no further than
     that), a line that is not UTF-8 (with the encoding it looks like), not JSON, not a JSON object, or an object
-    that gives one key twice; ``fix`` (what the user should do) ends the message.
+    that gives one key twice; ``fix`` (what the user should do) ends the message. ``digests``: ``hashlib`` objects
+    updated with every byte read, so that once the file is read to its end they hold the hash of exactly the bytes
+    that were parsed (read once, not again to hash them).
     """
+    digests = list(digests)
     limit = MAX_LINE_BYTES  # read once: a reader never sees the limit change under it
-    with open(path, "rb") as handle:
+    with _open_hashing(path, digests) as handle:
         for line_no, raw in enumerate(iter(lambda: handle.readline(limit + 1), b""), start=1):
             if len(raw) > limit:
                 raise error(
@@ -69,6 +77,35 @@ def iter_jsonl(
             if not isinstance(obj, dict):
                 raise error(f"{path}:{line_no}: expected a JSON object, got {type(obj).__name__}. {fix}")
             yield line_no, obj
+
+
+class _HashingReader(io.RawIOBase):
+    """A raw binary file that feeds every block it reads to ``digests`` (one call a block, not one a line)."""
+
+    def __init__(self, raw: IO[bytes], digests: list[Any]):
+        self.raw, self.digests = raw, digests
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        n = self.raw.readinto(buffer)
+        if n:
+            block = memoryview(buffer)[:n]
+            for digest in self.digests:
+                digest.update(block)
+        return n
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
+
+
+def _open_hashing(path: str | os.PathLike, digests: list[Any]) -> IO[bytes]:
+    """``path`` opened for reading bytes; with ``digests``, each block read is hashed on its way."""
+    if not digests:
+        return open(path, "rb")
+    return io.BufferedReader(_HashingReader(open(path, "rb", buffering=0), digests), buffer_size=1 << 20)
 
 
 class JsonFileError(ValueError):

@@ -569,8 +569,9 @@ def write_local_task(folder: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def mteb_runs(tiny_checkpoints, tmp_path_factory):
-    """The local retrieval task (named SciFact, so that mteb accepts it as a prompt key) scored by the project's
-    encoder and by mteb's sentence-transformers wrapper of the export; returns both results and folders."""
+    """The local retrieval task (named SciFact, so that mteb accepts it as a prompt key: a local copy standing in
+    for an mteb task, ``allow_mteb_name``) scored by the project's encoder and by mteb's sentence-transformers
+    wrapper of the export; returns both results and folders."""
     import mteb
     from mteb.models.sentence_transformer_wrapper import SentenceTransformerEncoderWrapper
 
@@ -583,7 +584,7 @@ def mteb_runs(tiny_checkpoints, tmp_path_factory):
     instructions = read_instructions(INSTRUCTIONS_FILE, ["SciFact"])
 
     def task():
-        return local_retrieval_task(data, name="SciFact", instruction=instructions["SciFact"])
+        return local_retrieval_task(data, name="SciFact", instruction=instructions["SciFact"], allow_mteb_name=True)
 
     encoder = LLM2VecMTEBEncoder(reference(checkpoint), instructions)
     ours = evaluate(encoder, [task()], root / "project", show_progress_bar=False, raise_error=True, overwrite=True)

@@ -6,6 +6,8 @@
 - :mod:`~llm2vec.evaluation.benchmark`: the paper's tasks, categories, splits and subsets, read from a
   tasks file, and the mteb tasks restricted to them;
 - :mod:`~llm2vec.evaluation.local_task`: a local BEIR-style folder as an mteb retrieval task;
+- :mod:`~llm2vec.evaluation.result_keys`: what a stored result was computed from, and when :func:`evaluate`
+  serves it again;
 - :mod:`~llm2vec.evaluation.tables`: the paper's result tables from mteb result folders.
 
 Every function takes the files it reads as arguments; nothing here has default paths.

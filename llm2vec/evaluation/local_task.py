@@ -15,6 +15,13 @@ naming an unknown query or document or repeating a pair, a grade that is not a w
 relevant document at all) is an error naming ``file:line`` (:func:`read_beir_folder`). The dataset "revision" in the task
 metadata is a hash of the three files, so the results file records which version of the data was scored.
 
+The task keeps the SHA-256 of each of the three files as they were read when it was made (``task.file_sha256``,
+hashed from the very bytes parsed), and loading its data refuses files that changed since: what a stored result
+records as its input (:mod:`llm2vec.evaluation.result_keys`) is what was scored.
+
+Its name becomes the results file's name (``<name>.json``), where mteb looks for a task's stored result by name
+alone, so it may not be the name of a task mteb knows (:func:`check_local_task_name`).
+
 The task's instruction (for its queries; documents get none) is ``task.instruction``, kept in the task's
 metadata as mteb keeps a task's own prompt (``metadata.prompt = {"query": instruction}``), where
 ``LLM2VecMTEBEncoder`` reads it when its instructions mapping has no entry for the task.
@@ -22,6 +29,9 @@ metadata as mteb keeps a task's own prompt (``metadata.prompt = {"query": instru
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import importlib
 import json
 import logging
 from pathlib import Path
@@ -32,7 +42,7 @@ from mteb.abstasks.retrieval import AbsTaskRetrieval
 from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData
 from mteb.abstasks.task_metadata import TaskMetadata
 
-from ..io import file_digest, iter_jsonl
+from ..io import iter_jsonl, short_hash
 from .paths import check_name
 
 logger = logging.getLogger(__name__)
@@ -40,11 +50,40 @@ logger = logging.getLogger(__name__)
 FILES = ("corpus.jsonl", "queries.jsonl", "qrels.jsonl")
 
 
-def _read_jsonl(path: Path, required: tuple[str, ...]) -> list[tuple[int, dict[str, Any]]]:
-    """``(line number, record)`` of each non-blank line; every record must have the ``required`` fields."""
+class TaskNameError(ValueError):
+    """A local task's name that is the name of a task mteb knows (one line)."""
+
+
+@functools.lru_cache(maxsize=1)
+def _mteb_task_names() -> dict[str, str]:
+    """Lower-cased name -> name of every task in mteb's registry (its task classes, read offline), renamed ones
+    included."""
+    registry = importlib.import_module("mteb.get_tasks")  # the module; ``mteb.get_tasks`` is its function
+    names = [cls.metadata.name for cls in registry.TASK_LIST]
+    names += list(getattr(registry, "_TASK_RENAMES", {}))  # old names mteb still answers to
+    return {name.lower(): name for name in names}
+
+
+def check_local_task_name(name: str, what: str = "local task name") -> str:
+    """``name`` unless it is the name of a task mteb knows, compared without case (two result files whose names
+    differ only in case are one file on a case-insensitive file system); then :class:`TaskNameError`: a local
+    task's results would be stored, and found, as that task's."""
+    known = _mteb_task_names().get(name.lower())
+    if known is not None:
+        same = f"the mteb task {known!r}" if known == name else f"the mteb task {known!r} (names differ only in case)"
+        raise TaskNameError(
+            f"{what} {name!r} is the name of {same}; its results would be stored and found as that task's: choose "
+            f"another name (say {name + '-local'!r})"
+        )
+    return name
+
+
+def _read_jsonl(path: Path, required: tuple[str, ...], digests=()) -> list[tuple[int, dict[str, Any]]]:
+    """``(line number, record)`` of each non-blank line; every record must have the ``required`` fields.
+    ``digests``: ``hashlib`` objects fed the file's bytes as they are read (:func:`llm2vec.io.iter_jsonl`)."""
     fix = f"Each line needs a JSON object with {list(required)}."
     rows = []
-    for line_no, row in iter_jsonl(path, fix=fix):
+    for line_no, row in iter_jsonl(path, fix=fix, digests=digests):
         if row is None:
             continue
         missing = [k for k in required if k not in row]
@@ -113,7 +152,14 @@ def _unique_ids(path: Path, rows: list[tuple[int, dict[str, Any]]]) -> dict[str,
 
 
 def read_beir_folder(data_dir: str | Path) -> tuple[RetrievalSplitData, str]:
-    """The split data of a BEIR-style folder and a short hash of its files.
+    """The split data of a BEIR-style folder and a short hash of its files (:func:`read_beir_files`)."""
+    split, _, revision = read_beir_files(data_dir)
+    return split, revision
+
+
+def read_beir_files(data_dir: str | Path) -> tuple[RetrievalSplitData, dict[str, str], str]:
+    """The split data of a BEIR-style folder, the SHA-256 of each of its three files (of the bytes parsed, each file
+    read once) and a short hash of the three (12 hex digits of the SHA-256 of their names and hashes).
 
     Refused (``ValueError`` naming ``file:line``), since they cannot give a meaningful score: an id given
     twice in the corpus or the queries, an id that is neither a string nor an integer, a text that is not a
@@ -135,9 +181,10 @@ def read_beir_folder(data_dir: str | Path) -> tuple[RetrievalSplitData, str]:
             '({"_id","title","text"}), queries.jsonl ({"_id","text"}) and qrels.jsonl ({"query-id","corpus-id","score"})'
         )
     corpus_path, queries_path, qrels_path = (data_dir / name for name in FILES)
-    corpus = _read_jsonl(corpus_path, ("_id", "text"))
-    queries = _read_jsonl(queries_path, ("_id", "text"))
-    qrels = _read_jsonl(qrels_path, ("query-id", "corpus-id", "score"))
+    each = {name: hashlib.sha256() for name in FILES}
+    corpus = _read_jsonl(corpus_path, ("_id", "text"), (each["corpus.jsonl"],))
+    queries = _read_jsonl(queries_path, ("_id", "text"), (each["queries.jsonl"],))
+    qrels = _read_jsonl(qrels_path, ("query-id", "corpus-id", "score"), (each["qrels.jsonl"],))
     doc_ids, query_ids = _unique_ids(corpus_path, corpus), _unique_ids(queries_path, queries)
 
     relevant: dict[str, dict[str, int]] = {}
@@ -198,7 +245,8 @@ def read_beir_folder(data_dir: str | Path) -> tuple[RetrievalSplitData, str]:
         relevant_docs=relevant,
         top_ranked=None,
     )
-    return split, file_digest([data_dir / name for name in FILES], n=12)
+    file_sha256 = {name: digest.hexdigest() for name, digest in each.items()}
+    return split, file_sha256, short_hash(file_sha256, n=12)
 
 
 class LocalRetrievalTask(AbsTaskRetrieval):
@@ -208,6 +256,7 @@ class LocalRetrievalTask(AbsTaskRetrieval):
 
     def __init__(self, data_dir: str | Path, instruction: str | None = None, **kwargs: Any):
         self.data_dir = Path(data_dir)
+        self.file_sha256: dict[str, str] | None = None  # file -> SHA-256 of the files this task scores
         super().__init__(**kwargs)
         if instruction is not None:
             self.instruction = instruction
@@ -228,7 +277,15 @@ class LocalRetrievalTask(AbsTaskRetrieval):
     def load_data(self, num_proc: int | None = None, **kwargs: Any) -> None:
         if self.data_loaded:
             return
-        split, _ = read_beir_folder(self.data_dir)
+        split, file_sha256, _ = read_beir_files(self.data_dir)
+        if self.file_sha256 is not None and file_sha256 != self.file_sha256:
+            changed = [name for name in FILES if file_sha256[name] != self.file_sha256[name]]
+            raise ValueError(
+                f"local retrieval folder {str(self.data_dir)!r}: {', '.join(changed)} changed after the task was made "
+                "from it; its result would be recorded as computed from the files read then. Make the task again "
+                "(run the command again) once the folder is as it should be"
+            )
+        self.file_sha256 = file_sha256
         self.dataset = {"default": {"test": split}}
         self.data_loaded = True
 
@@ -238,15 +295,23 @@ def local_retrieval_task(
     name: str = "StdlibDocRetrieval",
     instruction: str | None = None,
     description: str | None = None,
+    *,
+    allow_mteb_name: bool = False,
 ) -> LocalRetrievalTask:
     """An mteb retrieval task over ``data_dir`` (BEIR layout), evaluated on split ``test``, score nDCG@10.
 
     The files are checked (and hashed) here, so a bad folder fails before any model is loaded. ``name``
     becomes the results file's name (``<name>.json``): it must be a plain file name
-    (:func:`llm2vec.evaluation.paths.check_name`).
+    (:func:`llm2vec.evaluation.paths.check_name`) and not the name of a task mteb knows
+    (:func:`check_local_task_name`). ``allow_mteb_name=True`` lifts the latter for a local copy that stands in
+    for an mteb task in mteb's own tools (mteb's sentence-transformers wrapper takes prompts by mteb task name
+    only); its results are still keyed as this folder's (:mod:`llm2vec.evaluation.result_keys`), so they are
+    never served for the mteb task.
     """
     check_name(name, "task name")
-    _, digest = read_beir_folder(data_dir)
+    if not allow_mteb_name:
+        check_local_task_name(name, "task name")
+    _, file_sha256, digest = read_beir_files(data_dir)
     metadata = TaskMetadata(
         name=name,
         description=description or f"Local BEIR-style retrieval dataset read from {Path(data_dir).resolve()}.",
@@ -270,4 +335,6 @@ def local_retrieval_task(
     # mteb keeps a task's published metadata on its class (unloading data drops instance-level metadata),
     # so each local dataset gets its own subclass
     task_class = type(f"LocalRetrievalTask_{name}", (LocalRetrievalTask,), {"metadata": metadata})
-    return task_class(data_dir, instruction)
+    task = task_class(data_dir, instruction)
+    task.file_sha256 = file_sha256
+    return task

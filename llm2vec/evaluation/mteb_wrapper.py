@@ -35,7 +35,9 @@ visible CUDA device, and ``encode`` spreads the inputs over them (:mod:`llm2vec.
 CPU or one GPU there is a single replica and the plain ``LLM2Vec.encode`` path.
 
 :func:`evaluate` runs ``mteb.evaluate`` with a results cache in a given folder; the results of a model go
-to :meth:`LLM2VecMTEBEncoder.results_folder`.
+to :meth:`LLM2VecMTEBEncoder.results_folder`. A stored result is served again only when it records the key of
+what would be computed now (the task's content, its instruction, the model's files and the settings:
+:mod:`llm2vec.evaluation.result_keys`); each result file written records that key.
 """
 
 from __future__ import annotations
@@ -54,10 +56,12 @@ from mteb.types import PromptType
 
 from ..config_values import strict_booleans
 from ..devices import resolve_dtype
+from ..fingerprints import model_content
 from ..io import JsonFileError, read_json_file, short_hash
 from ..llm2vec import LLM2Vec, read_llm2vec_config
 from .paths import check_name, model_folder_name, results_folder
 from .replicas import encode_on_replicas, replicate, resolve_devices
+from .result_keys import computed_from, why_not_reused, write_record
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +153,9 @@ class LLM2VecMTEBEncoder(AbsEncoder):
             (a warning) instead of raising :class:`MissingInstructionError`.
         batch_size: default batch size when mteb's ``encode_kwargs`` give none.
         identity: what defines this model's embeddings (base, adapter, pooling, dtype, ...); hashed into
-            the default revision and recorded in ``model_meta.json`` (ModelMeta ``loader_kwargs``).
+            the default revision and recorded in ``model_meta.json`` (ModelMeta ``loader_kwargs``). The files of
+            its base and adapter folders are fingerprinted here (``model_files``,
+            :func:`llm2vec.fingerprints.model_content`): part of the key of every result (:func:`evaluate`).
         chunk_size: inputs per work item of the multi-replica path (default ``4 * batch_size``).
     """
 
@@ -190,6 +196,13 @@ class LLM2VecMTEBEncoder(AbsEncoder):
         settings.setdefault("template", self.model.template.name)
         settings.setdefault("dtype", str(next(self.model.model.parameters()).dtype).replace("torch.", ""))
         self.identity = settings
+        base = settings.get("base_model_name_or_path")
+        # None: a model in memory, known by no folder; its stored results are never served again
+        self.model_files: dict[str, Any] | None = (
+            {"base": model_content(base), "adapter": model_content(settings.get("peft_model_name_or_path"))}
+            if base
+            else None
+        )
         if model_name is None:
             base = settings.get("base_model_name_or_path")
             model_name = default_model_name(base, settings.get("peft_model_name_or_path")) if base else "local/llm2vec"
@@ -299,6 +312,15 @@ class LLM2VecMTEBEncoder(AbsEncoder):
     def add_instruction(self, task_name: str, instruction: str) -> None:
         """Register (or replace) the instruction of one task, e.g. a local task absent from the file."""
         self.instructions[task_name] = instruction
+
+    def resolve_instruction(self, task_name: str, task_metadata=None) -> str | None:
+        """What :meth:`task_instruction` gives, without its log lines; None where it raises."""
+        if task_name in self.instructions:
+            return self.instructions[task_name]
+        own = task_own_instruction(task_metadata)
+        if own is not None:
+            return own
+        return "" if self.allow_missing_instructions else None
 
     def task_instruction(self, task_name: str, task_metadata=None) -> str:
         """The instruction of a task's queries (and of both sides of a symmetric task): the mapping's entry, else
@@ -419,21 +441,60 @@ def evaluate(
     show_progress_bar: bool = True,
     raise_error: bool = False,
 ):
-    """``mteb.evaluate`` with the results cache in ``output_dir``: existing task results are loaded, not
-    recomputed (mteb's ``only-missing``), unless ``overwrite`` (mteb's ``always``).
+    """``mteb.evaluate`` of each task with the results cache in ``output_dir``.
 
-    Returns mteb's ``ModelResult`` (``task_results``, and ``exceptions`` of failed tasks unless
-    ``raise_error``); the files are in :meth:`LLM2VecMTEBEncoder.results_folder`.
+    A stored result is loaded, not recomputed (mteb's ``only-missing``: only splits and subsets it lacks are
+    computed), when it records the key of what would be computed now: the task's content, its instruction, the
+    model's files and the settings (:mod:`llm2vec.evaluation.result_keys`). A stored result with another key, or
+    none, is computed again and written over (mteb's ``always``), with a warning saying why; so is every task with
+    ``overwrite``. Each result file written records its key. When a task whose stored result was not reused
+    fails, its error says so and why.
+
+    Returns mteb's ``ModelResult`` (``task_results`` in the order of ``tasks``, and ``exceptions`` of failed tasks
+    unless ``raise_error``); the files are in :meth:`LLM2VecMTEBEncoder.results_folder`.
     """
     import mteb
+    from mteb.results import ModelResult
+    from mteb.results.task_result import TaskError
 
-    return mteb.evaluate(
-        encoder,
-        list(tasks),
-        cache=mteb.ResultCache(cache_path=output_dir),
-        overwrite_strategy="always" if overwrite else "only-missing",
-        encode_kwargs={"batch_size": int(batch_size or encoder.batch_size), "show_progress_bar": show_progress_bar},
-        co2_tracker=False,
-        raise_error=raise_error,
-        show_progress_bar=show_progress_bar,
+    cache = mteb.ResultCache(cache_path=output_dir)
+    batch_size = int(batch_size or encoder.batch_size)
+    meta = encoder.mteb_model_meta
+    task_results, exceptions = [], []
+    for task in tasks:
+        # an aggregate task (its score the mean of its sub-tasks') is served only when its sub-tasks' files are too
+        parts = [task, *getattr(task.metadata, "tasks", [])]
+        records = {part.metadata.name: computed_from(encoder, part, batch_size) for part in parts}
+        paths = {name: cache.get_task_result_path(name, meta) for name in records}
+        stale = None
+        for name, record in records.items():
+            why = None if overwrite else why_not_reused(paths[name], record)
+            if why:
+                stale = stale or (paths[name], why)
+                logger.warning("%s: the stored result %s is not reused, %s; computing it again", name, paths[name], why)
+        result = mteb.evaluate(
+            encoder,
+            [task],
+            cache=cache,
+            overwrite_strategy="always" if overwrite or stale else "only-missing",
+            encode_kwargs={"batch_size": batch_size, "show_progress_bar": show_progress_bar},
+            co2_tracker=False,
+            raise_error=raise_error,
+            show_progress_bar=show_progress_bar,
+        )
+        if result.task_results:
+            for name, record in records.items():
+                if paths[name].exists():
+                    write_record(paths[name], record)
+        task_results += result.task_results
+        for error in result.exceptions or []:
+            if stale:
+                error = TaskError(
+                    task_name=error.task_name,
+                    exception=f"the stored result {stale[0]} is not reused ({stale[1]}), and computing it failed: "
+                    f"{error.exception}",
+                )
+            exceptions.append(error)
+    return ModelResult(
+        model_name=meta.name, model_revision=meta.revision, task_results=task_results, exceptions=exceptions
     )

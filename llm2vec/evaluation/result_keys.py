@@ -1,0 +1,169 @@
+"""What a stored evaluation result was computed from, and when it is reused.
+
+mteb's results cache finds a task's stored result (``<output_dir>/results/<model>/<revision>/<Task>.json``) by the
+task's name and the folder names alone, and its ``only-missing`` strategy serves it again whatever the task's data,
+its instruction or the model's files are now. :func:`llm2vec.evaluation.mteb_wrapper.evaluate` serves a stored
+result only when it records the key of what would be computed now, made of four parts (:func:`computed_from`):
+
+- ``task``: a local folder's (:mod:`~llm2vec.evaluation.local_task`) name and the SHA-256 of each of its three files;
+  a task of mteb's registry, its name and dataset (hub path and revision); any other task class (mteb's mocks, a
+  class of your own), its name, class and dataset;
+- ``instruction``: the one its queries (and both sides of a symmetric task) get from this encoder now;
+- ``model``: the content fingerprint of the base model's folder and of the adapter's
+  (:func:`llm2vec.fingerprints.model_content`: size and SHA-256 of the first MiB of each file);
+- ``settings``: what changes the embeddings besides the weights: pooling, max length, template, dtype and the text
+  cap (``doc_max_length``), as the encoder's ``identity`` holds them.
+
+Each result file the package writes records them beside mteb's own fields, under :data:`FIELD` (mteb's reader
+ignores fields it does not know): ``key`` (the SHA-256 of the four parts as canonical JSON), ``compared`` (the
+parts) and ``recorded`` (what is kept for the reader but not compared: the folder and model paths, the batch size,
+the mteb version). Paths are not compared, since a copy of a folder is the same input (and the model's path already
+names its results folder); nor is the batch size, since padding is masked and batches change the embeddings by
+rounding only (at most 4.8e-7 between batch sizes 1 and 24 on the tiny test model in float32).
+
+A stored result without a record (written by mteb itself, or by an earlier version of this package), with an
+unreadable one or with another key is computed again (:func:`why_not_reused` says why, in one line) and written
+over. An encoder made from a model in memory (no folder in its ``identity``) has no model fingerprint: its stored
+results are never served.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..io import atomic_write
+
+FIELD = "llm2vec_computed_from"
+"""The field of a result file (mteb's ``TaskResult`` JSON) that holds what it was computed from."""
+
+_PATHS = ("base_model_name_or_path", "peft_model_name_or_path")
+
+
+def task_source(task) -> dict[str, Any]:
+    """The ``task`` part of the key (module docstring)."""
+    from .local_task import LocalRetrievalTask, read_beir_files
+
+    name = task.metadata.name
+    if isinstance(task, LocalRetrievalTask):
+        if task.file_sha256 is None:  # made without local_retrieval_task: hashed now
+            task.file_sha256 = read_beir_files(task.data_dir)[1]
+        return {"name": name, "source": "local folder", "files": dict(task.file_sha256)}
+    dataset = task.metadata.dataset or {}
+    source = {"name": name, "dataset": {"path": dataset.get("path"), "revision": dataset.get("revision")}}
+    if type(task) is _mteb_registry().get(name):
+        return {**source, "source": "mteb"}
+    cls = type(task)
+    return {**source, "source": f"class {cls.__module__}.{cls.__qualname__}"}
+
+
+@functools.lru_cache(maxsize=1)
+def _mteb_registry() -> dict[str, type]:
+    from mteb.get_tasks import TASK_LIST  # the module's (``mteb.get_tasks`` is also a function)
+
+    return {cls.metadata.name: cls for cls in TASK_LIST}
+
+
+def computed_from(encoder, task, batch_size: int) -> dict[str, Any]:
+    """``{"key", "compared", "recorded"}`` of ``task`` evaluated by ``encoder`` (an ``LLM2VecMTEBEncoder``)."""
+    import mteb
+
+    compared = {
+        "task": task_source(task),
+        "instruction": encoder.resolve_instruction(task.metadata.name, task.metadata),
+        "model": encoder.model_files,
+        "settings": {k: v for k, v in encoder.identity.items() if k not in _PATHS},
+    }
+    recorded: dict[str, Any] = {k: encoder.identity.get(k) for k in _PATHS}
+    if compared["task"]["source"] == "local folder":
+        recorded["folder"] = os.path.abspath(task.data_dir)
+    recorded.update(batch_size=int(batch_size), mteb_version=mteb.__version__)
+    return {"key": _sha256(compared), "compared": compared, "recorded": recorded}
+
+
+def _sha256(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, ensure_ascii=False, default=str).encode()).hexdigest()
+
+
+def why_not_reused(path: str | os.PathLike, record: Mapping[str, Any]) -> str | None:
+    """Why the result stored at ``path`` must not be served for ``record`` (:func:`computed_from`), in words; None
+    when nothing is stored there, or when it records the same key."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    if record["compared"]["model"] is None:
+        return "the model is not known by its files (an encoder made from a model in memory)"
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8")).get(FIELD)
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError) as e:
+        return f"it cannot be read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    if not isinstance(stored, Mapping) or not isinstance(stored.get("compared"), Mapping):
+        return "it records nothing of what it was computed from (written by mteb itself or an earlier version)"
+    if stored.get("key") == record["key"] and _sha256(stored["compared"]) == record["key"]:
+        return None
+    return "it was computed from other inputs: " + "; ".join(differences(stored["compared"], record["compared"]))
+
+
+def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """What differs between two ``compared`` parts, one phrase each (old -> new)."""
+    found = []
+    old_task, new_task = old.get("task") or {}, new.get("task") or {}
+    if old_task.get("source") != new_task.get("source") or old_task.get("name") != new_task.get("name"):
+        found.append(f"the task was {_describe(old_task)}, now {_describe(new_task)}")
+    elif old_task.get("files") != new_task.get("files"):
+        files = sorted(set(old_task.get("files") or {}) | set(new_task.get("files") or {}))
+        changed = [f for f in files if (old_task.get("files") or {}).get(f) != (new_task.get("files") or {}).get(f)]
+        found.append(f"the local folder's {', '.join(changed)} changed")
+    elif old_task != new_task:
+        found.append(f"the task's dataset was {old_task.get('dataset')}, now {new_task.get('dataset')}")
+    if old.get("instruction") != new.get("instruction"):
+        found.append(f"the instruction was {_short(old.get('instruction'))}, now {_short(new.get('instruction'))}")
+    old_model, new_model = old.get("model") or {}, new.get("model") or {}
+    for part, what in (("base", "the base model"), ("adapter", "the adapter")):
+        a, b = old_model.get(part), new_model.get(part)
+        if a != b:
+            found.append(f"{what}'s files changed" + _changed_files(a, b))
+    old_settings, new_settings = old.get("settings") or {}, new.get("settings") or {}
+    for name in sorted(set(old_settings) | set(new_settings)):
+        if old_settings.get(name) != new_settings.get(name):
+            found.append(f"{name} was {old_settings.get(name)!r}, now {new_settings.get(name)!r}")
+    return found or ["a part of the key that this version does not name"]
+
+
+def _describe(task: Mapping[str, Any]) -> str:
+    source = task.get("source")
+    where = "a local folder" if source == "local folder" else "mteb's task" if source == "mteb" else source
+    return f"{where} named {task.get('name')!r}"
+
+
+def _short(text: Any, n: int = 60) -> str:
+    return repr(text if not isinstance(text, str) or len(text) <= n else text[:n] + "...")
+
+
+def _changed_files(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> str:
+    files_a, files_b = (a or {}).get("files") or {}, (b or {}).get("files") or {}
+    changed = sorted(f for f in set(files_a) | set(files_b) if files_a.get(f) != files_b.get(f))
+    if changed:
+        return f" ({', '.join(changed[:5])}{', ...' if len(changed) > 5 else ''})"
+    return f" ({'none' if a is None else a.get('hub_id', 'a folder')} -> {'none' if b is None else b.get('hub_id', 'a folder')})"
+
+
+def write_record(path: str | os.PathLike, record: Mapping[str, Any]) -> None:
+    """Add ``record`` to the result file at ``path`` under :data:`FIELD` (written whole, then renamed into place).
+
+    A file that records the same key already is left as it is: mteb served it without computing (a file mteb
+    writes, computed in full or merged with the splits it lacked, holds no record), and its ``recorded`` part
+    says how it was computed then."""
+    path = Path(path)
+    data = json.loads(path.read_text(encoding="utf-8"))
+    stored = data.get(FIELD)
+    if isinstance(stored, Mapping) and stored.get("key") == record["key"]:
+        return
+    data[FIELD] = dict(record)
+    with atomic_write(path) as f:
+        json.dump(data, f, indent=2, ensure_ascii=False)
