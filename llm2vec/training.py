@@ -208,7 +208,7 @@ def load_data(config: RunConfig, tokenizer, template) -> tuple[TrainDataset, lis
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     check_examples(
         TrainCollator(tokenizer, template, config.model.max_seq_length, pad, **collator_options(config)),
-        dataset.examples + validation,
+        dataset.instruction_examples() + validation,
     )
     return dataset, validation
 
