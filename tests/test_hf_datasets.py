@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 
 import datasets
@@ -152,11 +153,18 @@ def test_text_is_stripped_and_emptiness_judged_as_python_strips():
     assert set(python_whitespace()) == {c for c in map(chr, range(sys.maxunicode + 1)) if c.isspace()}
 
 
-def test_items_index_like_a_list(tmp_path):
-    ds = load_hf([write("folder", tmp_path, "a", edge_rows("a", 20))], 4, seed=0)
+def test_items_index_like_a_list_and_pickle_without_the_table(tmp_path):
+    """A data-loader worker may receive the dataset pickled: the memory-mapped table travels as its file."""
+    import pickle
+
+    ds = load_hf([write("folder", tmp_path, "a", edge_rows("a", 2000))], 4, seed=0)
     assert ds[-1] == ds[len(ds) - 1] and ds.examples[-1] == ds[-1]
     with pytest.raises(IndexError):
         ds[len(ds)]
+    ds[0]  # the columns read are cached, and left out of the pickle
+    data = pickle.dumps(ds)
+    assert list(pickle.loads(data)) == list(ds)
+    assert len(data) < sum(len(e.query) + len(e.positive) for e in ds)  # the rows' integers, not their texts
 
 
 # ---------------------------------------------------------------------------------------------- columns
@@ -433,3 +441,31 @@ def test_an_instruction_tokenization_rejects_is_found_while_loading(tmp_path, mo
     assert training.main("I", argv) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
     assert len(err) == 1 and f"{path}, row 5: " in err[0] and "leaves no room for text" in err[0], err
+
+
+def test_a_run_trains_on_hf_data_and_records_its_files(tmp_path):
+    """Stage I, two steps on a save_to_disk folder and a parquet file: the trainer reads the dataset in its order,
+    run_config.json fingerprints the files behind each source, and the instructions trained with read back from it
+    (an export's query prompt)."""
+    from llm2vec import training
+    from llm2vec.provenance import trained_query_instructions
+    from llm2vec.testing import save_tiny_model
+
+    folder = write("folder", tmp_path, "nli", st_rows(16), ("anchor", "positive", "negative"))
+    parquet = write("parquet", tmp_path, "nq", edge_rows("nq", 12))
+    out = tmp_path / "run"
+    argv = ["--model_name_or_path", str(save_tiny_model("llama3", tmp_path / "model")), "--output_dir", str(out)]
+    argv += ["--dataset_name", "hf", "--dataset_file_path", f"{folder},{parquet}", "--max_seq_length", "32"]
+    argv += ["--use_cpu", "true", "--per_device_train_batch_size", "4", "--max_steps", "2", "--warmup_steps", "0"]
+    argv += ["--num_threads", "1", "--report_to", "none", "--save_strategy", "no", "--logging_steps", "1"]
+    trainer = training.run("I", argv + ["--default_instruction", "Find it"])
+    assert trainer.state.global_step == 2
+    run_config = json.loads((out / "run_config.json").read_text())
+    recorded = run_config["inputs"]["data"]
+    assert str(parquet) in recorded and any(p.startswith(str(folder)) and p.endswith(".arrow") for p in recorded)
+    # what an export reads back for its query prompt: every row's instruction, as the loader gives it
+    expected = Counter(
+        r.get("instruction").strip() if r.get("instruction") is not None else "Find it" for r in edge_rows("nq", 12)
+    )
+    expected["Find it"] += 16
+    assert trained_query_instructions(run_config) == expected

@@ -39,6 +39,7 @@ import logging
 import operator
 import os
 import sys
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -610,6 +611,37 @@ def load_hf(
     return _arrange_sources(sources, stats, global_batch_size, seed, validation_size)
 
 
+def instruction_counts(
+    paths: str | Sequence[str],
+    column_map: Mapping | None = None,
+    split: str = "train",
+    default_instruction: str = "",
+    cache_dir: str | None = None,
+) -> Counter[str]:
+    """``instruction -> rows`` of the datasets as :func:`load_hf` reads them (stripped; ``default_instruction``
+    where a row has none), counted with ``pyarrow`` in blocks (what an export reads back: the query prompt)."""
+    import pyarrow.compute as pc
+
+    specs = parse_specs(paths)
+    maps = source_column_maps(column_map, [s.name for s in specs])
+    default_instruction = default_instruction.strip()
+    counts: Counter[str] = Counter()
+    for spec in specs:
+        dataset, _ = open_source(spec, split, cache_dir)
+        source = Source(spec, dataset, [], {}, default_instruction)
+        source.resolve_columns(maps[spec.name], require_negative=False)
+        source.check_types()
+        if source.columns["instruction"] is None:
+            counts[default_instruction] += dataset.num_rows
+            continue
+        table = dataset.data.table.select([source.columns["instruction"]])
+        for batch in table.to_batches(max_chunksize=SCAN_ROWS):
+            values = pc.fill_null(pc.utf8_trim(batch.column(0), python_whitespace()), default_instruction)
+            for item in pc.value_counts(values).to_pylist():
+                counts[item["values"]] += item["counts"]
+    return counts
+
+
 def _arrange_sources(
     sources: dict[str, Source], stats: dict[str, SourceStats], global_batch_size: int, seed: int, validation_size
 ) -> ArrowTrainDataset:
@@ -640,4 +672,4 @@ def _arrange_sources(
     return ArrowTrainDataset(sources, batch_sources, rows, stats, global_batch_size, seed, held_out)
 
 
-__all__ = ["ArrowTrainDataset", "DEFAULT_COLUMNS", "ROLES", "check_column_map", "load_hf"]
+__all__ = ["ArrowTrainDataset", "DEFAULT_COLUMNS", "ROLES", "check_column_map", "instruction_counts", "load_hf"]
