@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -469,3 +470,28 @@ def test_a_run_trains_on_hf_data_and_records_its_files(tmp_path):
     )
     expected["Find it"] += 16
     assert trained_query_instructions(run_config) == expected
+
+
+# ---------------------------------------------------------------------------------------------- memory
+
+
+def test_memory_stays_far_below_a_list_of_python_objects(tmp_path):
+    """200,000 pairs, each loader in a fresh process (experiments/benchmark_data.py): the memory the process owns
+    (the mapped pages of the table aside, which the kernel can drop) grows by a small fraction of what the
+    JSON-lines loader's Python objects take, and all variants give the same arranged examples."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "experiments" / "benchmark_data.py"), "--rows", "200000", "--json"]
+        + ["--passage_words", "5", "15", "--work", str(tmp_path / "work"), "--only", "jsonl", "hf_disk"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = {r["variant"]: r for r in map(json.loads, result.stdout.splitlines())}
+    own = {v: r["peak_anon_mib"] - r["setup_anon_mib"] for v, r in records.items()}
+    resident = {v: r["peak_rss_mib"] - r["setup_rss_mib"] for v, r in records.items()}
+    assert own["jsonl"] > 50, records  # the Python objects of 200,000 pairs (140 MiB measured)
+    assert own["hf_disk"] < own["jsonl"] / 4, own  # 12 MiB measured
+    assert resident["hf_disk"] < resident["jsonl"], resident  # the mapped pages counted too
+    assert len({(r["examples"], r["digest"]) for r in records.values()}) == 1

@@ -245,7 +245,16 @@ def _from_file(spec: Spec, cache_dir: str | None):
     if suffix == ".arrow":
         with contextlib.suppress(Exception):  # an Arrow stream written by datasets: mapped as it is
             return datasets.Dataset.from_file(spec.path, in_memory=False)
-    return datasets.load_dataset(FILE_BUILDERS[suffix], data_files=spec.path, split="train", cache_dir=cache_dir)
+    options = {}
+    if suffix == ".parquet":
+        import pyarrow.dataset as pds
+
+        # pyarrow's pre-buffering keeps the bytes of every row group read so far until the file is done: the
+        # conversion's memory would grow with the file (measured: 0.7 GB of 2 M pairs, 0.4 GB without it)
+        options["fragment_scan_options"] = pds.ParquetFragmentScanOptions(pre_buffer=False)
+    return datasets.load_dataset(
+        FILE_BUILDERS[suffix], data_files=spec.path, split="train", cache_dir=cache_dir, **options
+    )
 
 
 def _find_bad_line(path: str) -> None:
