@@ -239,18 +239,18 @@ def check_and_print(records: list[dict], as_json: bool) -> None:
         return r["peak_rss_mib"] - r["setup_rss_mib"], r["peak_anon_mib"] - r["setup_anon_mib"]
 
     print(
-        f"{'variant':14} {'rows':>9} {'seconds':>8} {'peak MiB':>9} {'load MiB':>9} {'own MiB':>8} {'file MiB':>9} "
+        f"{'variant':16} {'rows':>9} {'seconds':>8} {'peak MiB':>9} {'load MiB':>9} {'own MiB':>8} {'file MiB':>9} "
         f"{'time ratio':>10} {'load ratio':>10} {'own ratio':>9}"
     )
     for r in records:
         if "failed" in r:
-            print(f"{r['variant']:14} {r['failed']}")
+            print(f"{r['variant']:16} {r['failed']}")
             continue
         load, own = grown(r)
         ratios = [f"{r['seconds'] / ref['seconds']:.2f}", f"{load / grown(ref)[0]:.3f}", f"{own / grown(ref)[1]:.3f}"]
         ratios = ratios if ref else ["-"] * 3
         print(
-            f"{r['variant']:14} {r['rows']:>9} {r['seconds']:>8.2f} {r['peak_rss_mib']:>9.0f} {load:>9.0f} {own:>8.0f} "
+            f"{r['variant']:16} {r['rows']:>9} {r['seconds']:>8.2f} {r['peak_rss_mib']:>9.0f} {load:>9.0f} {own:>8.0f} "
             f"{r['file_mib']:>9.0f} {ratios[0]:>10} {ratios[1]:>10} {ratios[2]:>9}"
         )
 
