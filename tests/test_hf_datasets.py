@@ -197,6 +197,23 @@ def test_column_map_renames_for_every_source_and_per_source(tmp_path):
     assert by_source[("b", "b q3")] == TrainExample("b q3", "a3", None, "none given", "b")
 
 
+def test_a_column_of_nulls_only_means_no_negative_and_no_instruction(tmp_path):
+    """A DataFrame's all-None column is stored with Arrow's null type: no row has that field (a required negative
+    is then missing in the first row)."""
+    table = pa.table(
+        {"anchor": ["a", "b"], "positive": ["c", "d"], "negative": pa.nulls(2), "instruction": pa.nulls(2)}
+    )
+    pq.write_table(table, tmp_path / "nulls.parquet")
+    ds = load_hf([tmp_path / "nulls.parquet"], 1, default_instruction="D", cache_dir=str(tmp_path / "cache"))
+    assert sorted(ds, key=lambda e: e.query) == [
+        TrainExample("a", "c", None, "D", "nulls"),
+        TrainExample("b", "d", None, "D", "nulls"),
+    ]
+    assert [e.query_instruction for e in ds.instruction_examples()] == ["D"]
+    with pytest.raises(DataError, match=r'nulls.parquet, row 0: required field "negative" is missing or null'):
+        load_hf([tmp_path / "nulls.parquet"], 1, require_negative=True, cache_dir=str(tmp_path / "cache"))
+
+
 @pytest.mark.parametrize(
     "columns, column_map, message",
     [

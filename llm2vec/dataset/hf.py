@@ -386,10 +386,13 @@ class Source:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        for role, column in self.columns.items():
+        for role, column in list(self.columns.items()):
             if column is None:
                 continue
             feature = self.dataset.features[column]
+            if isinstance(feature, datasets.Value) and feature.dtype == "null" and role == "instruction":
+                self.columns[role] = None  # a column of nulls only (a DataFrame's None): no row has one
+                continue
             if isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string", "null"):
                 continue
             array = self.dataset.data.column(column)
