@@ -282,6 +282,14 @@ def test_several_datasets_are_several_sources_each_global_batch_from_one(tmp_pat
         load_hf([paths[1], write("jsonl", tmp_path / "x", "nq", edge_rows("x", 8))], 4)
 
 
+def test_max_examples_per_source_keeps_the_first_rows_that_pass_the_checks(tmp_path):
+    """As the E5 loader's limit: the first rows that are kept, the rows read up to the last of them counted."""
+    path = write("parquet", tmp_path, "nq", edge_rows("nq", 30))  # row 2's query is whitespace only
+    ds = load_hf([path], 1, max_per_source=10)
+    assert sorted(int(e.origin.rpartition(" ")[2]) for e in ds) == [0, 1, *range(3, 11)]
+    assert (ds.sources["nq"].records, ds.sources["nq"].skipped_empty, ds.sources["nq"].kept) == (11, 1, 10)
+
+
 # ---------------------------------------------------------------------------------------------- bad rows
 
 
