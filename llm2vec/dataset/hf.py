@@ -566,11 +566,12 @@ class ArrowTrainDataset(TrainDataset):
             for start in range(0, len(rows), SCAN_ROWS):
                 block = rows[start : start + SCAN_ROWS]
                 values = pc.utf8_trim(column.take(pa.array(block)), python_whitespace())  # str.strip()
-                values = pc.fill_null(values, source.default_instruction)
-                for value in pc.unique(values).to_pylist():
-                    row = int(block[pc.index(values, value).as_py()])
-                    example = source.example(row)
-                    found.setdefault(example.query_instruction, example)
+                values = pc.fill_null(values, source.default_instruction).combine_chunks().dictionary_encode()
+                distinct, first = np.unique(values.indices.to_numpy(zero_copy_only=False), return_index=True)
+                for code, position in zip(distinct, first):
+                    if values.dictionary[int(code)].as_py() not in found:
+                        example = source.example(int(block[position]))
+                        found[example.query_instruction] = example
         return list(found.values())
 
 
