@@ -11,7 +11,8 @@ follows them back from a Stage II folder to the first stage). Two facts are read
 - **the query instructions** (:func:`trained_query_instructions`): what the training loader put before the
   queries. ``query_instructions: false``: none. ``E5``: the Table 6 instructions of the sources used
   (``e5_sources``, default all). ``jsonl``: each line's ``instruction`` field, else ``default_instruction``,
-  read from the data files the run recorded (``inputs.data``, else ``dataset_file_path``).
+  read from the data files the run recorded (``inputs.data``, else ``dataset_file_path``). ``hf``: the same, each
+  row's instruction column, from the datasets of ``dataset_file_path`` read with the run's ``column_map``.
 
 Nothing here imports the export or the evaluation: saving a checkpoint writes a model card, which reads this.
 """
@@ -86,6 +87,19 @@ def trained_query_instructions(run_config: Mapping[str, Any]) -> Counter[str]:
         if unknown:
             raise UnknownInstructions(f"e5_sources {unknown} are not E5 sources of the paper's Table 6")
         return Counter(i for s in sources for i in E5_SOURCES[s].instructions)
+    if dataset == "hf":
+        from .dataset import DataError
+        from .dataset.hf import instruction_counts
+
+        try:
+            return instruction_counts(
+                str(run_config.get("dataset_file_path") or ""),
+                run_config.get("column_map"),
+                str(run_config.get("dataset_split") or "train"),
+                str(run_config.get("default_instruction") or ""),
+            )
+        except DataError as e:
+            raise UnknownInstructions(f"the training data cannot be read from {os.getcwd()}: {e}") from None
     if dataset != "jsonl":
         raise UnknownInstructions(f"dataset_name {dataset!r}: no rule for its query instructions")
     default = str(run_config.get("default_instruction") or "").strip()

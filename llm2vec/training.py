@@ -24,7 +24,7 @@ import transformers
 from safetensors import SafetensorError
 
 from .arguments import ConfigError, DataArguments, RunConfig, help_text, parse_config
-from .dataset import DataError, TrainDataset, load_e5, load_jsonl
+from .dataset import DataError, TrainDataset, load_e5, load_hf, load_jsonl
 from .distributed import release_process_group_at_exit
 from .llm2vec import PackingRefused
 from .metrics_file import MetricsFile
@@ -208,7 +208,7 @@ def load_data(config: RunConfig, tokenizer, template) -> tuple[TrainDataset, lis
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     check_examples(
         TrainCollator(tokenizer, template, config.model.max_seq_length, pad, **collator_options(config)),
-        dataset.examples + validation,
+        dataset.instruction_examples() + validation,
     )
     return dataset, validation
 
@@ -216,7 +216,11 @@ def load_data(config: RunConfig, tokenizer, template) -> tuple[TrainDataset, lis
 def load_training_data(data: DataArguments, global_batch_size: int, seed: int, require_negative: bool) -> TrainDataset:
     """The training data; with ``validation_size`` its ``held_out`` slice holds the validation pairs."""
     if not data.dataset_file_path:
-        what = "the folder of the E5 <source>.jsonl files" if data.dataset_name == "E5" else "your .jsonl file(s)"
+        what = {
+            "E5": "the folder of the E5 <source>.jsonl files",
+            "jsonl": "your .jsonl file(s)",
+            "hf": "your dataset(s): save_to_disk folders, data files or cached dataset ids",
+        }[data.dataset_name]
         raise DataError(f"dataset_file_path is not set: give {what} in the config or as --dataset_file_path")
     if data.dataset_name == "E5":
         return load_e5(
@@ -227,6 +231,18 @@ def load_training_data(data: DataArguments, global_batch_size: int, seed: int, r
             max_per_source=data.max_examples_per_source,
             require_negative=require_negative,
             validation_size=data.validation_size,
+        )
+    if data.dataset_name == "hf":
+        return load_hf(
+            data.dataset_file_path,
+            global_batch_size=global_batch_size,
+            seed=seed,
+            column_map=data.column_map,
+            split=data.dataset_split,
+            default_instruction=data.default_instruction,
+            require_negative=require_negative,
+            validation_size=data.validation_size,
+            max_per_source=data.max_examples_per_source,
         )
     paths = [p for p in data.dataset_file_path.split(",") if p]
     return load_jsonl(

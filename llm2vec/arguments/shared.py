@@ -10,11 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..dataset.hf import ROLES, check_column_map
 from ..pooling import POOLING_MODES
 from ..templates import TRAINING_SEPARATOR
 
 STAGES = ("I", "II")
-DATASETS = ("E5", "jsonl")
+DATASETS = ("E5", "jsonl", "hf")
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
 MASTER_WEIGHTS = ("bf16", "fp32")
 ATTENTION = ("flash_attention_2", "sdpa", "eager")
@@ -140,31 +141,42 @@ class DataArguments:
     dataset_name: str = field(
         default="E5",
         metadata={
-            "help": "E5 (the paper's data: one <source>.jsonl file per source) or jsonl (your own files).",
+            "help": "E5 (the paper's data: one <source>.jsonl file per source), jsonl (your own files) or hf "
+            "(Hugging Face datasets, memory-mapped: save_to_disk folders, parquet / arrow / JSON(-lines) files, "
+            "dataset ids in the local cache).",
             "choices": DATASETS,
         },
     )
     dataset_file_path: str = field(
         default="",
         metadata={
-            "help": "Required. E5: the folder of <source>.jsonl files; jsonl: a file, or files joined by ','. "
-            "The package has no default location; every shipped config names one."
+            "help": "Required. E5: the folder of <source>.jsonl files; jsonl: a file, or files joined by ','; hf: "
+            "datasets joined by ',', each a save_to_disk folder, a .parquet / .arrow / .json / .jsonl file or a "
+            "dataset id in the local cache (owner/name or owner/name:config), one source each. The package has no "
+            "default location; every shipped config names one."
         },
     )
     max_examples_per_source: int | None = field(
-        default=None, metadata={"help": "Keep at most this many examples of each source (the first ones of its file)."}
+        default=None,
+        metadata={
+            "help": "E5 and hf: keep at most this many examples of each source (the first ones of its file or table)."
+        },
     )
     e5_sources: list[str] | None = field(
         default=None, metadata={"help": "E5 sources to use, by file stem (default: all of the paper's Table 6)."}
     )
     default_instruction: str = field(
-        default="", metadata={"help": "jsonl: the query instruction of lines that have no 'instruction' field."}
+        default="",
+        metadata={
+            "help": "jsonl and hf: the query instruction of lines that have no 'instruction' field (hf: no "
+            "instruction column, or null)."
+        },
     )
     query_instructions: bool = field(
         default=True,
         metadata={
-            "help": "Prepend each query's instruction (E5: its source's Table 6 instruction; jsonl: the line's "
-            "'instruction' or default_instruction) in both stages, as the authors' loader does (true), or "
+            "help": "Prepend each query's instruction (E5: its source's Table 6 instruction; jsonl and hf: the "
+            "line's 'instruction' or default_instruction) in both stages, as the authors' loader does (true), or "
             "train on bare queries (false). Documents never get one; Stage I's 'text' reconstruction "
             "targets never include it."
         },
@@ -176,6 +188,21 @@ class DataArguments:
             "Evaluation uses ': ' (the authors' evaluation; llm2vec.templates.EVALUATION_SEPARATOR). Keep a "
             "trailing space for sentencepiece tokenizers (Mistral): they start every text with one."
         },
+    )
+
+    column_map: dict[str, Any] | None = field(
+        default=None,
+        metadata={
+            "help": "hf: which column holds each field (roles: " + ", ".join(ROLES) + "), as a JSON object: "
+            '{"query": "question", "positive": "answer"} for every dataset, {"<source>": {"query": "q"}} for one '
+            "source (its file's stem, folder's name or id), a source's own entry over the shared one. Unmapped "
+            "roles take the column of their own name; query also takes sentence-transformers' anchor. A "
+            "mapped column that a dataset lacks is refused with its columns listed."
+        },
+    )
+    dataset_split: str = field(
+        default="train",
+        metadata={"help": "hf: the split read from a DatasetDict save_to_disk folder or a dataset id."},
     )
 
     validation_file: str | None = field(
@@ -208,6 +235,14 @@ class DataArguments:
             raise ConfigError("validation_file and validation_size are both set: give one source of validation pairs")
         if self.max_examples_per_source is not None and self.max_examples_per_source < 1:
             raise ConfigError(f"max_examples_per_source={self.max_examples_per_source}: must be positive")
+        try:
+            check_column_map(self.column_map)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        if self.column_map and self.dataset_name != "hf":
+            raise ConfigError(f"column_map is for dataset_name hf (this config reads {self.dataset_name}); drop it")
+        if not self.dataset_split:
+            raise ConfigError("dataset_split is empty: give the split to read, e.g. train")
         if not self.instruction_separator:
             raise ConfigError("instruction_separator is empty: give the string between instruction and text, e.g. '; '")
 

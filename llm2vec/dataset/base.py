@@ -1,18 +1,22 @@
-"""Single-source global batches: the dataset both loaders (``e5.py``, ``jsonl.py``) return.
+"""Single-source global batches: the dataset the loaders (``e5.py``, ``jsonl.py``, ``hf.py``) return.
 
 * :func:`arrange_global_batches` orders the examples so that every global batch comes from a single source
-  (in-batch negatives are then from the same dataset, as in LLM2Vec and the paper);
+  (in-batch negatives are then from the same dataset, as in LLM2Vec and the paper); :func:`arrange_positions`
+  is its rule by position, which the Hugging Face loader applies to table rows;
 * :class:`TrainDataset`, the ``torch`` dataset over the arranged list, with per-source counts
   (:class:`SourceStats`) and its summary table;
-* :func:`hold_out`, the validation pairs carved from the training data.
+* :func:`hold_out`, the validation pairs carved from the training data (:func:`held_out_positions` by position).
 
 The records come from :func:`llm2vec.dataset.records.read_jsonl_pairs` (the parsing rules are there).
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
 import random
+from array import array
 from dataclasses import dataclass, field
 
 import torch
@@ -42,24 +46,58 @@ class SourceStats:
         self.blank_lines += report.blank_lines
 
 
-def _arrange(
-    examples_by_source: dict[str, list[TrainExample]], global_batch_size: int, seed: int
-) -> tuple[list[TrainExample], dict[str, int]]:
+@dataclass
+class Arrangement:
+    """Where each example of each source goes, by position (the rule of :func:`arrange_global_batches`).
+
+    ``order[name]`` holds the positions ``0 .. n-1`` of the source's examples, shuffled; chunk ``k`` of a source is
+    ``order[name][k * g : (k + 1) * g]`` (``g`` the global batch); ``chunks`` lists ``(name, k)`` in training order;
+    ``dropped[name]`` counts the source's tail that fills no chunk. Positions are compact integers (``array``), so
+    millions of examples arrange without one Python object each.
+    """
+
+    order: dict[str, array]
+    chunks: list[tuple[str, int]]
+    dropped: dict[str, int]
+    global_batch_size: int
+
+    def positions(self, name: str, k: int) -> array:
+        """The positions of chunk ``k`` of source ``name``."""
+        g = self.global_batch_size
+        return self.order[name][k * g : (k + 1) * g]
+
+
+def arrange_positions(sizes: dict[str, int], global_batch_size: int, seed: int) -> Arrangement:
+    """Arrange ``sizes[name]`` examples of each source into single-source chunks of ``global_batch_size``.
+
+    One seeded generator, the sources in sorted order: each source's positions are shuffled and cut into full
+    chunks, then the chunks of all sources are shuffled together. The shuffles depend only on the sizes, so the
+    order is the same whether the examples are a list or rows of a table.
+    """
     if not isinstance(global_batch_size, int) or global_batch_size < 1:
         raise ValueError(f"global_batch_size must be a positive integer, got {global_batch_size!r}")
     rng = random.Random(seed)
-    chunks: list[list[TrainExample]] = []
+    order: dict[str, array] = {}
+    chunks: list[tuple[str, int]] = []
     dropped: dict[str, int] = {}
     # Sorted, so the result does not depend on the dict's insertion order.
-    for name in sorted(examples_by_source):
-        items = list(examples_by_source[name])
-        rng.shuffle(items)
-        n_full = len(items) // global_batch_size
-        for k in range(n_full):
-            chunks.append(items[k * global_batch_size : (k + 1) * global_batch_size])
-        dropped[name] = len(items) - n_full * global_batch_size
+    for name in sorted(sizes):
+        positions = array("q", range(sizes[name]))
+        rng.shuffle(positions)
+        n_full = sizes[name] // global_batch_size
+        chunks.extend((name, k) for k in range(n_full))
+        dropped[name] = sizes[name] - n_full * global_batch_size
+        order[name] = positions
     rng.shuffle(chunks)
-    return [example for chunk in chunks for example in chunk], dropped
+    return Arrangement(order, chunks, dropped, global_batch_size)
+
+
+def _arrange(
+    examples_by_source: dict[str, list[TrainExample]], global_batch_size: int, seed: int
+) -> tuple[list[TrainExample], dict[str, int]]:
+    plan = arrange_positions({n: len(e) for n, e in examples_by_source.items()}, global_batch_size, seed)
+    arranged = [examples_by_source[name][i] for name, k in plan.chunks for i in plan.positions(name, k)]
+    return arranged, plan.dropped
 
 
 def arrange_global_batches(
@@ -90,6 +128,36 @@ def _log_dropped(dropped: dict[str, int], global_batch_size: int) -> None:
             total,
             global_batch_size,
             detail,
+        )
+
+
+def record_counts(
+    sizes: dict[str, int], dropped: dict[str, int], stats: dict[str, SourceStats], global_batch_size: int
+):
+    """Log the dropped tails, fill each source's ``loaded`` / ``dropped_tail`` / ``kept`` counts (a source too small
+    for one global batch is logged), and refuse data in which no source fills one.
+
+    Raises:
+        DataError: when no source has enough examples for one global batch.
+    """
+    _log_dropped(dropped, global_batch_size)
+    for name, n in sizes.items():
+        s = stats.setdefault(name, SourceStats(name=name))
+        s.loaded = n
+        s.dropped_tail = dropped[name]
+        s.kept = n - dropped[name]
+        if s.kept == 0:
+            logger.warning(
+                "source %s has %d examples, fewer than one global batch of %d; none of it is used",
+                name,
+                n,
+                global_batch_size,
+            )
+    if not any(n - dropped[name] for name, n in sizes.items()):
+        counts = ", ".join(f"{n}: {size}" for n, size in sorted(sizes.items()))
+        raise DataError(
+            f"no source has enough examples for one global batch of {global_batch_size} "
+            f"({counts or 'no sources'}). Lower the global batch size or add data."
         )
 
 
@@ -132,25 +200,7 @@ class TrainDataset(torch.utils.data.Dataset):
         stats = dict(stats or {})
         examples_by_source, held_out = hold_out(examples_by_source, validation_size, seed)
         arranged, dropped = _arrange(examples_by_source, global_batch_size, seed)
-        _log_dropped(dropped, global_batch_size)
-        for name, examples in examples_by_source.items():
-            s = stats.setdefault(name, SourceStats(name=name))
-            s.loaded = len(examples)
-            s.dropped_tail = dropped[name]
-            s.kept = len(examples) - dropped[name]
-            if s.kept == 0:
-                logger.warning(
-                    "source %s has %d examples, fewer than one global batch of %d; none of it is used",
-                    name,
-                    len(examples),
-                    global_batch_size,
-                )
-        if not arranged:
-            counts = ", ".join(f"{n}: {len(e)}" for n, e in sorted(examples_by_source.items()))
-            raise DataError(
-                f"no source has enough examples for one global batch of {global_batch_size} "
-                f"({counts or 'no sources'}). Lower the global batch size or add data."
-            )
+        record_counts({n: len(e) for n, e in examples_by_source.items()}, dropped, stats, global_batch_size)
         return cls(arranged, stats, global_batch_size, seed, held_out)
 
     def __len__(self) -> int:
@@ -162,6 +212,15 @@ class TrainDataset(torch.utils.data.Dataset):
     @property
     def num_global_batches(self) -> int:
         return len(self.examples) // self.global_batch_size
+
+    def instruction_examples(self) -> list[TrainExample]:
+        """One training example of each distinct query instruction, the first in training order (what
+        :func:`llm2vec.collator.check_examples` runs through the collator before step 1); the first is the first
+        training example."""
+        first: dict[str, TrainExample] = {}
+        for example in self.examples:
+            first.setdefault(example.query_instruction, example)
+        return list(first.values())
 
     def summary(self) -> str:
         """A table of counts per source (records, skipped, dropped tail, kept)."""
@@ -202,6 +261,30 @@ def validation_count(size: float, available: int) -> int:
     return int(size) if size >= 1 else max(1, round(size * available))
 
 
+def held_out_positions(sizes: dict[str, int], size: float, seed: int) -> list[tuple[str, int]]:
+    """``(source, position)`` of the validation slice of sources of ``sizes[name]`` examples (:func:`hold_out`'s
+    rule, by position): ``size`` is a count (>= 1) or a fraction (0 < size < 1) of all examples; 0 holds out none.
+    The slice is drawn with its own generator seeded by ``seed``, over the sources in sorted order and each
+    source's examples in order, so it depends only on the sizes and the seed."""
+    names = sorted(sizes)
+    ends = list(itertools.accumulate(sizes[name] for name in names))
+    total = ends[-1] if ends else 0
+    count = validation_count(size, total)
+    if count == 0:
+        return []
+    if count >= total:
+        raise DataError(
+            f"validation_size {size:g} holds out {count} of the {total} training examples; "
+            "leave some to train on (a smaller count or fraction)"
+        )
+    chosen = random.Random(seed ^ HOLD_OUT_SALT).sample(range(total), count)
+    out = []
+    for index in chosen:
+        s = bisect.bisect_right(ends, index)
+        out.append((names[s], index - (ends[s - 1] if s else 0)))
+    return out
+
+
 def hold_out(
     examples_by_source: dict[str, list[TrainExample]], size: float, seed: int
 ) -> tuple[dict[str, list[TrainExample]], list[TrainExample]]:
@@ -213,20 +296,13 @@ def hold_out(
     every process of a run. Returns the remaining examples by source and the slice, in a shuffled order
     (so that the batches of the slice mix sources and topics).
     """
-    names = sorted(examples_by_source)
-    everything = [(name, i) for name in names for i in range(len(examples_by_source[name]))]
-    count = validation_count(size, len(everything))
-    if count == 0:
+    chosen = held_out_positions({n: len(e) for n, e in examples_by_source.items()}, size, seed)
+    if not chosen:
         return examples_by_source, []
-    if count >= len(everything):
-        raise DataError(
-            f"validation_size {size:g} holds out {count} of the {len(everything)} training examples; "
-            "leave some to train on (a smaller count or fraction)"
-        )
-    chosen = random.Random(seed ^ HOLD_OUT_SALT).sample(everything, count)
     taken = set(chosen)
     remaining = {
-        name: [ex for i, ex in enumerate(examples_by_source[name]) if (name, i) not in taken] for name in names
+        name: [ex for i, ex in enumerate(examples_by_source[name]) if (name, i) not in taken]
+        for name in sorted(examples_by_source)
     }
     return remaining, [examples_by_source[name][i] for name, i in chosen]
 

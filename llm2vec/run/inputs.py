@@ -44,10 +44,11 @@ def fingerprints(config, data_files: list[str]) -> dict[str, Any]:
 
 
 def run_inputs(config) -> list[tuple[str, str | None]]:
-    """``(label, path)`` of everything a run reads: the base model, the adapter, the data file(s) or folder,
-    the validation file."""
+    """``(label, path)`` of everything a run reads: the base model, the adapter, the data file(s) or folder(s) (an
+    hf dataset id names no path: :func:`~llm2vec.run.checks.check_apart` leaves out what does not exist), the
+    validation file."""
     data = config.data
-    paths = [p for p in data.dataset_file_path.split(",") if p] if data.dataset_name == "jsonl" else []
+    paths = [p.strip() for p in data.dataset_file_path.split(",") if p.strip()] if data.dataset_name != "E5" else []
     return [
         ("base model", config.model.model_name_or_path),
         ("adapter", getattr(config.stage, "peft_model_name_or_path", None)),
