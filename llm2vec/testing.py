@@ -221,3 +221,32 @@ def write_tiny_e5(folder: str | Path, n: int = 24, sources: tuple[str, ...] = ("
             for _ in range(n):
                 f.write(json.dumps({"query": pick(5), "positive": pick(14), "negative": pick(9)}) + "\n")
     return folder
+
+
+def write_tiny_beir(
+    folder: str | Path, queries: int = 12, documents: int = 40, seed: int = 0, titles: bool = True
+) -> Path:
+    """A BEIR-layout retrieval folder (corpus.jsonl, queries.jsonl, qrels.jsonl) of random words, offline: each query
+    has one to three judged documents graded 0, 1 or 2, at least one of them above 0; some documents have a title."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    words = " ".join(_CORPUS).replace(".", "").replace(",", "").split()
+    g = torch.Generator().manual_seed(seed)
+
+    def pick(k: int) -> str:
+        return " ".join(words[i] for i in torch.randint(len(words), (k,), generator=g))
+
+    with open(folder / "corpus.jsonl", "w") as f:
+        for d in range(documents):
+            title = pick(2) if titles and d % 3 == 0 else ""
+            f.write(json.dumps({"_id": f"d{d}", "title": title, "text": pick(12)}) + "\n")
+    with open(folder / "queries.jsonl", "w") as f:
+        for q in range(queries):
+            f.write(json.dumps({"_id": f"q{q}", "text": pick(5)}) + "\n")
+    with open(folder / "qrels.jsonl", "w") as f:
+        for q in range(queries):
+            judged = torch.randperm(documents, generator=g)[: 1 + q % 3].tolist()
+            for k, d in enumerate(judged):
+                grade = 1 + (q + k) % 2 if k == 0 else (q + k) % 3
+                f.write(json.dumps({"query-id": f"q{q}", "corpus-id": f"d{d}", "score": grade}) + "\n")
+    return folder
