@@ -206,16 +206,22 @@ def save_tiny_model(family: str, path: str | Path, seed: int = 0, **kwargs) -> P
     return path
 
 
-def write_tiny_e5(folder: str | Path, n: int = 24, sources: tuple[str, ...] = ("nq", "fever"), seed: int = 0) -> Path:
-    """E5-layout training files (``<source>.jsonl`` with query/positive/negative) of random words, offline."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+def _word_picker(seed: int):
+    """``(pick, generator)``: ``pick(k)`` is ``k`` words of the built-in corpus drawn with ``generator`` (seeded)."""
     words = " ".join(_CORPUS).replace(".", "").replace(",", "").split()
     g = torch.Generator().manual_seed(seed)
 
     def pick(k: int) -> str:
         return " ".join(words[i] for i in torch.randint(len(words), (k,), generator=g))
 
+    return pick, g
+
+
+def write_tiny_e5(folder: str | Path, n: int = 24, sources: tuple[str, ...] = ("nq", "fever"), seed: int = 0) -> Path:
+    """E5-layout training files (``<source>.jsonl`` with query/positive/negative) of random words, offline."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    pick, g = _word_picker(seed)
     for source in sources:
         with open(folder / f"{source}.jsonl", "w") as f:
             for _ in range(n):
@@ -230,12 +236,7 @@ def write_tiny_beir(
     has one to three judged documents graded 0, 1 or 2, at least one of them above 0; some documents have a title."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    words = " ".join(_CORPUS).replace(".", "").replace(",", "").split()
-    g = torch.Generator().manual_seed(seed)
-
-    def pick(k: int) -> str:
-        return " ".join(words[i] for i in torch.randint(len(words), (k,), generator=g))
-
+    pick, g = _word_picker(seed)
     with open(folder / "corpus.jsonl", "w") as f:
         for d in range(documents):
             title = pick(2) if titles and d % 3 == 0 else ""
