@@ -366,6 +366,20 @@ class LLM2Vec(nn.Module):
             )
         return self.prompts[prompt_name]
 
+    def length_sorted_batches(
+        self, items: Sequence[Item], batch_size: int
+    ) -> tuple[list[int], list[list[templates.EncodedText]]]:
+        """How :meth:`encode` cuts its inputs into batches: ``items`` tokenized, ordered by decreasing token count
+        (equal counts in input order: fewer pad tokens per batch), and cut into batches of ``batch_size``. Returns
+        that order (input positions) and the batches; embedding the batches in turn gives the rows of ``order``."""
+        encoded = self.encode_ids(items)
+        order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i].input_ids))
+        return order, [[encoded[i] for i in order[s : s + batch_size]] for s in range(0, len(order), batch_size)]
+
+    def padded(self, batch: Sequence[templates.EncodedText], device: torch.device) -> dict[str, torch.Tensor]:
+        """One batch of :meth:`length_sorted_batches` as the features :meth:`embed` reads, on ``device``."""
+        return {k: v.to(device) for k, v in pad_batch(batch, self.pad_token_id).items()}
+
     @torch.no_grad()
     @strict_booleans
     def encode(
@@ -411,13 +425,10 @@ class LLM2Vec(nn.Module):
         device = torch.device(device) if device is not None else self.device
         was_training = self.training
         self.eval()
-        encoded = self.encode_ids(items)
-        order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i].input_ids))
+        order, batches = self.length_sorted_batches(items, batch_size)
         chunks = []
-        for start in tqdm(range(0, len(order), batch_size), desc="Encoding", disable=not show_progress_bar):
-            batch = pad_batch([encoded[i] for i in order[start : start + batch_size]], self.pad_token_id)
-            batch = {k: v.to(device) for k, v in batch.items()}
-            chunks.append(self.embed(batch).float().cpu())
+        for batch in tqdm(batches, desc="Encoding", disable=not show_progress_bar):
+            chunks.append(self.embed(self.padded(batch, device)).float().cpu())
         self.train(was_training)
         hidden = decoder_body(self.model).config.hidden_size
         sorted_embeddings = torch.cat(chunks) if chunks else torch.zeros((0, hidden))

@@ -198,20 +198,25 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
 
     def forward(
         self,
-        query: dict,
-        positive: dict,
-        query_targets: dict,
-        positive_targets: dict,
+        query: dict | None = None,
+        positive: dict | None = None,
+        query_targets: dict | None = None,
+        positive_targets: dict | None = None,
         target_counts: dict[str, torch.Tensor] | None = None,
         anchor_shifts: tuple[int, ...] = (),
-    ) -> StageIOutput | dict[str, torch.Tensor]:
+        *,
+        features: dict | None = None,
+    ) -> StageIOutput | dict[str, torch.Tensor] | torch.Tensor:
         """Stage I loss of a collated batch; ``target_counts`` as in :class:`ReconstructionLoss`.
 
         ``anchor_shifts`` = (s_1, ..., s_S) turns the forward into the measurement of :mod:`llm2vec.anchor_gain`,
         never a training loss: the batch is embedded once, pair i is reconstructed from the anchors of pair
         (i + s) mod B for each s, and the result is ``{direction: (S, B, M) float32 token NLLs}`` (0 on padding;
-        :meth:`ReconstructionLoss.token_nll`).
+        :meth:`ReconstructionLoss.token_nll`). Given ``features`` alone (a tokenized batch of texts), the forward is
+        :meth:`embed`: the retrieval evaluation embeds through the wrapped model this way (:mod:`llm2vec.retrieval`).
         """
+        if features is not None:
+            return self.embed(features)
         e_q, e_d = self.embed_many([query, positive])
         if anchor_shifts:
             decoder, lm_head = decoder_body(self.model), self.model.get_output_embeddings()

@@ -127,8 +127,9 @@ class LLM2VecTrainer(Trainer):
     # This trainer scales the loss for gradient accumulation itself (see the module docstring).
     loss_is_scaled_for_ga = True
 
-    def __init__(self, *args, run_config: dict | None = None, **kwargs):
+    def __init__(self, *args, run_config: dict | None = None, retrieval_evaluation=None, **kwargs):
         super().__init__(*args, **kwargs)
+        self.retrieval_evaluation = retrieval_evaluation  # a llm2vec.retrieval.RetrievalEvaluation, or None
         self.args.train_sampling_strategy = "sequential"  # the data order is pre-arranged (see the module docstring)
         if not TRAINER_READS_LOSS_IS_SCALED_FOR_GA:  # transformers < 5.19: see training_step
             self.model_accepts_loss_kwargs = True
@@ -271,14 +272,18 @@ class LLM2VecTrainer(Trainer):
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """The model's own validation measures on the held-out pairs (``validation_metrics(model, pairs, collate,
-        args)``: Stage I's anchor gain, Stage II's validation loss and retrieval metrics), logged as
-        ``eval_<name>``; the Trainer's loss-only evaluation for a model without them. Every process takes
-        part and logs the same numbers (how the work is shared: each model's ``validation_metrics``)."""
+        args)``: Stage I's anchor gain, Stage II's validation loss and retrieval metrics), and the scores of the
+        retrieval folders when the run has them (:mod:`llm2vec.retrieval`), logged as ``eval_<name>``; the Trainer's
+        loss-only evaluation for a model with neither. Every process takes part and logs the same numbers (how the
+        work is shared: each model's ``validation_metrics``, :mod:`llm2vec.retrieval`)."""
         measure = getattr(self._encoder(), "validation_metrics", None)
-        if measure is None:
+        if measure is None and self.retrieval_evaluation is None:
             return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
-        pairs = list(eval_dataset if eval_dataset is not None else self.eval_dataset)
-        measured = measure(self.model, pairs, self.data_collator, self.args)
+        pairs = list(eval_dataset if eval_dataset is not None else self.eval_dataset or [])
+        measured = measure(self.model, pairs, self.data_collator, self.args) if measure and pairs else {}
+        if self.retrieval_evaluation is not None:
+            batch = self.args.per_device_eval_batch_size
+            measured.update(self.retrieval_evaluation(self.model, self._encoder(), batch, self.args.device))
         metrics = {f"{metric_key_prefix}_{k}": round(v, 6) for k, v in measured.items()}
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)

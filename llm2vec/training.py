@@ -86,6 +86,7 @@ def _train(config: RunConfig, made: list):
         logger.info("Stage %s: %d CPU thread(s), seed %d", stage, torch.get_num_threads(), args.seed)
         transformers.set_seed(args.seed)
         dataset, validation = load_data(config, tokenizer, template)
+        retrieval = retrieval_evaluation(config.data)  # the folders read and checked before the weights load
         schedule = plan_schedule(args, dataset.num_global_batches, config.stage.stop_after_n_steps, config.source)
         run_config = run.record(schedule, _data_files(dataset))  # refuses a resume whose schedule or inputs changed
         logger.info("Stage %s %s", stage, schedule.describe())
@@ -95,9 +96,10 @@ def _train(config: RunConfig, made: list):
             model=model,
             args=args,
             train_dataset=dataset,
-            eval_dataset=validation or None,
+            eval_dataset=validation or ([] if retrieval else None),  # the Trainer evaluates only with a dataset
             data_collator=TrainCollator.for_encoder(model, **collator_options(config)),
             run_config=run_config,
+            retrieval_evaluation=retrieval,
             callbacks=[StopAfterNSteps(schedule), *callbacks],
         )
         made.append(trainer)
@@ -211,6 +213,22 @@ def load_data(config: RunConfig, tokenizer, template) -> tuple[TrainDataset, lis
         dataset.instruction_examples() + validation,
     )
     return dataset, validation
+
+
+def retrieval_evaluation(data: DataArguments):
+    """The retrieval folders of ``data`` (``retrieval_eval_dirs``) read and checked (:mod:`llm2vec.retrieval`), or
+    ``None`` without any; a bad folder is a :class:`DataError` naming the file and line."""
+    folders = data.retrieval_folders()
+    if not folders:
+        return None
+    from .retrieval import RetrievalEvaluation
+
+    try:
+        evaluation = RetrievalEvaluation.read(folders)
+    except (OSError, ValueError) as e:
+        raise DataError(f"retrieval_eval_dirs: {e}") from None
+    logger.info("retrieval evaluation at every eval_steps: %s", evaluation.describe())
+    return evaluation
 
 
 def load_training_data(data: DataArguments, global_batch_size: int, seed: int, require_negative: bool) -> TrainDataset:

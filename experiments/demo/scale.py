@@ -17,8 +17,9 @@ What it runs, in order (each a stage of the report):
 3. ``stage_II_anchor`` from the Stage I model and ``stage_II_baseline`` from the original model
    (``experiments/run_stage_II.py``, the demo's two Stage II configs, the preset's steps and batch);
 4. ``evaluation``: retrieval on the corpus's test split (``eval/``) of the four rows untrained / Stage I only /
-   Baseline / Anchor, without mteb (:func:`retrieval_scores`: the encoding of ``mteb_eval_custom.py``, the metrics of
-   :func:`llm2vec.validation.retrieval_metrics`; a test checks that its nDCG@10 equals mteb's);
+   Baseline / Anchor, without mteb (:func:`retrieval_scores`: the encoding of ``mteb_eval_custom.py`` and mteb's
+   metrics, by :mod:`llm2vec.retrieval`, which scores a training run's retrieval folders; a test checks that its
+   nDCG@10 equals mteb's);
 5. ``report``: ``<out>/report.md`` and ``report.json``: the measures against pairs seen, the held-out anchor gain
    (validation pairs, untrained = step 0 vs the final Stage I), Stage I only vs untrained, Anchor vs Baseline, the
    seconds of each stage, the machine and the versions. Both files are rewritten after every stage, every Stage I
@@ -142,29 +143,6 @@ def write_train_file(data: Path, folder: Path) -> Path:
     rows = [{"instruction": INSTRUCTION, **row} for _, row in iter_jsonl(source) if row is not None]
     write_jsonl(folder / "packages.jsonl", rows)
     return folder / "packages.jsonl"
-
-
-def read_split(split: Path) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
-    """Queries, corpus (texts as mteb joins them: ``title text``, or the text alone) and each query's relevant
-    document of a BEIR folder; a query with other than one relevant document is an error (the metrics assume one)."""
-    for name in ("corpus.jsonl", "queries.jsonl", "qrels.jsonl"):
-        if not (split / name).is_file():
-            raise ScaleError(f"{split / name}: missing; a split folder holds corpus.jsonl, queries.jsonl, qrels.jsonl")
-    corpus = {
-        str(r["_id"]): (f"{r['title']} {r['text']}".strip() if r.get("title") else r["text"])
-        for _, r in iter_jsonl(split / "corpus.jsonl")
-        if r is not None
-    }
-    queries = {str(r["_id"]): r["text"] for _, r in iter_jsonl(split / "queries.jsonl") if r is not None}
-    relevant: dict[str, str] = {}
-    for _, r in iter_jsonl(split / "qrels.jsonl"):
-        if r is None or int(r.get("score", 1)) <= 0:
-            continue
-        q = str(r["query-id"])
-        if q in relevant:
-            raise ScaleError(f"{split / 'qrels.jsonl'}: query {q!r} has several relevant documents; one is supported")
-        relevant[q] = str(r["corpus-id"])
-    return queries, corpus, relevant
 
 
 def write_validation_file(data: Path, folder: Path, count: int) -> Path:
@@ -293,35 +271,30 @@ def stage_II_flags(preset: Preset, model: Path, train: Path, output: Path) -> di
 def retrieval_scores(
     model: Path, adapter: Path | None, split: Path, max_length: int, batch_size: int
 ) -> dict[str, float]:
-    """nDCG@10, Recall@1/10 and MRR@10 of ``model`` (+ LoRA ``adapter``, merged) on the BEIR folder ``split``.
+    """nDCG@10, Recall@1/10/100 and MRR@10 of ``model`` (+ LoRA ``adapter``, merged) on the BEIR folder ``split``.
 
-    Encoded as ``mteb_eval_custom.py --local_retrieval_dir`` encodes (``LLM2Vec.from_pretrained`` with the adapter
-    merged, ``max_length``, dtype ``auto``: bf16 on a GPU that has it; queries ``[INSTRUCTION, text]``, documents
-    ``["", text]``), scored by cosine over the whole corpus (:func:`llm2vec.validation.retrieval_metrics`)."""
+    Loaded as ``mteb_eval_custom.py --local_retrieval_dir`` loads it (``LLM2Vec.from_pretrained`` with the adapter
+    merged, ``max_length``, dtype ``auto``: bf16 on a GPU that has it) and scored as a training run scores its
+    retrieval folders (:func:`llm2vec.retrieval.folder_metrics`: queries ``[INSTRUCTION, text]``, documents
+    ``["", text]``, mteb's metrics over the whole corpus; queries without a relevant document left out, as mteb)."""
     import torch
 
     from llm2vec import LLM2Vec
-    from llm2vec.validation import retrieval_metrics
+    from llm2vec.beir import read_beir_folder
+    from llm2vec.retrieval import folder_metrics
 
-    queries, corpus, relevant = read_split(split)
-    doc_ids = list(corpus)
-    index = {d: i for i, d in enumerate(doc_ids)}
-    missing = [d for d in relevant.values() if d not in index]
-    if missing:
-        raise ScaleError(f"{split / 'qrels.jsonl'}: relevant document(s) {missing[:3]} not in corpus.jsonl")
-    query_ids = [q for q in queries if q in relevant]  # as mteb: a query without a relevant document is left out
+    try:
+        folder = read_beir_folder(split)
+    except (OSError, ValueError) as e:
+        raise ScaleError(str(e)) from None
     encoder = LLM2Vec.from_pretrained(
         str(model), str(adapter) if adapter else None, merge_peft=True, max_length=max_length
     )
-    kw = {"batch_size": batch_size, "show_progress_bar": False, "convert_to_numpy": False, "convert_to_tensor": True}
-    q = encoder.encode([[INSTRUCTION, queries[i]] for i in query_ids], **kw)
-    d = encoder.encode([["", corpus[i]] for i in doc_ids], **kw)
-    target = torch.tensor([index[relevant[i]] for i in query_ids])
-    scores = retrieval_metrics(q.float(), d.float(), target)
+    scores = folder_metrics(encoder, encoder, folder, INSTRUCTION, batch_size, encoder.device)
     del encoder
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return {**scores, "queries": len(query_ids), "documents": len(doc_ids)}
+    return {**scores, "queries": len(folder.queries), "documents": len(folder.corpus)}
 
 
 TIMINGS = ("eval_runtime", "eval_samples_per_second", "eval_steps_per_second")  # differ between equal evaluations

@@ -88,8 +88,8 @@ def parse_config(stage: str, argv: list[str]) -> RunConfig:
     for key, value in TRAINING_DEFAULTS.items():
         config.setdefault(key, value)
     config.setdefault("dataloader_pin_memory", has_accelerator())  # torch warns on every CPU batch otherwise
-    if config.get("validation_file") or config.get("validation_size"):
-        config.setdefault("eval_strategy", "steps")  # held-out pairs are evaluated every eval_steps
+    if config.get("validation_file") or config.get("validation_size") or config.get("retrieval_eval_dirs"):
+        config.setdefault("eval_strategy", "steps")  # held-out pairs and retrieval folders: every eval_steps
     if config.get("activation_checkpointing"):
         config.setdefault("activation_checkpointing_kwargs", {"use_reentrant": False})
     try:

@@ -149,12 +149,16 @@ class RunConfig:
                 f"{self.source}: stop_decoder_gradient cannot run under FSDP (it calls the decoder with detached "
                 "weights, which FSDP's sharded parameters do not allow); use DDP or drop the option"
             )
-        if str(args.eval_strategy) not in ("no", "IntervalStrategy.NO") and not (
-            self.data.validation_file or self.data.validation_size
-        ):
+        evaluates = str(args.eval_strategy) not in ("no", "IntervalStrategy.NO")
+        if evaluates and not (self.data.validation_file or self.data.validation_size or self.data.retrieval_eval_dirs):
             raise ConfigError(
                 f"{self.source}: eval_strategy {args.eval_strategy.value!r} needs validation pairs: set "
-                "validation_file or validation_size (or eval_strategy 'no')"
+                "validation_file or validation_size, or retrieval folders: retrieval_eval_dirs (or eval_strategy 'no')"
+            )
+        if self.data.retrieval_eval_dirs and not evaluates:
+            raise ConfigError(
+                f"{self.source}: retrieval_eval_dirs are scored at each evaluation, and eval_strategy 'no' never "
+                "evaluates: set eval_strategy 'steps' (and eval_steps) or drop retrieval_eval_dirs"
             )
         self.stage.check(args, self.source)
         self.stage.check_metrics_file(args.output_dir, self.source)

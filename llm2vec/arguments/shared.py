@@ -7,6 +7,7 @@ them, never copied.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -223,6 +224,33 @@ class DataArguments:
         },
     )
 
+    retrieval_eval_dirs: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Retrieval folders of the BEIR / NanoBEIR layout (corpus.jsonl, queries.jsonl, qrels.jsonl) scored "
+            "at every evaluation (eval_steps, and eval_on_start) with the model being trained, as "
+            "experiments/mteb_eval_custom.py --local_retrieval_dir scores them: each folder's nDCG@10, MRR@10 and "
+            "Recall@100 are logged as eval_<folder name>_ndcg_at_10 etc., their means over the folders as "
+            "eval_beir_mean_ndcg_at_10 etc. (llm2vec.retrieval). Read and checked at start-up; every query needs a "
+            "relevant document. Folder names must differ."
+        },
+    )
+    retrieval_eval_instruction: str | None = field(
+        default=None,
+        metadata={
+            "help": "The query instruction of every folder of retrieval_eval_dirs that retrieval_eval_instructions "
+            "does not name ('' for none); documents get none. Joined to the query by ': ', as at evaluation."
+        },
+    )
+    retrieval_eval_instructions: dict[str, str] | None = field(
+        default=None,
+        metadata={
+            "help": 'Query instructions by folder name, e.g. {"NanoNQ": "Given a question, retrieve Wikipedia '
+            'passages that answer the question"}; a folder named by neither this nor retrieval_eval_instruction is '
+            "refused."
+        },
+    )
+
     def __post_init__(self):
         _choice("dataset_name", self.dataset_name, DATASETS)
         if self.validation_size < 0 or (
@@ -245,6 +273,43 @@ class DataArguments:
             raise ConfigError("dataset_split is empty: give the split to read, e.g. train")
         if not self.instruction_separator:
             raise ConfigError("instruction_separator is empty: give the string between instruction and text, e.g. '; '")
+        self.retrieval_folders()  # the folders' names and instructions (the files are read at start-up)
+
+    def retrieval_folders(self) -> list[tuple[str, str]]:
+        """``(folder, query instruction)`` of each folder of ``retrieval_eval_dirs``; raises :class:`ConfigError` for
+        two folders of one name, a folder named ``beir_mean`` (the means' name), a folder without an instruction and
+        an instruction for a folder that is not listed."""
+        dirs = list(self.retrieval_eval_dirs or [])
+        instructions = self.retrieval_eval_instructions or {}
+        if not isinstance(instructions, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in instructions.items()
+        ):
+            raise ConfigError(
+                f"retrieval_eval_instructions={instructions!r:.80}: give a JSON object of folder name: instruction"
+            )
+        names = [os.path.basename(os.path.abspath(d)) for d in dirs]
+        if instructions and not dirs:
+            raise ConfigError("retrieval_eval_instructions is set but retrieval_eval_dirs is not: give the folders")
+        for name, folder in zip(names, dirs):
+            if names.count(name) > 1:
+                twins = [d for d, n in zip(dirs, names) if n == name]
+                raise ConfigError(
+                    f"retrieval_eval_dirs: {twins} share the name {name!r}, which names their log keys; rename one"
+                )
+            if name == "beir_mean":
+                raise ConfigError(f"retrieval_eval_dirs: {folder!r}: the name 'beir_mean' is the means'; rename it")
+            if name not in instructions and self.retrieval_eval_instruction is None:
+                raise ConfigError(
+                    f"retrieval_eval_dirs: {folder!r} has no query instruction: set retrieval_eval_instruction (for "
+                    f"every folder; '' for none) or retrieval_eval_instructions {{{name!r}: ...}}"
+                )
+        unknown = sorted(set(instructions) - set(names))
+        if unknown:
+            raise ConfigError(
+                f"retrieval_eval_instructions names {unknown}, which retrieval_eval_dirs does not hold (its folders: "
+                f"{names})"
+            )
+        return [(d, instructions.get(n, self.retrieval_eval_instruction)) for d, n in zip(dirs, names)]
 
     def collator_options(self) -> dict[str, Any]:
         """Keyword arguments of :class:`llm2vec.collator.TrainCollator` from the data settings."""

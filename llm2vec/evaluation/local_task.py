@@ -12,7 +12,7 @@ use (one ``default`` subset, one ``test`` split), so ``mteb.evaluate`` scores it
 whose grades are all 0, are left out with a warning (they have nothing to find); a line that is not a JSON
 object or lacks a field, and whatever would make the score meaningless (an id given twice, a qrels line
 naming an unknown query or document or repeating a pair, a grade that is not a whole number >= 0, no
-relevant document at all) is an error naming ``file:line`` (:func:`read_beir_folder`). The dataset "revision" in the task
+relevant document at all) is an error naming ``file:line`` (the reader: :func:`llm2vec.beir.read_beir_folder`). The dataset "revision" in the task
 metadata is a hash of the three files, so the results file records which version of the data was scored.
 
 The task keeps the SHA-256 of each of the three files as they were read when it was made (``task.file_sha256``,
@@ -30,9 +30,7 @@ metadata as mteb keeps a task's own prompt (``metadata.prompt = {"query": instru
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -42,12 +40,10 @@ from mteb.abstasks.retrieval import AbsTaskRetrieval
 from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData
 from mteb.abstasks.task_metadata import TaskMetadata
 
-from ..io import iter_jsonl, short_hash
+from .. import beir
 from .paths import check_name
 
 logger = logging.getLogger(__name__)
-
-FILES = ("corpus.jsonl", "queries.jsonl", "qrels.jsonl")
 
 
 class TaskNameError(ValueError):
@@ -78,79 +74,6 @@ def check_local_task_name(name: str, what: str = "local task name") -> str:
     return name
 
 
-def _read_jsonl(path: Path, required: tuple[str, ...], digests=()) -> list[tuple[int, dict[str, Any]]]:
-    """``(line number, record)`` of each non-blank line; every record must have the ``required`` fields.
-    ``digests``: ``hashlib`` objects fed the file's bytes as they are read (:func:`llm2vec.io.iter_jsonl`)."""
-    fix = f"Each line needs a JSON object with {list(required)}."
-    rows = []
-    for line_no, row in iter_jsonl(path, fix=fix, digests=digests):
-        if row is None:
-            continue
-        missing = [k for k in required if k not in row]
-        if missing:
-            raise ValueError(f"{path}:{line_no}: missing field(s) {missing}. {fix}")
-        rows.append((line_no, row))
-    if not rows:
-        raise ValueError(f"{path}: no records; {fix[0].lower()}{fix[1:]}")
-    return rows
-
-
-def _id(value: Any, where: str, field: str) -> str:
-    """An id as the string mteb keys by: a non-empty string, or an integer (``7`` and ``"7"`` are one id)."""
-    if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise ValueError(f"{where}: {field} {value!r} must be a string or an integer")
-    text = str(value)
-    if not text.strip():
-        raise ValueError(f"{where}: {field} is empty")
-    return text
-
-
-def _text(row: dict[str, Any], field: str, where: str, optional: bool = False) -> str:
-    value = row.get(field)
-    if value is None and optional:
-        return ""
-    if not isinstance(value, str):
-        raise ValueError(f"{where}: {field} must be a string, got {json.dumps(value)[:40]}")
-    return value
-
-
-def _grade(value: Any, where: str) -> int:
-    """A relevance grade: a whole number >= 0 (a JSON integer, an integral float or a string of one)."""
-    grade = None
-    if isinstance(value, int) and not isinstance(value, bool):
-        grade = value
-    elif isinstance(value, float) and value.is_integer():
-        grade = int(value)
-    elif isinstance(value, str):
-        try:
-            grade = int(value.strip())
-        except ValueError:
-            grade = None
-    if grade is None:
-        raise ValueError(
-            f"{where}: score {value!r} is not an integer; give a whole-number relevance grade (0 = not relevant)"
-        )
-    if grade < 0:
-        raise ValueError(
-            f"{where}: score {grade} is negative; nDCG needs grades >= 0 (give 0 for a judged non-relevant document)"
-        )
-    return grade
-
-
-def _unique_ids(path: Path, rows: list[tuple[int, dict[str, Any]]]) -> dict[str, int]:
-    """id -> line of each record of ``path``; an id given twice is an error naming both lines."""
-    lines: dict[str, int] = {}
-    for line_no, row in rows:
-        key = _id(row["_id"], f"{path}:{line_no}", "_id")
-        if key in lines:
-            raise ValueError(
-                f"{path}:{line_no}: _id {key!r} is also the id of line {lines[key]}; ids must be unique (mteb would keep "
-                "only one of the two records)"
-            )
-        lines[key] = line_no
-    return lines
-
-
 def read_beir_folder(data_dir: str | Path) -> tuple[RetrievalSplitData, str]:
     """The split data of a BEIR-style folder and a short hash of its files (:func:`read_beir_files`)."""
     split, _, revision = read_beir_files(data_dir)
@@ -161,92 +84,20 @@ def read_beir_files(data_dir: str | Path) -> tuple[RetrievalSplitData, dict[str,
     """The split data of a BEIR-style folder, the SHA-256 of each of its three files (of the bytes parsed, each file
     read once) and a short hash of the three (12 hex digits of the SHA-256 of their names and hashes).
 
-    Refused (``ValueError`` naming ``file:line``), since they cannot give a meaningful score: an id given
-    twice in the corpus or the queries, an id that is neither a string nor an integer, a text that is not a
-    string, a qrels line naming an unknown query or document or repeating a (query, document) pair, a grade
-    that is not a whole number >= 0, and a folder in which no query has a relevant document (grade > 0).
-    Queries with no qrels line, or whose grades are all 0, have nothing to find: they are left out, with a
-    warning that counts them.
+    Read and checked by :func:`llm2vec.beir.read_beir_folder`: what cannot give a meaningful score is a ``ValueError``
+    naming ``file:line``; queries with no qrels line, or whose grades are all 0, have nothing to find and are left
+    out, with a warning that counts them.
     """
-    data_dir = Path(data_dir)
-    if data_dir.is_file():
-        raise FileNotFoundError(
-            f"local retrieval folder {str(data_dir)!r} is a file; give the folder that holds corpus.jsonl, "
-            "queries.jsonl and qrels.jsonl"
-        )
-    missing = [name for name in FILES if not (data_dir / name).is_file()]
-    if missing:
-        raise FileNotFoundError(
-            f"local retrieval folder {str(data_dir)!r} lacks {missing}; it needs corpus.jsonl "
-            '({"_id","title","text"}), queries.jsonl ({"_id","text"}) and qrels.jsonl ({"query-id","corpus-id","score"})'
-        )
-    corpus_path, queries_path, qrels_path = (data_dir / name for name in FILES)
-    each = {name: hashlib.sha256() for name in FILES}
-    corpus = _read_jsonl(corpus_path, ("_id", "text"), (each["corpus.jsonl"],))
-    queries = _read_jsonl(queries_path, ("_id", "text"), (each["queries.jsonl"],))
-    qrels = _read_jsonl(qrels_path, ("query-id", "corpus-id", "score"), (each["qrels.jsonl"],))
-    doc_ids, query_ids = _unique_ids(corpus_path, corpus), _unique_ids(queries_path, queries)
-
-    relevant: dict[str, dict[str, int]] = {}
-    pair_lines: dict[tuple[str, str], int] = {}
-    for line_no, row in qrels:
-        where = f"{qrels_path}:{line_no}"
-        qid, did = _id(row["query-id"], where, "query-id"), _id(row["corpus-id"], where, "corpus-id")
-        if qid not in query_ids:
-            raise ValueError(f"{where}: query-id {qid!r} is not in queries.jsonl")
-        if did not in doc_ids:
-            raise ValueError(f"{where}: corpus-id {did!r} is not in corpus.jsonl")
-        if (qid, did) in pair_lines:
-            raise ValueError(
-                f"{where}: query {qid!r} and document {did!r} are graded already at line {pair_lines[qid, did]}; "
-                "give each pair once"
-            )
-        pair_lines[qid, did] = line_no
-        relevant.setdefault(qid, {})[did] = _grade(row["score"], where)
-
-    unjudged = len(query_ids) - len(relevant)
-    nothing_relevant = sorted(q for q, grades in relevant.items() if not any(grades.values()))
-    for qid in nothing_relevant:
-        del relevant[qid]
-    if not relevant:
-        raise ValueError(
-            f"{qrels_path}: no query has a relevant document (a score above 0); nothing can be scored. Check the "
-            "scores and ids"
-        )
-    if unjudged or nothing_relevant:
-        logger.warning(
-            "%s: %d of %d queries are left out: %d without a qrels line, %d whose documents are all graded 0 "
-            "(nothing relevant to find)",
-            data_dir,
-            unjudged + len(nothing_relevant),
-            len(query_ids),
-            unjudged,
-            len(nothing_relevant),
-        )
-
+    folder = beir.read_beir_folder(data_dir, queries_without_relevant="leave_out")
     split = RetrievalSplitData(
         corpus=Dataset.from_list(
-            [
-                {
-                    "id": str(d["_id"]),
-                    "title": _text(d, "title", f"{corpus_path}:{n}", optional=True),
-                    "text": _text(d, "text", f"{corpus_path}:{n}"),
-                }
-                for n, d in corpus
-            ]
+            [{"id": doc_id, "title": title, "text": text} for doc_id, (title, text) in folder.corpus.items()]
         ),
-        queries=Dataset.from_list(
-            [
-                {"id": str(q["_id"]), "text": _text(q, "text", f"{queries_path}:{n}")}
-                for n, q in queries
-                if str(q["_id"]) in relevant
-            ]
-        ),
-        relevant_docs=relevant,
+        queries=Dataset.from_list([{"id": qid, "text": text} for qid, text in folder.queries.items()]),
+        relevant_docs=folder.relevant,
         top_ranked=None,
     )
-    file_sha256 = {name: digest.hexdigest() for name, digest in each.items()}
-    return split, file_sha256, short_hash(file_sha256, n=12)
+    return split, folder.file_sha256, folder.digest
 
 
 class LocalRetrievalTask(AbsTaskRetrieval):
@@ -279,7 +130,7 @@ class LocalRetrievalTask(AbsTaskRetrieval):
             return
         split, file_sha256, _ = read_beir_files(self.data_dir)
         if self.file_sha256 is not None and file_sha256 != self.file_sha256:
-            changed = [name for name in FILES if file_sha256[name] != self.file_sha256[name]]
+            changed = [name for name in beir.FILES if file_sha256[name] != self.file_sha256[name]]
             raise ValueError(
                 f"local retrieval folder {str(self.data_dir)!r}: {', '.join(changed)} changed after the task was made "
                 "from it; its result would be recorded as computed from the files read then. Make the task again "

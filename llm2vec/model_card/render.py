@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..retrieval import LOGGED, MEAN, split_log_key
 from .history import ModelCardInputs, loss_curve
 
 logger = logging.getLogger(__name__)
@@ -69,9 +70,13 @@ def render_loss_curve(log_history: Sequence[Mapping[str, Any]]) -> list[str]:
 def render_validation_curve(log_history: Sequence[Mapping[str, Any]]) -> list[str]:
     """Every evaluation on the held-out pairs (``eval_*`` entries of the log history: Stage I's validation losses
     and anchor gain, Stage II's validation InfoNCE and retrieval), one row per evaluation; empty without any."""
-    evals = [e for e in log_history if "step" in e and any(k.startswith("eval_") for k in e)]
     skip = {"eval_pairs", "eval_queries", "eval_documents", "eval_runtime"}
-    columns = sorted({k for e in evals for k in e if k.startswith("eval_") and k not in skip and "per_second" not in k})
+
+    def shown(key: str) -> bool:
+        return key.startswith("eval_") and key not in skip and "per_second" not in key and not split_log_key(key)
+
+    evals = [e for e in log_history if "step" in e and any(shown(k) for k in e)]
+    columns = sorted({k for e in evals for k in e if shown(k)})
     if not evals or not columns:
         return []
     return [
@@ -80,6 +85,34 @@ def render_validation_curve(log_history: Sequence[Mapping[str, Any]]) -> list[st
         "| step | " + " | ".join(c.removeprefix("eval_") for c in columns) + " |",
         "|" + "---:|" * (len(columns) + 1),
         *("| " + " | ".join(_fmt(v) for v in [e["step"], *(e.get(c) for c in columns)]) + " |" for e in evals),
+        "",
+    ]
+
+
+def render_retrieval_scores(log_history: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The scores of the retrieval folders (:mod:`llm2vec.retrieval`): their means at every evaluation, and each
+    folder's at the last one; empty without any."""
+    evals = [e for e in log_history if "step" in e and any(k.startswith(f"eval_{MEAN}_") for k in e)]
+    if not evals:
+        return []
+    last = evals[-1]
+    folders = list(dict.fromkeys(p[0] for k in last if (p := split_log_key(k)) and p[0] != MEAN))
+    header = "| " + " | ".join(LOGGED) + " |"
+    return [
+        f"Retrieval on the BEIR folders (`retrieval_eval_dirs`), mean over {len(folders)} folder(s) at every evaluation:",
+        "",
+        "| step " + header,
+        "|" + "---:|" * (len(LOGGED) + 1),
+        *(
+            "| " + " | ".join(_fmt(v) for v in [e["step"], *(e.get(f"eval_{MEAN}_{m}") for m in LOGGED)]) + " |"
+            for e in evals
+        ),
+        "",
+        f"Each folder at step {last['step']}:",
+        "",
+        "| folder " + header,
+        "|---|" + "---:|" * len(LOGGED),
+        *("| " + " | ".join([f, *(_fmt(last.get(f"eval_{f}_{m}")) for m in LOGGED)]) + " |" for f in folders),
         "",
     ]
 
@@ -339,6 +372,7 @@ def render_model_card(inputs: ModelCardInputs) -> str:
             lines.append(f"- optimizer steps done: {record.global_step}")
         lines += ["", "Loss curve:", ""] + render_loss_curve(record.log_history) + [""]
         lines += render_validation_curve(record.log_history)
+        lines += render_retrieval_scores(record.log_history)
         lines += [
             "<details><summary>Resolved run configuration (run_config.json)</summary>",
             "",

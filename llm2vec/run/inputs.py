@@ -46,7 +46,7 @@ def fingerprints(config, data_files: list[str]) -> dict[str, Any]:
 def run_inputs(config) -> list[tuple[str, str | None]]:
     """``(label, path)`` of everything a run reads: the base model, the adapter, the data file(s) or folder(s) (an
     hf dataset id names no path: :func:`~llm2vec.run.checks.check_apart` leaves out what does not exist), the
-    validation file."""
+    validation file, the retrieval folders."""
     data = config.data
     paths = [p.strip() for p in data.dataset_file_path.split(",") if p.strip()] if data.dataset_name != "E5" else []
     return [
@@ -55,6 +55,7 @@ def run_inputs(config) -> list[tuple[str, str | None]]:
         *[("data file", p) for p in paths],
         *([("data folder", data.dataset_file_path)] if data.dataset_name == "E5" and data.dataset_file_path else []),
         ("validation file", data.validation_file),
+        *[("retrieval folder", d) for d in data.retrieval_eval_dirs or []],
     ]
 
 
@@ -77,7 +78,8 @@ RESUME_FREE_FIELDS = frozenset(
         *("eval_steps", "eval_strategy", "eval_delay", "eval_on_start", "per_device_eval_batch_size"),
         *("eval_accumulation_steps", "eval_do_concat_batches", "eval_use_gather_object", "batch_eval_metrics"),
         *("prediction_loss_only", "include_for_metrics", "validation_file", "do_eval", "do_predict", "do_train"),
-        *("bf16_full_eval", "fp16_full_eval"),
+        *("bf16_full_eval", "fp16_full_eval", "retrieval_eval_dirs", "retrieval_eval_instruction"),
+        "retrieval_eval_instructions",
         # processes and workers (the batch they make is batch_geometry)
         *("world_size", "local_rank", "num_threads", "dataloader_num_workers", "dataloader_pin_memory"),
         *("dataloader_persistent_workers", "dataloader_prefetch_factor", "dataloader_multiprocessing_context"),

@@ -1,0 +1,232 @@
+"""A retrieval folder of the BEIR layout, read and checked line by line: the one reader of such folders.
+
+The folder holds three JSON-lines files (the layout of BEIR and NanoBEIR, one split):
+
+- ``corpus.jsonl``: ``{"_id", "title", "text"}`` (``title`` optional);
+- ``queries.jsonl``: ``{"_id", "text"}``;
+- ``qrels.jsonl``: ``{"query-id", "corpus-id", "score"}`` (``score``: a whole-number relevance grade, 0 = judged
+  not relevant).
+
+:func:`read_beir_folder` reads one into a :class:`BeirFolder`. mteb scores it as a retrieval task
+(:mod:`llm2vec.evaluation.local_task`) and so does a training run at every evaluation (:mod:`llm2vec.retrieval`).
+Whatever would make a score meaningless is refused with a ``ValueError`` naming ``file:line``: a line that is not a
+JSON object or lacks a field, an id given twice in the corpus or the queries (``7`` and ``"7"`` are one id, as mteb
+keys them), an id that is neither a string nor an integer, a text that is not a string, a qrels line naming an
+unknown query or document or grading a (query, document) pair a second time, a grade that is not a whole number
+>= 0, and a folder in which no query has a relevant document (grade > 0); a missing file is a
+``FileNotFoundError``. A query with nothing to find (no qrels line, or every grade 0) is left out with a warning
+that counts them (``queries_without_relevant="leave_out"``, mteb's evaluation) or refused naming its line of
+``queries.jsonl`` (``"refuse"``, a training run's: a folder whose qrels miss its queries is more likely the wrong
+split than a choice).
+
+This module imports neither mteb nor datasets, so a training run reads folders without them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .io import iter_jsonl, short_hash
+
+logger = logging.getLogger(__name__)
+
+FILES = ("corpus.jsonl", "queries.jsonl", "qrels.jsonl")
+UNJUDGED = ("leave_out", "refuse")
+
+
+@dataclass(frozen=True)
+class BeirFolder:
+    """One BEIR-layout folder as read by :func:`read_beir_folder`, every dict in file order.
+
+    ``corpus``: document id -> ``(title, text)`` (title ``""`` when absent); ``queries``: id -> text of the queries
+    that are scored (each has a relevant document); ``relevant``: query id -> {document id: grade} of those queries;
+    ``file_sha256``: the SHA-256 of each of the three files, of the very bytes parsed (each file read once);
+    ``digest``: a short hash of the three (12 hex digits of the SHA-256 of their names and hashes).
+    """
+
+    path: Path
+    corpus: dict[str, tuple[str, str]]
+    queries: dict[str, str]
+    relevant: dict[str, dict[str, int]]
+    file_sha256: dict[str, str]
+    digest: str
+
+    @property
+    def name(self) -> str:
+        """The folder's own name (``NanoNQ`` for ``data/NanoNQ/``)."""
+        return Path(os.path.abspath(self.path)).name
+
+    def document_text(self, doc_id: str) -> str:
+        """The text a model reads for a document, as mteb 2 joins it: ``"{title} {text}"`` stripped, or the text
+        stripped when the title is empty."""
+        title, text = self.corpus[doc_id]
+        return f"{title} {text}".strip() if title else text.strip()
+
+
+def _read_jsonl(path: Path, required: tuple[str, ...], digests=()) -> list[tuple[int, dict[str, Any]]]:
+    """``(line number, record)`` of each non-blank line; every record must have the ``required`` fields.
+    ``digests``: ``hashlib`` objects fed the file's bytes as they are read (:func:`llm2vec.io.iter_jsonl`)."""
+    fix = f"Each line needs a JSON object with {list(required)}."
+    rows = []
+    for line_no, row in iter_jsonl(path, fix=fix, digests=digests):
+        if row is None:
+            continue
+        missing = [k for k in required if k not in row]
+        if missing:
+            raise ValueError(f"{path}:{line_no}: missing field(s) {missing}. {fix}")
+        rows.append((line_no, row))
+    if not rows:
+        raise ValueError(f"{path}: no records; {fix[0].lower()}{fix[1:]}")
+    return rows
+
+
+def _id(value: Any, where: str, field: str) -> str:
+    """An id as the string mteb keys by: a non-empty string, or an integer (``7`` and ``"7"`` are one id)."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ValueError(f"{where}: {field} {value!r} must be a string or an integer")
+    text = str(value)
+    if not text.strip():
+        raise ValueError(f"{where}: {field} is empty")
+    return text
+
+
+def _text(row: dict[str, Any], field: str, where: str, optional: bool = False) -> str:
+    value = row.get(field)
+    if value is None and optional:
+        return ""
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: {field} must be a string, got {json.dumps(value)[:40]}")
+    return value
+
+
+def _grade(value: Any, where: str) -> int:
+    """A relevance grade: a whole number >= 0 (a JSON integer, an integral float or a string of one)."""
+    grade = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        grade = value
+    elif isinstance(value, float) and value.is_integer():
+        grade = int(value)
+    elif isinstance(value, str):
+        try:
+            grade = int(value.strip())
+        except ValueError:
+            grade = None
+    if grade is None:
+        raise ValueError(
+            f"{where}: score {value!r} is not an integer; give a whole-number relevance grade (0 = not relevant)"
+        )
+    if grade < 0:
+        raise ValueError(
+            f"{where}: score {grade} is negative; nDCG needs grades >= 0 (give 0 for a judged non-relevant document)"
+        )
+    return grade
+
+
+def _unique_ids(path: Path, rows: list[tuple[int, dict[str, Any]]]) -> dict[str, int]:
+    """id -> line of each record of ``path``; an id given twice is an error naming both lines."""
+    lines: dict[str, int] = {}
+    for line_no, row in rows:
+        key = _id(row["_id"], f"{path}:{line_no}", "_id")
+        if key in lines:
+            raise ValueError(
+                f"{path}:{line_no}: _id {key!r} is also the id of line {lines[key]}; ids must be unique (mteb would keep "
+                "only one of the two records)"
+            )
+        lines[key] = line_no
+    return lines
+
+
+def _check_files(data_dir: Path) -> None:
+    if data_dir.is_file():
+        raise FileNotFoundError(
+            f"local retrieval folder {str(data_dir)!r} is a file; give the folder that holds corpus.jsonl, "
+            "queries.jsonl and qrels.jsonl"
+        )
+    missing = [name for name in FILES if not (data_dir / name).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"local retrieval folder {str(data_dir)!r} lacks {missing}; it needs corpus.jsonl "
+            '({"_id","title","text"}), queries.jsonl ({"_id","text"}) and qrels.jsonl ({"query-id","corpus-id","score"})'
+        )
+
+
+def read_beir_folder(data_dir: str | os.PathLike, queries_without_relevant: str = "leave_out") -> BeirFolder:
+    """The folder ``data_dir`` read and checked (module docstring); ``queries_without_relevant``: ``"leave_out"``
+    (with a warning that counts them) or ``"refuse"`` (a ``ValueError`` naming the query's line)."""
+    if queries_without_relevant not in UNJUDGED:
+        raise ValueError(f"queries_without_relevant must be one of {UNJUDGED}, got {queries_without_relevant!r}")
+    data_dir = Path(data_dir)
+    _check_files(data_dir)
+    corpus_path, queries_path, qrels_path = (data_dir / name for name in FILES)
+    each = {name: hashlib.sha256() for name in FILES}
+    corpus = _read_jsonl(corpus_path, ("_id", "text"), (each["corpus.jsonl"],))
+    queries = _read_jsonl(queries_path, ("_id", "text"), (each["queries.jsonl"],))
+    qrels = _read_jsonl(qrels_path, ("query-id", "corpus-id", "score"), (each["qrels.jsonl"],))
+    doc_ids, query_ids = _unique_ids(corpus_path, corpus), _unique_ids(queries_path, queries)
+
+    relevant: dict[str, dict[str, int]] = {}
+    pair_lines: dict[tuple[str, str], int] = {}
+    for line_no, row in qrels:
+        where = f"{qrels_path}:{line_no}"
+        qid, did = _id(row["query-id"], where, "query-id"), _id(row["corpus-id"], where, "corpus-id")
+        if qid not in query_ids:
+            raise ValueError(f"{where}: query-id {qid!r} is not in queries.jsonl")
+        if did not in doc_ids:
+            raise ValueError(f"{where}: corpus-id {did!r} is not in corpus.jsonl")
+        if (qid, did) in pair_lines:
+            raise ValueError(
+                f"{where}: query {qid!r} and document {did!r} are graded already at line {pair_lines[qid, did]}; "
+                "give each pair once"
+            )
+        pair_lines[qid, did] = line_no
+        relevant.setdefault(qid, {})[did] = _grade(row["score"], where)
+
+    unjudged = [q for q in query_ids if q not in relevant]
+    nothing_relevant = [q for q, grades in relevant.items() if not any(grades.values())]
+    if queries_without_relevant == "refuse" and (unjudged or nothing_relevant):
+        first = min(unjudged + nothing_relevant, key=query_ids.__getitem__)
+        why = "has no line in qrels.jsonl" if first in unjudged else "has only qrels lines that grade 0"
+        raise ValueError(
+            f"{queries_path}:{query_ids[first]}: query {first!r} {why}, so it has no relevant document to find "
+            f"({len(unjudged) + len(nothing_relevant)} such queries in all); remove such queries or give the qrels "
+            "of this split"
+        )
+    for qid in nothing_relevant:
+        del relevant[qid]
+    if not relevant:
+        raise ValueError(
+            f"{qrels_path}: no query has a relevant document (a score above 0); nothing can be scored. Check the "
+            "scores and ids"
+        )
+    if unjudged or nothing_relevant:
+        logger.warning(
+            "%s: %d of %d queries are left out: %d without a qrels line, %d whose documents are all graded 0 "
+            "(nothing relevant to find)",
+            data_dir,
+            len(unjudged) + len(nothing_relevant),
+            len(query_ids),
+            len(unjudged),
+            len(nothing_relevant),
+        )
+    return BeirFolder(
+        path=data_dir,
+        corpus={
+            str(d["_id"]): (
+                _text(d, "title", f"{corpus_path}:{n}", optional=True),
+                _text(d, "text", f"{corpus_path}:{n}"),
+            )
+            for n, d in corpus
+        },
+        queries={
+            str(q["_id"]): _text(q, "text", f"{queries_path}:{n}") for n, q in queries if str(q["_id"]) in relevant
+        },
+        relevant={q: relevant[q] for q in query_ids if q in relevant},
+        file_sha256=(sha := {name: digest.hexdigest() for name, digest in each.items()}),
+        digest=short_hash(sha, n=12),
+    )

@@ -1,0 +1,248 @@
+"""Retrieval scores on BEIR-layout folders (:mod:`llm2vec.beir`), as mteb 2 computes them, with the model being trained.
+
+**The scores.** Every query is scored against the whole corpus by the cosine of the embeddings (float32). The
+documents are ranked by decreasing score, equal scores by decreasing document id (string order), which is how
+``pytrec_eval`` (trec_eval) and mteb's MRR break ties. With ``g_i`` the grade of the document at rank ``i`` (0 when
+not judged) and ``R`` the documents graded > 0 for the query:
+
+    nDCG@10   = sum_{i<=10} g_i / log2(i + 1)  /  the same sum over the query's grades sorted in decreasing order
+    MRR@10    = 1 / (the rank of the first document with g_i > 0) if it is <= 10, else 0
+    Recall@k  = |{i <= k : g_i > 0}| / |R|                                             (k = 1, 10, 100)
+
+each averaged over the folder's queries: ``pytrec_eval``'s ``ndcg_cut_10`` and ``recall_k`` (gains are the grades)
+and ``mteb``'s ``mrr_at_10``, which mteb reports as ``ndcg_at_10``, ``mrr_at_10`` and ``recall_at_k``
+(:func:`ranking_metrics`; ``tests/test_retrieval.py`` compares them with mteb's own scoring).
+
+**The embeddings.** Queries are embedded as ``[instruction, text]``, documents as ``["", title + " " + text]``, as
+``experiments/mteb_eval_custom.py --local_retrieval_dir`` embeds them through ``LLM2Vec.encode`` (the family's chat
+template with the evaluation separator ``": "``, the anchor appended after truncation to ``max_length``), in the
+batches ``encode`` makes (:meth:`llm2vec.LLM2Vec.length_sorted_batches`), each embedded by
+``model(features=...)``: the encoder's own ``embed``, called through the model as the trainer wraps it (DDP,
+FSDP), so that a sharded model gathers its weights.
+
+**Several processes.** Every process takes part: batch ``b`` is embedded by rank ``b mod W``, every rank runs the
+same number of forward passes (a rank with no batch left embeds batch 0 again and drops it: FSDP and DDP's buffer
+broadcast need the same collective calls everywhere), the embeddings are all-gathered, and every rank computes the
+same scores from the same matrices. No rank waits on another's choice, so the evaluation cannot leave a rank
+behind while the others wait; it can hang only where any collective of the run hangs (a rank that died), until
+``ddp_timeout``.
+
+:class:`RetrievalEvaluation` is what a training run calls at every evaluation: each folder's nDCG@10, MRR@10 and
+Recall@100 as ``<folder name>_<metric>`` and their means over the folders as ``beir_mean_<metric>``, measured in
+eval mode (no dropout), without gradients and with autocast off, the model's mode restored after.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from .beir import BeirFolder, read_beir_folder
+from .distributed import world
+
+logger = logging.getLogger(__name__)
+
+LOGGED = ("ndcg_at_10", "mrr_at_10", "recall_at_100")
+"""What a training run logs per folder, and the means over the folders."""
+MEAN = "beir_mean"
+"""The name under which the means over the folders are logged (``beir_mean_ndcg_at_10``); no folder may have it."""
+RECALL_AT = (1, 10, 100)
+
+
+@dataclass(frozen=True)
+class Judgments:
+    """The qrels of ``Nq`` queries over ``Nd`` documents (both by index) as tensors, for :func:`ranking_metrics`.
+
+    ``keys``: ``query * Nd + document`` of every pair graded > 0, sorted, with its ``grades`` (float64);
+    ``ideal_dcg``: each query's DCG@10 of its grades in decreasing order; ``relevant``: each query's count of
+    documents graded > 0; ``tie_order``: the documents by decreasing id, the order that breaks equal scores.
+    """
+
+    keys: torch.Tensor
+    grades: torch.Tensor
+    ideal_dcg: torch.Tensor
+    relevant: torch.Tensor
+    tie_order: torch.Tensor
+
+    @classmethod
+    def build(cls, relevant: Sequence[Mapping[int, int]], doc_ids: Sequence[str]) -> Judgments:
+        """``relevant[q]``: document index -> grade for query ``q`` (every query has one grade > 0)."""
+        nd = len(doc_ids)
+        pairs = sorted((q * nd + d, g) for q, grades in enumerate(relevant) for d, g in grades.items() if g > 0)
+        ideal = [
+            sum(g / math.log2(i + 2) for i, g in enumerate(sorted(grades.values(), reverse=True)[:10]))
+            for grades in relevant
+        ]
+        return cls(
+            keys=torch.tensor([k for k, _ in pairs], dtype=torch.long),
+            grades=torch.tensor([g for _, g in pairs], dtype=torch.float64),
+            ideal_dcg=torch.tensor(ideal, dtype=torch.float64),
+            relevant=torch.tensor([sum(g > 0 for g in grades.values()) for grades in relevant], dtype=torch.float64),
+            tie_order=torch.tensor(sorted(range(nd), key=doc_ids.__getitem__, reverse=True), dtype=torch.long),
+        )
+
+    @classmethod
+    def of_folder(cls, folder: BeirFolder) -> Judgments:
+        """The judgments of ``folder``'s queries and corpus, both in file order."""
+        index = {d: i for i, d in enumerate(folder.corpus)}
+        relevant = [{index[d]: g for d, g in folder.relevant[q].items()} for q in folder.queries]
+        return cls.build(relevant, list(folder.corpus))
+
+
+def ranking_metrics(scores: torch.Tensor, judgments: Judgments, first_query: int = 0) -> dict[str, torch.Tensor]:
+    """Per-query nDCG@10, MRR@10 and Recall@1/10/100 (module docstring; float64, shape ``(n,)``) of the score rows
+    ``scores`` (n, Nd), which are the queries ``first_query .. first_query + n - 1`` of ``judgments``."""
+    n, nd = scores.shape
+    depth = min(100, nd)
+    tie = judgments.tie_order.to(scores.device)
+    by_score = torch.sort(scores[:, tie], dim=1, descending=True, stable=True).indices[:, :depth]
+    ranked = tie[by_score].cpu()  # (n, depth) document indices, best first; equal scores by decreasing id
+    queries = torch.arange(first_query, first_query + n)
+    keys = queries[:, None] * nd + ranked
+    position = torch.searchsorted(judgments.keys, keys).clamp(max=len(judgments.keys) - 1)
+    gain = torch.where(judgments.keys[position] == keys, judgments.grades[position], 0.0)  # (n, depth) grades
+    top = min(10, depth)
+    discount = 1.0 / torch.log2(torch.arange(2, top + 2, dtype=torch.float64))
+    found = gain[:, :top] > 0
+    first = found.double().argmax(dim=1).double()  # the first document with a grade > 0 (0 when there is none)
+    out = {
+        "ndcg_at_10": (gain[:, :top] * discount).sum(dim=1) / judgments.ideal_dcg[queries],
+        "mrr_at_10": torch.where(found.any(dim=1), 1.0 / (first + 1), 0.0),
+    }
+    for k in RECALL_AT:
+        out[f"recall_at_{k}"] = (gain[:, :k] > 0).sum(dim=1) / judgments.relevant[queries]
+    return out
+
+
+def cosine_metrics(
+    queries: torch.Tensor, documents: torch.Tensor, judgments: Judgments, rows: int = 256
+) -> dict[str, float]:
+    """The means over the queries of :func:`ranking_metrics` of the cosine scores of ``queries`` (Nq, H) against
+    ``documents`` (Nd, H), ``rows`` queries at a time (a (rows, Nd) score matrix at once)."""
+    q, d = F.normalize(queries.float(), dim=-1), F.normalize(documents.float(), dim=-1)
+    parts: dict[str, list[torch.Tensor]] = {}
+    for start in range(0, len(q), rows):
+        for name, values in ranking_metrics(q[start : start + rows] @ d.T, judgments, start).items():
+            parts.setdefault(name, []).append(values)
+    return {name: float(torch.cat(values).mean()) for name, values in parts.items()}
+
+
+@torch.no_grad()
+def embed_items(model, encoder, items: Sequence[tuple[str, str]], batch_size: int, device) -> torch.Tensor:
+    """(N, H) float32 embeddings of ``(instruction, text)`` items in input order, in ``encoder.encode``'s batches,
+    each embedded by ``model(features=...)`` (``model``: ``encoder`` or the trainer's wrapper of it); shared among
+    the processes as the module docstring says. Every process returns all N rows."""
+    order, batches = encoder.length_sorted_batches(items, batch_size)
+    rank, size = world()
+    mine = list(range(rank, len(batches), size))
+    turns = math.ceil(len(batches) / size)
+    rows = []
+    for turn in range(turns):
+        b = mine[turn] if turn < len(mine) else 0  # no batch left: batch 0 again, for the same forward count
+        embedded = model(features=encoder.padded(batches[b], device)).float()
+        rows.append(embedded if turn < len(mine) else embedded[:0])
+    local = torch.cat(rows)
+    if size > 1:
+        local = _gather_batches(local, [len(b) for b in batches], turns * batch_size)
+    embeddings = torch.empty_like(local)
+    embeddings[torch.tensor(order, dtype=torch.long, device=local.device)] = local
+    return embeddings
+
+
+def _gather_batches(local: torch.Tensor, sizes: list[int], width: int) -> torch.Tensor:
+    """Every rank's rows (its batches r, r + W, ... concatenated) back in batch order, on every rank."""
+    _, size = world()
+    padded = local.new_zeros((width, local.shape[1]))
+    padded[: len(local)] = local
+    parts = [torch.empty_like(padded) for _ in range(size)]
+    dist.all_gather(parts, padded.contiguous())
+    offsets = [0] * size
+    out = []
+    for b, rows in enumerate(sizes):
+        r = b % size
+        out.append(parts[r][offsets[r] : offsets[r] + rows])
+        offsets[r] += rows
+    return torch.cat(out)
+
+
+def folder_metrics(model, encoder, folder: BeirFolder, instruction: str, batch_size: int, device) -> dict[str, float]:
+    """nDCG@10, MRR@10 and Recall@1/10/100 of ``folder`` (module docstring), with its ``queries`` and ``documents``
+    counts; ``model`` embeds (``encoder`` or the trainer's wrapper of it), in the mode it is in."""
+    judgments = Judgments.of_folder(folder)
+    q = embed_items(model, encoder, [(instruction, t) for t in folder.queries.values()], batch_size, device)
+    d = embed_items(model, encoder, [("", folder.document_text(i)) for i in folder.corpus], batch_size, device)
+    metrics = cosine_metrics(q, d, judgments)
+    return {**metrics, "queries": float(len(folder.queries)), "documents": float(len(folder.corpus))}
+
+
+@dataclass(frozen=True)
+class RetrievalFolder:
+    """A folder of a training run's retrieval evaluation: its name (its log keys' prefix), data and instruction."""
+
+    name: str
+    data: BeirFolder
+    instruction: str
+
+
+class RetrievalEvaluation:
+    """The retrieval evaluation of a training run (module docstring): called with the model at every evaluation."""
+
+    def __init__(self, folders: Sequence[RetrievalFolder]):
+        names = [f.name for f in folders]
+        if len(set(names)) != len(names) or MEAN in names:
+            raise ValueError(f"retrieval folders need distinct names other than {MEAN!r}, got {names}")
+        self.folders = list(folders)
+
+    @classmethod
+    def read(cls, folders: Sequence[tuple[str, str]]) -> RetrievalEvaluation:
+        """``(folder, instruction)`` pairs read and checked (:func:`llm2vec.beir.read_beir_folder`; a query without
+        a relevant document is refused): a ``ValueError`` or ``FileNotFoundError`` naming the file and line."""
+        read = [read_beir_folder(path, queries_without_relevant="refuse") for path, _ in folders]
+        return cls([RetrievalFolder(data.name, data, instruction) for data, (_, instruction) in zip(read, folders)])
+
+    def describe(self) -> str:
+        return "; ".join(
+            f"{f.name} ({len(f.data.queries)} queries, {len(f.data.corpus)} documents, instruction {f.instruction!r})"
+            for f in self.folders
+        )
+
+    def __call__(self, model, encoder, batch_size: int, device) -> dict[str, float]:
+        """``<folder>_<metric>`` for each folder and metric of :data:`LOGGED`, and ``beir_mean_<metric>``: ``model``
+        (``encoder`` or the trainer's wrapper of it) put in eval mode for the measurement, autocast off."""
+        start = time.perf_counter()
+        device = torch.device(device)
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.autocast(device_type=device.type, enabled=False):
+                scores = {
+                    f.name: folder_metrics(model, encoder, f.data, f.instruction, batch_size, device)
+                    for f in self.folders
+                }
+        finally:
+            model.train(was_training)
+        out = {f"{name}_{m}": values[m] for name, values in scores.items() for m in LOGGED}
+        out.update({f"{MEAN}_{m}": sum(v[m] for v in scores.values()) / len(scores) for m in LOGGED})
+        logger.info(
+            "retrieval evaluation of %d folder(s), %d texts: %.1f s",
+            len(scores),
+            sum(v["queries"] + v["documents"] for v in scores.values()),
+            time.perf_counter() - start,
+        )
+        return out
+
+
+def split_log_key(key: str) -> tuple[str, str] | None:
+    """``(folder name, metric)`` of a key :class:`RetrievalEvaluation` logs (``eval_`` prefix or not), else None."""
+    key = key.removeprefix("eval_")
+    for metric in LOGGED:
+        if key.endswith(f"_{metric}") and len(key) > len(metric) + 1:
+            return key[: -len(metric) - 1], metric
+    return None
