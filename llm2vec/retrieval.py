@@ -14,7 +14,7 @@ and ``mteb``'s ``mrr_at_10``, which mteb reports as ``ndcg_at_10``, ``mrr_at_10`
 (:func:`ranking_metrics`; ``tests/test_retrieval.py`` compares them with mteb's own scoring).
 
 **The embeddings.** Queries are embedded as ``[instruction, text]``, documents as ``["", title + " " + text]``, as
-``experiments/mteb_eval_custom.py --local_retrieval_dir`` embeds them through ``LLM2Vec.encode`` (the family's chat
+the mteb evaluation of a local retrieval folder (:mod:`llm2vec.evaluation`) embeds them through ``LLM2Vec.encode`` (the family's chat
 template with the evaluation separator ``": "``, the anchor appended after truncation to ``max_length``), in the
 batches ``encode`` makes (:meth:`llm2vec.LLM2Vec.length_sorted_batches`), each embedded by
 ``model(features=...)``: the encoder's own ``embed``, called through the model as the trainer wraps it (DDP,

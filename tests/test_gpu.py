@@ -82,7 +82,7 @@ def test_a_failing_check_fails_the_command(monkeypatch, capsys):
     monkeypatch.setattr(gpu_check, "relative_errors", off)
     assert gpu_check.main(["--quick", "--only", "packed_sdpa"]) == 1
     out = capsys.readouterr().out
-    assert "packed_sdpa    FAIL" in out and "failed: worst text embedding vs padded sdpa" in out
+    assert "packed_sdpa     FAIL" in out and "failed: worst text embedding vs padded sdpa" in out
     assert out.splitlines()[-1].startswith("0 PASS, 1 FAIL, 0 SKIP")
 
 

@@ -229,7 +229,7 @@ class DataArguments:
         metadata={
             "help": "Retrieval folders of the BEIR / NanoBEIR layout (corpus.jsonl, queries.jsonl, qrels.jsonl) scored "
             "at every evaluation (eval_steps, and eval_on_start) with the model being trained, as "
-            "experiments/mteb_eval_custom.py --local_retrieval_dir scores them: each folder's nDCG@10, MRR@10 and "
+            "the mteb evaluation of a local retrieval folder (llm2vec.evaluation) scores them: each folder's nDCG@10, MRR@10 and "
             "Recall@100 are logged as eval_<folder name>_ndcg_at_10 etc., their means over the folders as "
             "eval_beir_mean_ndcg_at_10 etc. (llm2vec.retrieval). Read and checked at start-up; every query needs a "
             "relevant document. Folder names must differ."

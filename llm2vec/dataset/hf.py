@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from ..config_values import strict_booleans
 from .base import SourceStats, TrainDataset, arrange_positions, held_out_positions, record_counts
 from .records import DataError, TrainExample
 
@@ -575,6 +576,7 @@ class ArrowTrainDataset(TrainDataset):
         return list(found.values())
 
 
+@strict_booleans
 def load_hf(
     paths: str | Sequence[str],
     global_batch_size: int,
