@@ -14,18 +14,9 @@ from pathlib import Path
 
 import mteb_eval_custom
 import pytest
+from test_mteb_eval import QRELS, TEXTS  # the local task tests' corpus and queries
 
 main = mteb_eval_custom.main
-
-TEXTS = [
-    "Return the number of items in a container.",
-    "Open a file and read its lines.",
-    "Paris is the capital of France.",
-    "The quick brown fox jumps over the lazy dog.",
-    "Embeddings are vectors that capture meaning.",
-    "Large language models are trained on text.",
-]
-QRELS = {"qa": "d3", "qb": "d0", "qc": "d5", "qd": "d1"}
 
 
 def write_beir(folder: Path, texts=TEXTS, qrels=QRELS) -> Path:

@@ -95,9 +95,9 @@ def summarise(terms: dict[str, list[dict[str, float]]], groups: list[str]) -> di
     """Every measure of every direction (``anchor_gain_d2q``, ...) as :func:`clustered` gives it."""
     out = {}
     for direction, pairs in terms.items():
-        for measure, (numerator, denominator) in RATIOS.items():
-            key = "rank_chance" if measure == "rank_chance" else f"{measure}_{direction}"
-            out[key] = clustered(pairs, groups, numerator, denominator)
+        for measure in MEASURES:
+            out[f"{measure}_{direction}"] = clustered(pairs, groups, *RATIOS[measure])
+    out["rank_chance"] = clustered(next(iter(terms.values())), groups, *RATIOS["rank_chance"])  # one per batch size
     return out
 
 
