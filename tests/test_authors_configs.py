@@ -1,4 +1,4 @@
-"""The configs of train_configs/authors/ reproduce the authors' public runs as they were (issues #19 and #32).
+"""The configs of train_configs/authors/ reproduce the authors' public runs as they were.
 
 The reference is the tables below, written from the authors' public configs file by file (digested in the
 project's paper notes, "The authors' configs, per model"; 8 processes, as in their README's command): their
@@ -133,7 +133,7 @@ def test_the_papers_512_stays_the_default():
 
 
 def test_reconstruction_targets_help_says_what_each_mode_and_the_authors_pass_do():
-    """``all`` has the authors' targets but not their reconstruction pass (issue #32, point 7): the help says what
+    """``all`` has the authors' targets but not their reconstruction pass: the help says what
     each mode predicts and how the authors' pass differs (their mask hides the prompt's head from attention, and
     their positions count the left padding), instead of calling ``all`` the authors' code."""
     from dataclasses import fields
