@@ -281,6 +281,32 @@ def resolves_inside(folder: str | os.PathLike, path: str | os.PathLike) -> bool:
     return root in real.parents or (root.parent.name == "snapshots" and real.parent == root.parent.parent / "blobs")
 
 
+def saved_folder_problem(folder: str | os.PathLike) -> str | None:
+    """Why the local model, adapter, run or export ``folder`` must not be read, else ``None``: a file that links
+    outside it (:func:`links_outside`), or a finished run's or an export's files that do not match the record its
+    save wrote last (:data:`COMPLETE_MARKER`, :data:`EXPORT_MARKER`: sizes and SHA-256, every byte read)."""
+    if folder is None or not os.path.isdir(folder):
+        return None
+    links = links_outside(folder)
+    if links:
+        return (
+            f"its file {links[0]} links outside the folder; a model's files are read only from inside its folder. "
+            "Copy the file into the folder in place of the link"
+        )
+    for name in (COMPLETE_MARKER, EXPORT_MARKER):
+        if os.path.lexists(Path(folder) / name):
+            try:
+                record = json.loads((Path(folder) / name).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                record = None
+            problem = record_problem(folder, record, name)
+            if problem:
+                return (
+                    f"{problem}; the folder was changed or damaged after it was saved. Save (train or export) it again"
+                )
+    return None
+
+
 def links_outside(folder: str | os.PathLike) -> list[str]:
     """The files of ``folder`` (any depth) whose real path lies outside it (:func:`resolves_inside`)."""
     folder = Path(folder)
