@@ -165,15 +165,11 @@ class RunFolder:
                 path,
                 damaged,
             )
-        found = [
-            Checkpoint(child, int(CHECKPOINT_NAME.match(child.name).group(1)), checkpoint_problem(child))
-            for child in path.iterdir()
-            if is_own_checkpoint(child)
-        ]
+        found = checkpoints_of(path)
         record = read_json(path / FINAL_SAVE_RECORD)
         own = own_names(marker, record) - {COMPLETE_MARKER}
         model_files = sorted(p for p in (path / name for name in own) if p.is_file())
-        return cls(path, marker, sorted(found, key=lambda c: c.step), model_files, damaged, record)
+        return cls(path, marker, found, model_files, damaged, record)
 
     @property
     def finished(self) -> bool:
@@ -241,10 +237,20 @@ class RunFolder:
         return f"the files of a {stage}model ({files}) without the completion marker {COMPLETE_MARKER}"
 
 
+def checkpoints_of(path: Path) -> list[Checkpoint]:
+    """The run's checkpoints in ``path``, by step, each with its problem (sizes checked, contents not)."""
+    found = [
+        Checkpoint(child, int(CHECKPOINT_NAME.match(child.name).group(1)), checkpoint_problem(child))
+        for child in path.iterdir()
+        if is_own_checkpoint(child)
+    ]
+    return sorted(found, key=lambda c: c.step)
+
+
 def newest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
-    """The newest complete checkpoint of ``output_dir`` (:class:`RunFolder`), or ``None``."""
-    newest = RunFolder.inspect(output_dir).newest
-    return newest.path if newest else None
+    """The newest complete checkpoint of ``output_dir``, or ``None`` (the final model is not read)."""
+    complete = [c for c in checkpoints_of(Path(output_dir)) if c.problem is None]
+    return complete[-1].path if complete else None
 
 
 def remove_path(path: Path) -> None:

@@ -34,7 +34,7 @@ from .folder import (
     TRAINER_STATE_NAME,
     TRAINING_STATE_FILES,
     CheckpointError,
-    RunFolder,
+    checkpoints_of,
     own_names,
     read_json,
     remove_path,
@@ -98,7 +98,8 @@ def staged_checkpoint(trainer, run_dir: str):
         _fsync(run_dir)
         shutil.rmtree(staging, ignore_errors=True)
         limit = trainer.args.save_total_limit
-        for old in RunFolder.inspect(run_dir).complete[:-limit] if limit and limit > 0 else []:
+        complete = [c for c in checkpoints_of(run_dir) if c.problem is None]
+        for old in complete[:-limit] if limit and limit > 0 else []:
             logger.info("save_total_limit %d: deleting %s", limit, old.path)
             remove_path(old.path)
     trainer.accelerator.wait_for_everyone()
