@@ -206,10 +206,14 @@ def write_jsonl(path: str | os.PathLike, rows: Iterable[dict[str, Any]]) -> int:
     return n
 
 
-def short_hash(obj: Any, n: int = 16, ensure_ascii: bool = True) -> str:
-    """The first ``n`` hex digits of the SHA-256 of ``obj`` as canonical JSON (sorted keys)."""
-    text = json.dumps(obj, sort_keys=True, ensure_ascii=ensure_ascii, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:n]
+def short_hash(obj: Any, n: int = 16) -> str:
+    """The first ``n`` hex digits of the SHA-256 of ``obj`` as canonical JSON (sorted keys, ASCII)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:n]
+
+
+def json_sha256(obj: Any) -> str:
+    """The SHA-256 (hex) of ``obj`` as canonical JSON in UTF-8 (sorted keys, text unescaped)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, ensure_ascii=False, default=str).encode()).hexdigest()
 
 
 HASH_BLOCK = 8 << 20

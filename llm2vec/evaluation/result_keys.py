@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..io import atomic_write, short_hash
+from ..io import atomic_write, json_sha256
 
 FIELD = "llm2vec_computed_from"
 """The field of a result file (mteb's ``TaskResult`` JSON) that holds what it was computed from."""
@@ -86,7 +86,7 @@ def computed_from(encoder, task, batch_size: int) -> dict[str, Any]:
 
 
 def _sha256(obj: Any) -> str:
-    return short_hash(obj, n=64, ensure_ascii=False)
+    return json_sha256(obj)
 
 
 def why_not_reused(path: str | os.PathLike, record: Mapping[str, Any]) -> str | None:
