@@ -10,10 +10,11 @@ modification time, so a copy of a folder is the same model.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import Any
+
+from .io import sha256_file
 
 HEAD_BYTES = 1 << 20
 
@@ -21,9 +22,7 @@ HEAD_BYTES = 1 << 20
 def fingerprint_file(path: str | os.PathLike) -> dict[str, Any]:
     """Size, modification time (ns) and SHA-256 of the first MiB of ``path``."""
     stat = os.stat(path)
-    with open(path, "rb") as f:
-        head = hashlib.sha256(f.read(HEAD_BYTES)).hexdigest()
-    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "head_sha256": head}
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "head_sha256": sha256_file(path, HEAD_BYTES)}
 
 
 def model_folder(name: str) -> Path | None:

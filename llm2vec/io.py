@@ -1,4 +1,5 @@
-"""Files: JSON and JSON-lines reading with one-line errors, atomic writes, short content hashes.
+"""Files: JSON and JSON-lines reading with one-line errors, atomic writes, content hashes and the records of saved
+folders, and the rule that a folder's files lie inside it.
 
 Every reader of a JSON-lines file in the package (training data, local retrieval tasks) goes through
 :func:`iter_jsonl`, so a malformed line gives the same kind of message everywhere: the file, the line
@@ -14,6 +15,13 @@ rename within one folder is atomic on POSIX (``os.replace``), so a reader sees e
 the complete new one, never a half-written file. An exception (or a KeyboardInterrupt) while writing
 removes the temporary file or folder; a hard kill can leave one behind, under a name starting with ``.``
 and ending in ``.tmp``, which no reader picks up.
+
+Every SHA-256 of a file is :func:`sha256_file`. A save that writes a folder (a checkpoint, a run's final model, an
+export) records, last, each file it wrote with its size and SHA-256 (:func:`file_record`); a reader checks the
+folder against that record before use (:func:`record_problem`): a file missing, of another size, of other contents,
+a link, or an entry without its size or hash is damage. A model, adapter or run folder's file whose real path lies
+outside the folder is refused (:func:`links_outside`), save the links of a Hugging Face cache snapshot to its
+repository's blobs.
 """
 
 from __future__ import annotations
@@ -199,16 +207,118 @@ def write_jsonl(path: str | os.PathLike, rows: Iterable[dict[str, Any]]) -> int:
 
 
 def short_hash(obj: Any, n: int = 16) -> str:
-    """The first ``n`` hex digits of the SHA-256 of ``obj`` as canonical JSON (sorted keys)."""
+    """The first ``n`` hex digits of the SHA-256 of ``obj`` as canonical JSON (sorted keys, ASCII)."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:n]
+
+
+def json_sha256(obj: Any) -> str:
+    """The SHA-256 (hex) of ``obj`` as canonical JSON in UTF-8 (sorted keys, text unescaped)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, ensure_ascii=False, default=str).encode()).hexdigest()
+
+
+HASH_BLOCK = 8 << 20
+
+
+def sha256_file(path: str | os.PathLike, limit: int | None = None, digest=None) -> str:
+    """The SHA-256 (hex) of a file's bytes, or of its first ``limit`` bytes, read in 8 MiB blocks; ``digest``: a
+    ``hashlib`` object to continue (several files in one hash)."""
+    digest = digest or hashlib.sha256()
+    left = limit
+    with open(path, "rb") as f:
+        while left is None or left > 0:
+            block = f.read(HASH_BLOCK if left is None else min(HASH_BLOCK, left))
+            if not block:
+                break
+            digest.update(block)
+            left = None if left is None else left - len(block)
+    return digest.hexdigest()
 
 
 def file_digest(paths: Iterable[str | os.PathLike], n: int = 64) -> str:
     """SHA-256 (first ``n`` hex digits) of the bytes of ``paths``, in the order given."""
     digest = hashlib.sha256()
     for p in paths:
-        digest.update(Path(p).read_bytes())
+        sha256_file(p, digest=digest)
     return digest.hexdigest()[:n]
+
+
+COMPLETE_MARKER = "training_complete.json"  # written last by a run's final save (llm2vec.run.saves)
+EXPORT_MARKER = "export_complete.json"  # written last into an export (llm2vec.run.claim)
+
+
+def file_record(folder: str | os.PathLike, names: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """``{"files": {name: size}, "sha256": {name: hex}}`` of the files ``names`` (relative paths) of ``folder``."""
+    folder, names = Path(folder), sorted(names)
+    return {
+        "files": {n: (folder / n).stat().st_size for n in names},
+        "sha256": {n: sha256_file(folder / n) for n in names},
+    }
+
+
+def record_problem(folder: str | os.PathLike, record: Any, name: str, contents: bool = True) -> str | None:
+    """Why ``folder`` does not hold what its ``record`` (the file ``name``, :func:`file_record`) says, else ``None``:
+    an entry without its size or hash, a file missing, a link, of another size, or (``contents``) of other bytes."""
+    files = record.get("files") if isinstance(record, dict) else None
+    hashes = record.get("sha256") if isinstance(record, dict) else None
+    if not isinstance(files, dict) or not isinstance(hashes, dict) or not files:
+        return f"{name} lists no files with their sizes and SHA-256"
+    if set(files) != set(hashes):
+        return f"{name} gives no size or no SHA-256 for {sorted(set(files) ^ set(hashes))[0]}"
+    problems = []
+    for file, size in sorted(files.items()):
+        path = Path(folder) / file
+        if path.is_symlink() or not resolves_inside(folder, path):
+            problems.append(f"{file} is a link, not a file the save wrote")
+        elif not path.is_file():
+            problems.append(f"{file} is missing")
+        elif path.stat().st_size != size:
+            problems.append(f"{file} is {path.stat().st_size} bytes, {size} when saved")
+        elif contents and sha256_file(path) != hashes[file]:
+            problems.append(f"{file} has other contents than when it was saved (its SHA-256 differs from {name})")
+    return "; ".join(problems[:3]) + (f"; {len(problems) - 3} more" if len(problems) > 3 else "") or None
+
+
+def resolves_inside(folder: str | os.PathLike, path: str | os.PathLike) -> bool:
+    """Whether ``path``'s real path lies inside ``folder``'s, or, for a Hugging Face cache snapshot
+    (``.../snapshots/<rev>/``), in its repository's ``blobs`` folder."""
+    root, real = Path(folder).resolve(), Path(path).resolve()
+    return root in real.parents or (root.parent.name == "snapshots" and real.parent == root.parent.parent / "blobs")
+
+
+def saved_folder_problem(folder: str | os.PathLike) -> str | None:
+    """Why the local model, adapter, run or export ``folder`` must not be read, else ``None``: a file that links
+    outside it (:func:`links_outside`), or a finished run's or an export's files that do not match the record its
+    save wrote last (:data:`COMPLETE_MARKER`, :data:`EXPORT_MARKER`: sizes and SHA-256, every byte read)."""
+    if folder is None or not os.path.isdir(folder):
+        return None
+    links = links_outside(folder)
+    if links:
+        return (
+            f"its file {links[0]} links outside the folder; a model's files are read only from inside its folder. "
+            "Copy the file into the folder in place of the link"
+        )
+    for name in (COMPLETE_MARKER, EXPORT_MARKER):
+        if os.path.lexists(Path(folder) / name):
+            try:
+                record = json.loads((Path(folder) / name).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                record = None
+            problem = record_problem(folder, record, name)
+            if problem:
+                return (
+                    f"{problem}; the folder was changed or damaged after it was saved. Save (train or export) it again"
+                )
+    return None
+
+
+def links_outside(folder: str | os.PathLike) -> list[str]:
+    """The files of ``folder`` (any depth) whose real path lies outside it (:func:`resolves_inside`)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return sorted(
+        str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_symlink() and not resolves_inside(folder, p)
+    )
 
 
 @contextlib.contextmanager

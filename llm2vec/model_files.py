@@ -10,6 +10,11 @@ that class instead of the one the folder's author wrote, silently). ``trust_remo
 ``trust_remote_code`` field of a run config, ``--trust_remote_code`` of evaluation and export) lets the code
 run.
 
+**Folders as saved.** A local model or adapter folder whose file links outside it is refused (a Hugging Face cache
+snapshot's links to its blobs aside), so a ``chat_template.jinja`` linked to a private file is never read; a run's
+final model or an export is checked against the sizes and SHA-256 its save recorded last
+(:func:`llm2vec.io.saved_folder_problem`).
+
 **Pickled adapters.** ``adapter_model.bin`` is a pickle: loading it can run code, and when ``torch.load``
 refuses to (``weights_only``) the result is a long traceback. :func:`check_adapter_weights` refuses a local
 adapter folder that holds only that file (peft reads ``adapter_model.safetensors`` first when both exist).
@@ -39,6 +44,7 @@ from typing import Any
 
 from .config_values import strict_booleans
 from .fingerprints import fingerprint_model, model_folder
+from .io import saved_folder_problem
 
 logger = logging.getLogger("llm2vec")
 
@@ -248,7 +254,13 @@ def check_model_files(
     trust_remote_code: bool = False,
     accept_other_base: bool = False,
 ) -> None:
-    """Every check of this module on a base model and its adapter (if any), before anything loads."""
+    """Every check of this module on a base model and its adapter (if any), before anything loads; first that
+    their local folders hold no link out of them and, when a run or export saved them, still hold what it wrote
+    (:func:`llm2vec.io.saved_folder_problem`)."""
+    for what, folder in (("model", base_model_name_or_path), ("adapter", peft_model_name_or_path)):
+        problem = saved_folder_problem(folder)
+        if problem:
+            raise ModelFilesError(f"{what} {os.fspath(folder)}: {problem}")
     check_remote_code(base_model_name_or_path, trust_remote_code, "model")
     check_adapter_weights(peft_model_name_or_path)  # an adapter's own config and tokenizer files are not loaded
     check_adapter(base_model_name_or_path, peft_model_name_or_path, accept_other_base)

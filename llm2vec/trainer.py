@@ -51,7 +51,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import pickle
 
 import torch
 from accelerate.utils import send_to_device
@@ -82,29 +81,16 @@ PRIVATE_OVERRIDES: dict[str, tuple[str, str]] = {
         "and the model card must be written inside the folder before a checkpoint is published, which on_save "
         "(called after the checkpoint is complete) cannot do",
     ),
-    "_get_output_dir": (
-        "(self, trial)",
-        "_save_checkpoint writes checkpoint-<step> under this folder: pointing it at the staging folder makes a "
-        "checkpoint complete-or-absent",
-    ),
     "_save_checkpoint": (
         "(self, model, trial)",
-        "the staging around the Trainer's checkpoint (and the finite-weights check before it); no hook runs before "
-        "and after a checkpoint's files are written",
+        "a checkpoint is written into a staging folder and renamed into place when complete "
+        "(llm2vec.run.staged_checkpoint), and the weights are checked finite first; no hook runs both before and "
+        "after a checkpoint's files are written",
     ),
     "_load_from_checkpoint": (
         "(self, resume_from_checkpoint, model=None)",
         "checkpoints hold the encoder's own files (LLM2Vec.save), which the Trainer's loader cannot map onto the "
-        "wrapper; loaded strictly, a damaged file reported in one line",
-    ),
-    "_load_optimizer_and_scheduler": (
-        "(self, checkpoint)",
-        "a damaged optimizer or scheduler file is reported in one line naming the checkpoint; the load happens "
-        "inside train(), where no hook can tell it from a failing step",
-    ),
-    "_load_rng_state": (
-        "(self, checkpoint)",
-        "as _load_optimizer_and_scheduler, for the RNG state (loaded inside the epoch loop)",
+        "wrapper; loaded strictly, weights that do not fit reported in one line",
     ),
 }
 
@@ -137,7 +123,6 @@ class LLM2VecTrainer(Trainer):
         self._part_sums: dict[str, torch.Tensor] = {}
         self._part_steps = 0
         self._metric_sums: dict[str, tuple[torch.Tensor | float, int]] = {}
-        self._staging_dir: str | None = None
         self._step_loss: torch.Tensor | float = 0.0  # this optimizer step's weighted loss, for the finite check
         self._step_parts: dict[str, torch.Tensor] = {}
 
@@ -304,46 +289,28 @@ class LLM2VecTrainer(Trainer):
             output_dir, self.run_config, self.state.log_history, self._encoder(), self.state.global_step
         )
 
-    def _get_output_dir(self, trial) -> str:
-        return self._staging_dir or super()._get_output_dir(trial)
-
     def _save_checkpoint(self, model, trial) -> None:
-        """The Trainer's checkpoint, written into a staging folder and renamed into place when complete."""
+        """The Trainer's checkpoint, written into a staging folder (``args.output_dir`` while it is written) and
+        renamed into place when complete."""
         self.check_weights_finite(f"checkpoint-{self.state.global_step} was not written")
-        with staged_checkpoint(self, super()._get_output_dir(trial)) as staging:
-            self._staging_dir = staging
+        run_dir = self.args.output_dir
+        with staged_checkpoint(self, run_dir) as staging:
+            self.args.output_dir = staging
             try:
                 super()._save_checkpoint(model, trial)
             finally:
-                self._staging_dir = None
-
-    def _load_guarded(self, checkpoint, what: str, load) -> None:
-        """``load()``, with a file that cannot be read reported as one line naming the checkpoint and what to do."""
-        try:
-            load()
-        except CheckpointError:
-            raise
-        except (OSError, RuntimeError, ValueError, EOFError, KeyError, pickle.UnpicklingError, SafetensorError) as e:
-            raise CheckpointError(
-                f"resume_from_checkpoint {checkpoint}: cannot read its {what} ({first_line(e)}); the checkpoint "
-                "is damaged. Delete it (a resume then uses the previous complete checkpoint) or start anew"
-            ) from e
-
-    def _load_optimizer_and_scheduler(self, checkpoint):
-        if checkpoint is None:
-            return
-        load = super()._load_optimizer_and_scheduler
-        self._load_guarded(checkpoint, "optimizer or scheduler state", lambda: load(checkpoint))
-
-    def _load_rng_state(self, checkpoint):
-        if checkpoint is None:
-            return
-        load = super()._load_rng_state
-        self._load_guarded(checkpoint, "RNG state", lambda: load(checkpoint))
+                self.args.output_dir = run_dir
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
-        """Load the weights saved by ``_save`` into the wrapped transformers model (strictly)."""
-        self._load_guarded(resume_from_checkpoint, "weights", lambda: self._load_weights(resume_from_checkpoint))
+        """Load the weights saved by ``_save`` into the wrapped transformers model (strictly); weights that cannot be
+        read or do not fit are one line naming the checkpoint."""
+        try:
+            self._load_weights(resume_from_checkpoint)
+        except (OSError, RuntimeError, ValueError, KeyError, SafetensorError) as e:
+            raise CheckpointError(
+                f"resume_from_checkpoint {resume_from_checkpoint}: cannot load its weights ({first_line(e)}). Resume "
+                "from another checkpoint or start anew"
+            ) from e
 
     def _load_weights(self, resume_from_checkpoint):
         inner = self._encoder().model

@@ -53,6 +53,23 @@ def tiny_run_flags(model, data, out, **fields) -> list[str]:
     return [item for key, value in args.items() if value is not None for item in (f"--{key}", str(value))]
 
 
+def unfinished_copy(reference: Path, dest: Path) -> Path:
+    """A finished 4-step run ``reference`` as a kill after checkpoint-4 would leave it: checkpoints 2 and 4 only."""
+    import shutil
+
+    dest.mkdir(parents=True)
+    for name in ("checkpoint-2", "checkpoint-4"):
+        shutil.copytree(reference / name, dest / name)
+    return dest
+
+
+def one_line(err: str, prefix: str = "error") -> str:
+    """The one line of ``err`` holding ``<prefix>:``, with no traceback anywhere."""
+    lines = [line for line in err.splitlines() if f"{prefix}:" in line]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
 def free_port() -> int:
     """A TCP port of this machine that nothing listens on now (for a torchrun rendezvous)."""
     import socket

@@ -12,7 +12,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # a thread count sets it itself.
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, os.cpu_count() or 1)))
 
-from llm2vec.testing import FAMILIES, build_tiny_model, save_tiny_model  # noqa: E402
+from llm2vec.testing import FAMILIES, build_tiny_model, save_tiny_model, write_tiny_e5  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -31,3 +31,18 @@ def tiny_checkpoints(tmp_path_factory):
 @pytest.fixture(params=FAMILIES)
 def family(request):
     return request.param
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    """(tiny Llama-3 model folder, E5-layout data folder of 24 examples a source): what the run tests train on."""
+    root = tmp_path_factory.mktemp("assets")
+    return save_tiny_model("llama3", root / "model"), write_tiny_e5(root / "data", n=24)
+
+
+@pytest.fixture
+def keep_thread_count():
+    """A test that trains (``num_threads`` sets torch's thread count) leaves the count as it found it."""
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)

@@ -1,4 +1,4 @@
-"""Hostile input (issue 31, points 4, 7, 8 and 9): every case is refused in one line, or read as documented.
+"""Hostile input: every case is refused in one line, or read as documented.
 
 4. names that become path components (``--local_task_name``, ``--revision``, ``--model_name``) cannot put a
    file outside ``--output_dir``, and the printed results path is where the files are;

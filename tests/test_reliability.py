@@ -1,4 +1,4 @@
-"""Never lose a finished run (issue 13): no silent overwrite, finished runs recognised, complete-or-absent saves,
+"""Never lose a finished run: no silent overwrite, finished runs recognised, complete-or-absent saves,
 SIGKILL-and-resume in one and two processes, the same command twice, start-up checks.
 
 The reference for every resumed run is an uninterrupted run of the same config; weights must be bit-identical.
@@ -26,18 +26,12 @@ from llm2vec.run import checks as startup_checks
 from llm2vec.run import config_fields
 from llm2vec.run import plan as resume
 from llm2vec.run.folder import COMPLETE_MARKER
-from llm2vec.testing import build_tokenizer, save_tiny_model, write_tiny_e5
+from llm2vec.testing import build_tokenizer
 from llm2vec.trainer import LLM2VecTrainer
 from llm2vec.training import main, run
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS_PER_EPOCH = 12  # 2 sources x 24 examples, global batch 4
-
-
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("reliability")
-    return save_tiny_model("llama3", root / "model"), write_tiny_e5(root / "data", n=24)
 
 
 def flags(assets, out, stage="I", **overrides) -> list[str]:
@@ -66,10 +60,8 @@ def marker(folder) -> dict:
 
 
 @pytest.fixture(autouse=True)
-def keep_thread_count():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
+def _threads(keep_thread_count):
+    """Every test here leaves torch's thread count as it found it."""
 
 
 @pytest.fixture(scope="module")
@@ -202,7 +194,7 @@ def test_a_checkpoint_interrupted_while_saving_is_never_resumed_from(assets, ref
     ):
         run("I", flags(assets, out))  # a fresh run into it is refused too
 
-    # a checkpoint folder without its weights (another tool's, or the issue's checkpoint-15): skipped with a warning
+    # a checkpoint folder without its weights (another tool's): skipped with a warning
     shutil.copytree(out / "checkpoint-2", out / "checkpoint-3")
     (out / "checkpoint-3" / "model.safetensors").unlink()
     with caplog.at_level(logging.WARNING, logger="llm2vec"):

@@ -1,5 +1,5 @@
-"""Never delete what is not ours, never write outside the folder asked for, never load the wrong thing silently
-(issue 31, points 1, 2, 3, 5, 6 and part of 8), one section per point:
+"""Never delete what is not ours, never write outside the folder asked for, never load the wrong thing silently,
+one section per concern:
 
 1. an overwrite deletes only the files the run wrote (the completion marker lists only them);
 2. an output folder that is, lies inside or contains an input (or another run's folder) is refused, whatever the flags;
@@ -30,14 +30,21 @@ from pathlib import Path
 import export_sentence_transformers
 import mteb_eval_custom
 import pytest
-import torch
-from _drivers import ROOT, assert_same_weights, lock_held_elsewhere, subprocess_env, tiny_run_flags
+from _drivers import (
+    ROOT,
+    assert_same_weights,
+    lock_held_elsewhere,
+    one_line,
+    subprocess_env,
+    tiny_run_flags,
+    unfinished_copy,
+)
 
 from llm2vec import LLM2Vec
 from llm2vec.model_files import ModelFilesError
 from llm2vec.run.folder import CHECKPOINT_MANIFEST, COMPLETE_MARKER
 from llm2vec.run.lock import LOCK_NAME
-from llm2vec.testing import save_tiny_model, write_tiny_e5
+from llm2vec.testing import save_tiny_model
 from llm2vec.training import main, run
 
 export_main = export_sentence_transformers.main
@@ -47,17 +54,9 @@ EXPORT_MARKER = "export_complete.json"  # what the export writes last (llm2vec.r
 OVERWRITE = ["--overwrite_output_dir", "true"]
 
 
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("safety4")
-    return save_tiny_model("llama3", root / "model"), write_tiny_e5(root / "data", n=24)
-
-
 @pytest.fixture(autouse=True)
-def keep_thread_count():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
+def _threads(keep_thread_count):
+    """Every test here leaves torch's thread count as it found it."""
 
 
 def flags(assets, out, stage="I", **fields) -> list[str]:
@@ -80,27 +79,12 @@ def tree(root: Path) -> dict[str, bytes | None]:
     return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(Path(root).rglob("*"))}
 
 
-def one_line(err: str, prefix: str = "error") -> str:
-    """The one line of ``err`` holding ``<prefix>:``, with no traceback anywhere."""
-    lines = [line for line in err.splitlines() if f"{prefix}:" in line]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
-
-
 @pytest.fixture(scope="module")
 def reference(assets, tmp_path_factory):
     """An uninterrupted 4-step Stage I run (checkpoints 2 and 4)."""
     out = tmp_path_factory.mktemp("reference") / "run"
     run("I", flags(assets, out))
     return out
-
-
-def unfinished_copy(reference: Path, dest: Path) -> Path:
-    """The reference run as a kill after checkpoint-4 would leave it: checkpoints 2 and 4, no final model."""
-    dest.mkdir(parents=True)
-    for name in ("checkpoint-2", "checkpoint-4"):
-        shutil.copytree(reference / name, dest / name)
-    return dest
 
 
 # ---------------------------------------------------------------------------------------------- 1. own files only
@@ -110,8 +94,8 @@ USER_FILES = {"notes.txt": b"my notes\n", "LICENSE": b"MIT\n", "setup.py": b"pri
 
 
 def test_an_overwrite_deletes_only_the_files_the_run_wrote_however_often(assets, tmp_path):
-    """The issue's reproduction: a folder holding a user's files, overwritten twice (the second overwrite deleted
-    them) and a third time; they survive each, and the marker lists none of them."""
+    """A folder holding a user's files, overwritten three times: they survive each, and the marker lists none of
+    them."""
     out = tmp_path / "run"
     out.mkdir()
     for name, data in USER_FILES.items():
@@ -124,13 +108,12 @@ def test_an_overwrite_deletes_only_the_files_the_run_wrote_however_often(assets,
         assert {"model.safetensors", "run_config.json", "README.md", "trainer_state.json"} <= set(marker["files"])
 
 
-def test_a_marker_of_an_older_version_is_trusted_only_for_a_models_file_names(assets, tmp_path):
-    """Older versions listed every visible file in the marker; such a listing does not make notes.txt the run's."""
+def test_a_marker_entry_without_its_hash_makes_no_file_the_runs(assets, tmp_path):
+    """A completion marker listing notes.txt without its SHA-256 is damage: notes.txt stays the user's."""
     out = tmp_path / "run"
     assert main("I", quick(assets, out)) == 0
     (out / "notes.txt").write_bytes(b"mine")
     marker = json.loads((out / COMPLETE_MARKER).read_text())
-    marker.pop("format", None)  # as older versions wrote it
     marker["files"]["notes.txt"] = 4
     (out / COMPLETE_MARKER).write_text(json.dumps(marker))
     assert main("I", quick(assets, out) + OVERWRITE) == 0

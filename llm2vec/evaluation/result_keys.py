@@ -30,14 +30,13 @@ results are never served.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..io import atomic_write
+from ..io import atomic_write, json_sha256
 
 FIELD = "llm2vec_computed_from"
 """The field of a result file (mteb's ``TaskResult`` JSON) that holds what it was computed from."""
@@ -87,7 +86,7 @@ def computed_from(encoder, task, batch_size: int) -> dict[str, Any]:
 
 
 def _sha256(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, ensure_ascii=False, default=str).encode()).hexdigest()
+    return json_sha256(obj)
 
 
 def why_not_reused(path: str | os.PathLike, record: Mapping[str, Any]) -> str | None:

@@ -1,14 +1,10 @@
-"""The path and disk checks of a run's ``output_dir``: it lies apart from everything the command reads and from
-other runs (:func:`check_apart`, before anything is created), it can be written (:func:`check_writable`, before
-the folder is locked), and it has room for the checkpoints and the final model the run will write
-(:func:`estimate_disk`, :func:`check_disk_space`, once the model is built and before anything is deleted or
-trained).
+"""The path and disk checks of a run's ``output_dir``: apart from what the command reads and from other runs
+(:func:`check_apart`, before anything is created), writable (:func:`check_writable`), and with room for the
+checkpoints and the final model (:func:`estimate_disk`, :func:`check_disk_space`, before anything is deleted).
 
-**Apart from the inputs.** A command that writes a folder (training, the export) refuses, whatever its flags, an
-output folder that is one of its inputs (the base model, the adapter, a data file or folder, the validation
-file, an instructions file), lies inside one, or contains one: writing there could replace what is being read
-(the base model's weights, by an overwrite). It refuses as well an output folder inside another run's or
-export's folder, or containing one (:func:`folder_holds`), since each is owned by the command that wrote it.
+A command that writes a folder (training, the export) refuses, whatever its flags, an output folder that is, lies
+inside or contains one of its inputs (an overwrite could replace what is being read), or lies inside or contains
+another run's or export's folder (:func:`folder_holds`): each is owned by the command that wrote it.
 """
 
 from __future__ import annotations
@@ -21,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..arguments import ConfigError
-from .folder import COMPLETE_MARKER, FINAL_SAVE_RECORD, is_own_checkpoint, listed
+from ..io import COMPLETE_MARKER, EXPORT_MARKER
+from .folder import FINAL_SAVE_RECORD, is_own_checkpoint, listed
 from .lock import LOCK_NAME, is_held
 
-EXPORT_MARKER = "export_complete.json"  # written last into an export (llm2vec.run.claim); names its files
 SCAN_DEPTH = 3  # how deep below an output folder other runs are looked for
 SCAN_LIMIT = 5000  # ... and in how many folders at most
 
@@ -34,8 +30,8 @@ def _resolved(path: str | os.PathLike) -> Path:
 
 
 def folder_holds(path: Path) -> str | None:
-    """What ``path`` holds that a command of this package owns: an export, a finished run, a live run (its lock
-    is held), a run's checkpoints or final save; ``None`` when none of them (a stale lock file alone is none)."""
+    """What ``path`` holds that a command of this package owns (an export, a finished run, a live run, a run's
+    checkpoints or final save), else ``None``; a stale lock file alone is none."""
     if (path / EXPORT_MARKER).is_file():
         return "an export"
     if (path / COMPLETE_MARKER).is_file():
@@ -54,15 +50,12 @@ def folder_holds(path: Path) -> str | None:
 
 def _runs_below(root: Path, skip) -> list[str]:
     """``<path> (<what>)`` for each folder below ``root`` (depth 1 to :data:`SCAN_DEPTH`, hidden ones aside) that
-    :func:`folder_holds` a run or an export; ``skip(child)`` leaves out top-level children (the run's own
-    checkpoints)."""
+    :func:`folder_holds` a run or export; ``skip(child)`` leaves out top-level children (the run's own checkpoints)."""
     found, frontier, seen = [], [(root, 0)], 0
     while frontier and seen < SCAN_LIMIT:
         folder, depth = frontier.pop()
         try:
-            children = sorted(  # hidden folders aside: a run's staging and deletion folders are its own
-                c for c in folder.iterdir() if c.is_dir() and not c.is_symlink() and not c.name.startswith(".")
-            )
+            children = sorted(c for c in folder.iterdir() if c.is_dir() and not c.is_symlink() and c.name[0] != ".")
         except OSError:
             continue
         for child in children:
@@ -84,23 +77,14 @@ def check_apart(
     own_runs: bool = True,
 ) -> None:
     """Raise :class:`ConfigError` (one line) when ``output_dir`` is, lies inside or contains one of ``inputs``
-    (``(label, path)``; a path that does not exist, a hub id, is left out), or lies inside or contains the
-    folder of another run or export (module docstring). ``own_runs``: ``output_dir``'s own checkpoints (a
-    run's) are not "another run"."""
+    (``(label, path)``; one that does not exist is left out) or another run's or export's folder. ``own_runs``:
+    ``output_dir``'s own checkpoints are not another run."""
     out = _resolved(output_dir)
     for label, path in inputs:
         if not path or not os.path.exists(path):
             continue
         read = _resolved(path)
-        relation = (
-            "is"
-            if read == out
-            else "lies inside"
-            if read in out.parents
-            else "contains"
-            if out in read.parents
-            else None
-        )
+        relation = {read == out: "is", read in out.parents: "lies inside", out in read.parents: "contains"}.get(True)
         if relation:
             raise ConfigError(
                 f"{where} {output_dir} {relation} the {label} {os.fspath(path)}: a command never writes where it "
@@ -145,7 +129,7 @@ def _size(n: float) -> str:
 
 @dataclass
 class DiskEstimate:
-    """Bytes a run will write: ``checkpoints`` kept at once of ``weights + optimizer`` each, and the final model."""
+    """Bytes a run writes: ``checkpoints`` kept at once of ``weights + optimizer`` each, and the final model."""
 
     weights: int
     optimizer: int
@@ -164,10 +148,9 @@ class DiskEstimate:
 
 
 def estimate_disk(args, model, start_step: int, end_step: int, per_epoch: int) -> DiskEstimate:
-    """The bytes this run writes: weights in their dtype (a LoRA model saves its adapter only), AdamW's two
-    moments per trainable parameter (none with ``save_only_model``), the checkpoints saved between
-    ``start_step`` and ``end_step`` of which at most ``save_total_limit + 1`` exist at once (a new one is
-    complete before the oldest is deleted)."""
+    """The bytes this run writes: weights in their dtype (a LoRA model saves its adapter only), AdamW's two moments
+    per trainable parameter (none with ``save_only_model``), the checkpoints saved between ``start_step`` and
+    ``end_step``, at most ``save_total_limit + 1`` at once (a new one is complete before the oldest is deleted)."""
     params = {id(p): p for p in model.parameters()}.values()
     trainable = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
     total = sum(p.numel() * p.element_size() for p in params)
@@ -195,13 +178,7 @@ def _nearest_existing(path: Path) -> Path:
 
 
 def bytes_under(paths: list[Path]) -> int:
-    total = 0
-    for p in paths:
-        if p.is_file():
-            total += p.stat().st_size
-        elif p.is_dir():
-            total += sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
-    return total
+    return sum(f.stat().st_size for p in paths for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file())
 
 
 def check_disk_space(output_dir: str, estimate: DiskEstimate, freed: int = 0) -> None:

@@ -1,9 +1,6 @@
-"""Which fields of a run config a resume compares with the saved run, and which decide where training ends.
-
-A run started again in a folder that holds a run compares its resolved config with the saved ``run_config.json``
-(:func:`config_differences`): every field but those that say where or how a run is launched
-(:data:`NOT_COMPARED`). The fields that decide at which optimizer step training ends (:func:`training_end_fields`)
-are recorded in the completion marker (:func:`end_values`), so a finished run asked to train further is told so.
+"""Which fields of a run config a restarted run compares with the saved ``run_config.json`` (:func:`config_differences`:
+all but those that say where or how a run is launched, :data:`NOT_COMPARED`), and which decide where training ends
+(:func:`training_end_fields`, recorded in the completion marker by :func:`end_values`).
 """
 
 from __future__ import annotations
@@ -14,22 +11,13 @@ from typing import Any
 
 from ..arguments import argument_classes
 
-# The fields that decide at which optimizer step training ends. A field added later that stops training
-# (e.g. after N steps of a longer schedule) is found by its metadata ``{"ends_training": True}`` or by
-# being named here; its value is read as "stop after this many optimizer steps" when it is a positive int.
+# The fields that decide where training ends; a field added later is found by its metadata ``ends_training`` too.
+# Its value is read as "stop after this many optimizer steps" when it is a positive int.
 TRAINING_END_FIELDS = ("max_steps", "num_train_epochs", "stop_after_n_steps")
 # Fields that say where or how a run is launched, not what it trains: left out of config comparisons.
 NOT_COMPARED = (
-    "output_dir",
-    "resume_from_checkpoint",
-    "overwrite_output_dir",
-    "accept_changed_inputs",
-    "accept_other_base",
-    "config_file",
-    "lr_schedule",
-    "inputs",
-    "batch_geometry",
-    "resumed_with_changes",
+    *("output_dir", "resume_from_checkpoint", "overwrite_output_dir", "accept_changed_inputs", "accept_other_base"),
+    *("config_file", "lr_schedule", "inputs", "batch_geometry", "resumed_with_changes"),
 )  # lr_schedule: derived from the compared fields and the data; inputs and batch: llm2vec.run.inputs
 
 
@@ -40,9 +28,6 @@ def config_differences(saved: dict[str, Any], new: dict[str, Any], limit: int = 
     if len(diffs) > limit:
         diffs = diffs[:limit] + [f"{len(diffs) - limit} more"]
     return diffs
-
-
-# ---------------------------------------------------------------------------------------------- where training ends
 
 
 def _defaults(stage: str) -> dict[str, Any]:
@@ -57,14 +42,13 @@ def _defaults(stage: str) -> dict[str, Any]:
 
 
 def training_end_fields(stage: str) -> tuple[str, ...]:
-    """The fields that decide where training ends: :data:`TRAINING_END_FIELDS` and every field of the stage's
-    argument classes whose metadata says ``ends_training``; only those that exist in this version."""
+    """:data:`TRAINING_END_FIELDS` and the stage's fields whose metadata says ``ends_training``, those that exist."""
     defaults = _defaults(stage)
     tagged = [f.name for cls in argument_classes(stage) for f in fields(cls) if f.metadata.get("ends_training")]
     return tuple(name for name in dict.fromkeys([*TRAINING_END_FIELDS, *tagged]) if name in defaults)
 
 
 def end_values(config: dict[str, Any], stage: str) -> dict[str, Any]:
-    """The training-length fields of a resolved config; a field it lacks (saved by an older version) has its default."""
+    """The training-length fields of a resolved config; a field it lacks has its default."""
     defaults = _defaults(stage)
     return {name: config.get(name, defaults[name]) for name in training_end_fields(stage)}

@@ -1,23 +1,12 @@
-"""What a run trained on, recorded so that a resume notices when it changed.
+"""What a run trained on, recorded in ``run_config.json`` so that a resume notices when it changed: ``inputs`` (a
+fingerprint of every data file and every file of the base model and adapter folders, :mod:`llm2vec.fingerprints`; a hub
+id not in the local cache by name), ``batch_geometry`` and ``resumed_with_changes`` (one entry per resume that changed
+what the run trains with: the step from which it holds, what differed, the values before).
 
-Each run saves in ``run_config.json`` (beside every checkpoint and the final model):
-
-- ``inputs``: a fingerprint of every data file it read and of every file of its base model folder (and, in
-  Stage II, of the adapter it merges): size, modification time and the SHA-256 of the first MiB. A hub id
-  that is not in the local cache is recorded by name only;
-- ``batch_geometry``: per-device batch, processes, gradient accumulation and the global batch;
-- ``resumed_with_changes``: one entry per resume that changed what the run trains with (the step from which
-  the change holds, the checkpoint, what differed and the values before), so the record keeps both the old
-  and the new values.
-
-:func:`check_resume_inputs` compares a checkpoint's record with the resuming run's: its inputs, its batch
-geometry and its training settings (every field of the run config but those that only say how the run is
-launched, logged, saved or evaluated, :data:`RESUME_FREE_FIELDS`, and the training-length fields, which a
-resume may change: :mod:`llm2vec.run.plan`). A difference is refused with what differs, unless
-``accept_changed_inputs`` is true, in which case it is logged and recorded; a changed training length is
-recorded without the flag.
-
-:func:`run_inputs` lists what a run reads, for :func:`llm2vec.run.checks.check_apart`.
+:func:`check_resume_inputs` compares a checkpoint's record with the resuming run's inputs, batch and training settings
+(all fields but those that only say how a run is launched, logged, saved or evaluated, :data:`RESUME_FREE_FIELDS`,
+and the training length, which a resume may change). A difference is refused unless ``accept_changed_inputs``, which
+logs and records it. :func:`run_inputs` lists what a run reads, for :func:`llm2vec.run.checks.check_apart`.
 """
 
 from __future__ import annotations
@@ -44,9 +33,7 @@ def fingerprints(config, data_files: list[str]) -> dict[str, Any]:
 
 
 def run_inputs(config) -> list[tuple[str, str | None]]:
-    """``(label, path)`` of everything a run reads: the base model, the adapter, the data file(s) or folder(s) (an
-    hf dataset id names no path: :func:`~llm2vec.run.checks.check_apart` leaves out what does not exist), the
-    validation file, the retrieval folders."""
+    """``(label, path)`` of everything a run reads (an hf dataset id names no path; check_apart leaves it out)."""
     data = config.data
     paths = [p.strip() for p in data.dataset_file_path.split(",") if p.strip()] if data.dataset_name != "E5" else []
     return [
@@ -59,10 +46,8 @@ def run_inputs(config) -> list[tuple[str, str | None]]:
     ]
 
 
-# Fields a resume may change without --accept_changed_inputs: they say how the run is launched, logged, saved or
-# evaluated, not what a training step computes; or they are compared elsewhere (the files behind the paths as
-# ``inputs``, the batch as ``batch_geometry``, the training length and schedule by llm2vec.run.plan and
-# llm2vec.schedule.check_resume).
+# Fields a resume may change without --accept_changed_inputs: how the run is launched, logged, saved or evaluated, or
+# compared elsewhere (paths as ``inputs``, the batch as ``batch_geometry``, length and schedule by plan and schedule).
 RESUME_FREE_FIELDS = frozenset(
     {
         # logging and reporting
@@ -93,9 +78,8 @@ RESUME_FREE_FIELDS = frozenset(
 
 
 def setting_changes(saved: dict[str, Any], new: dict[str, Any], stage: str) -> tuple[dict, dict]:
-    """The compared fields whose value differs between a checkpoint's run config (``saved``) and this run's
-    resolved config (``new``), as ``{field: {"before": old, "after": new}}``: those that need
-    ``accept_changed_inputs``, and the training-length fields (recorded, never refused here)."""
+    """``{field: {"before", "after"}}`` of the compared fields that differ between a checkpoint's run config and this
+    run's: those that need ``accept_changed_inputs``, and the training-length ones (recorded, never refused)."""
     ends = set(training_end_fields(stage))
     changed, lengths = {}, {}
     for key in sorted((set(saved) | set(new)) - set(NOT_COMPARED) - RESUME_FREE_FIELDS):
@@ -178,11 +162,9 @@ def check_resume_inputs(
     step: int,
     config: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """The ``resumed_with_changes`` record of this run: the checkpoint's, plus an entry for this resume when its
-    inputs, batch or training settings (``config``, this run's resolved config, against ``saved``) differ and
-    ``accept`` is true, or when only its training length differs. Raises :class:`ConfigError` naming every
-    difference when anything but the length differs and ``accept`` is false. The entry's ``step`` is the
-    checkpoint's: the changes hold from the step after it."""
+    """The ``resumed_with_changes`` record of this run: the checkpoint's, plus an entry for this resume when its inputs,
+    batch or settings (``config`` against ``saved``) differ and ``accept``, or only its training length differs.
+    Raises :class:`ConfigError` naming every difference otherwise. The changes hold from the step after ``step``."""
     if checkpoint is None or not saved:
         return []
     history = list(saved.get("resumed_with_changes") or [])

@@ -1,14 +1,9 @@
-"""One run per output folder: a run holds an exclusive lock on its ``output_dir`` for its whole life.
-
-The lock is an advisory ``flock`` on the file :data:`LOCK_NAME` inside ``output_dir``, taken by the main
-process before the folder is inspected and released when the run ends (however it ends: the kernel drops
-the lock of a process that is gone, so a killed run leaves no lock behind, only the file). The file holds
-the holder's process id, host, start time and command line, which a refused second run names.
-
-Releasing removes the file while still holding the lock; a run that opened the old file meanwhile notices
-(its file is no longer the one at the path) and tries again, so two runs never both hold "the" lock.
-Other processes of a distributed run do not take the lock: they learn from the main process whether it
-got it. File systems without ``flock`` (and non-POSIX systems) run without a lock, with a warning.
+"""One run per output folder: a run holds an exclusive ``flock`` on :data:`LOCK_NAME` in its ``output_dir`` for its
+whole life (the kernel drops the lock of a killed process, so a kill leaves only the file). The file names the holder
+(process, host, start, command line) for a refused second run. Releasing removes the file while still holding the
+lock; a run that opened the old file meanwhile sees that its file is no longer the one at the path and tries again.
+Other processes of a distributed run learn from the main process whether it got the lock. Without ``flock`` a run
+goes ahead with a warning.
 """
 
 from __future__ import annotations
@@ -45,11 +40,8 @@ def describe_holder(path: Path) -> str:
     command = " ".join(info.get("argv", []))
     if len(command) > 120:
         command = command[:117] + "..."
-    return (
-        f"process {info.get('pid', '?')} on {info.get('host', '?')} (started {info.get('started', '?')}"
-        + (f": {command}" if command else "")
-        + ")"
-    )
+    command = f": {command}" if command else ""
+    return f"process {info.get('pid', '?')} on {info.get('host', '?')} (started {info.get('started', '?')}{command})"
 
 
 def _try_lock(path: Path) -> int | None:
@@ -95,9 +87,8 @@ def is_held(path: Path) -> bool:
 
 @contextlib.contextmanager
 def hold(output_dir: str | os.PathLike, is_main: bool = True) -> Iterator[None]:
-    """Hold the run lock of ``output_dir`` (created if needed) while the block runs; raises :class:`RunLocked`
-    naming the holder when another live run has it. In a distributed run every process calls this; only
-    ``is_main`` takes the lock, and all of them raise when it could not."""
+    """Hold the run lock of ``output_dir`` (created if needed) while the block runs; raises :class:`RunLocked` naming
+    the holder when another live run has it. Every process calls this; only ``is_main`` takes the lock."""
     folder = Path(output_dir)
     path = folder / LOCK_NAME
     fd, problem = None, None
@@ -117,12 +108,8 @@ def hold(output_dir: str | os.PathLike, is_main: bool = True) -> Iterator[None]:
                         "end (or stop it), or choose another --output_dir"
                     )
                 else:
-                    info = {
-                        "pid": os.getpid(),
-                        "host": socket.gethostname(),
-                        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-                        "argv": sys.argv,
-                    }
+                    started = time.strftime("%Y-%m-%d %H:%M:%S")
+                    info = {"pid": os.getpid(), "host": socket.gethostname(), "started": started, "argv": sys.argv}
                     os.ftruncate(fd, 0)
                     os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
     problem = _shared(problem)

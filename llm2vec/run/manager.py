@@ -10,28 +10,12 @@ A training run calls it three times, in this order::
         ...                                     # the model, the collator, the trainer (saving run_config)
         run.train(trainer)                      # end step, disk space, overwrite; train; final model, marker last
 
-What each step does, and where its parts live in this package:
-
-1. :meth:`RunManager.open` checks that ``output_dir`` lies apart from every input and from other runs
-   (:func:`.checks.check_apart`, before anything is created) and can be written (:mod:`.checks`), takes its lock
-   for the whole run (:mod:`.lock`: one run per folder) and decides, without writing anything, whether this run
-   starts, resumes (from a checkpoint of this stage whose files still hash as recorded), continues a finished run,
-   finds it finished, or is refused (:func:`.plan.plan_run`, reading the folder through :class:`.folder.RunFolder`,
-   which knows the files the run wrote from the ones it did not).
-2. :meth:`RunManager.record` checks that a resumed checkpoint continues the same learning-rate schedule
-   (:func:`llm2vec.schedule.check_resume`) and was trained with the same settings and inputs (:mod:`.inputs`:
-   the compared fields of the run config, fingerprints of the data and model files, the batch geometry; a change
-   accepted by ``accept_changed_inputs`` is recorded), and returns the run config that every save writes beside
-   the model.
-3. :meth:`RunManager.train` settles where training ends and checks the free disk space, and only then lets
-   ``--overwrite_output_dir`` delete an old run (:func:`.plan.prepare`); it trains (fresh or resumed), and writes the
-   final model with its completion marker last (:mod:`.saves`). Checkpoints are written complete-or-absent by the
-   trainer through :func:`.saves.staged_checkpoint`.
-
-The trainer (:mod:`llm2vec.trainer`) needs three things of this package, exported by its ``__init__``: the staged
-checkpoint, the newest complete checkpoint (named when a run diverges) and the error of a checkpoint that cannot be
-read back. The export claims its folder through :mod:`.claim` (the same lock and rules). Nothing here knows a
-stage's model or loss.
+``open`` checks that ``output_dir`` lies apart from every input and other runs and can be written (:mod:`.checks`),
+holds its lock for the whole run (:mod:`.lock`) and decides, writing nothing, whether the run starts, resumes,
+continues a finished run, finds it finished or is refused (:mod:`.plan`, reading the folder through :mod:`.folder`).
+``record`` refuses a resume whose schedule, settings or inputs changed (:mod:`.inputs`) and returns the run config
+every save writes beside the model. ``train`` settles the end step, the disk space and the overwrite, trains, and
+writes the final model with its completion marker last (:mod:`.saves`). Nothing here knows a stage's model or loss.
 """
 
 from __future__ import annotations
@@ -61,9 +45,8 @@ class RunManager:
     @classmethod
     @contextlib.contextmanager
     def open(cls, config: RunConfig) -> Iterator[RunManager]:
-        """Check that ``output_dir`` can be written, hold its lock while the block runs, and plan the run in it.
-        Raises :class:`llm2vec.arguments.ConfigError` when the run would replace one the user did not ask to
-        replace, :class:`.lock.RunLocked` when another live run holds the folder."""
+        """Check ``output_dir``, hold its lock while the block runs, and plan the run in it; raises
+        :class:`~llm2vec.arguments.ConfigError` or :class:`.lock.RunLocked`."""
         args = config.training
         check_apart(args.output_dir, inputs.run_inputs(config))  # before anything is created
         check_writable(args.output_dir)
@@ -75,14 +58,14 @@ class RunManager:
 
     @property
     def finished(self) -> bool:
-        """``output_dir`` holds this run finished, with the same training length: nothing to do."""
+        """``output_dir`` holds this run finished with the same training length: nothing to do."""
         return self.plan.finished
 
     def record(self, schedule, data_files: list[str]) -> dict[str, Any]:
         """The run config saved beside every checkpoint and the final model: the resolved config, the learning-rate
-        ``schedule`` (:class:`llm2vec.schedule.SchedulePlan`), the ``inputs`` (fingerprints of ``data_files`` and of
-        the model files), the ``batch_geometry`` and the resumes that accepted changed inputs. Raises
-        :class:`llm2vec.arguments.ConfigError` when the resumed checkpoint had another schedule or other inputs."""
+        ``schedule``, the ``inputs`` (fingerprints of ``data_files`` and the model files), the ``batch_geometry`` and
+        the resumes that accepted changed inputs; raises :class:`~llm2vec.arguments.ConfigError` when a resumed
+        checkpoint had another schedule or other inputs."""
         from ..schedule import check_resume
 
         config, checkpoint = self.config, self.plan.resume_from
@@ -106,9 +89,8 @@ class RunManager:
         }
 
     def train(self, trainer) -> None:
-        """Settle the end step, the disk space and the overwrite (:func:`.plan.prepare`), then train as planned
-        (fresh, or resumed from the planned checkpoint) and write the final model, its completion marker last. A
-        resumed checkpoint at the end step becomes the final model without another training step."""
+        """Settle the end step, disk space and overwrite (:func:`.plan.prepare`), train as planned and write the final
+        model, its completion marker last; a resumed checkpoint at the end step becomes the final model."""
         plan = prepare(self.plan, self.config, trainer.model, len(trainer.train_dataset))
         if plan.finalize_only:
             finalize_from_checkpoint(trainer, plan.resume_from)
