@@ -6,8 +6,7 @@ A file's fingerprint is its size, modification time (ns) and the SHA-256 of its 
 on a data file of many GB, and what a resume compares of its data. A model folder's files also get the SHA-256 of
 their whole contents (``sha256``, :func:`content_sha256`): a base model that differs from the recorded one only
 after its first MiB is another base. Each file is hashed once per process (the digest is kept while its path,
-size, inode and modification time stay the same); hashing a 2.47 GB weights file takes about 8 s on one core
-(docs/run_safety.md). A model's content fingerprint for result keys (:func:`model_content`) leaves out the
+size, inode and times stay the same): a 2.47 GB weights file takes seconds to a minute (docs/run_safety.md). A model's content fingerprint for result keys (:func:`model_content`) leaves out the
 modification time, so a copy of a folder is the same model.
 """
 
@@ -35,9 +34,10 @@ def fingerprint_file(path: str | os.PathLike) -> dict[str, Any]:
 
 def content_sha256(path: str | os.PathLike) -> str:
     """The SHA-256 of the whole file (:func:`llm2vec.io.file_digest`), computed once per process for one version of
-    the file (its real path, device, inode, size and modification time)."""
+    the file: its real path, device, inode, size, and modification and change times (a write changes the change
+    time, even where the modification time is set back)."""
     stat = os.stat(path)
-    key = (os.path.realpath(path), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    key = (os.path.realpath(path), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
     if key not in _DIGESTS:
         _DIGESTS[key] = file_digest([path])
     return _DIGESTS[key]
