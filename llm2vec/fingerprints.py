@@ -6,8 +6,8 @@ A file's fingerprint is its size, modification time (ns) and the SHA-256 of its 
 on a data file of many GB, and what a resume compares of its data. A model folder's files also get the SHA-256 of
 their whole contents (``sha256``, :func:`content_sha256`): a base model that differs from the recorded one only
 after its first MiB is another base. Each file is hashed once per process (the digest is kept while its path,
-size, inode and times stay the same): a 2.47 GB weights file takes seconds to a minute (docs/run_safety.md). A model's content fingerprint for result keys (:func:`model_content`) leaves out the
-modification time, so a copy of a folder is the same model.
+size, inode and times stay the same): a 2.47 GB weights file takes seconds to a minute (docs/run_safety.md).
+A model's content fingerprint for result keys (:func:`model_content`) leaves out the modification time, so a copy of a folder is the same model.
 """
 
 from __future__ import annotations
