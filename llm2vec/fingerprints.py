@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .config_values import strict_booleans
 from .io import file_digest
 
 HEAD_BYTES = 1 << 20
@@ -55,6 +56,7 @@ def model_folder(name: str) -> Path | None:
         return None
 
 
+@strict_booleans
 def fingerprint_model(name: str | None, content: bool = True) -> dict[str, Any] | None:
     """``{"name", "files": {file: fingerprint}}`` of a model folder or cached hub snapshot (top-level files;
     the model card aside, which a save may rewrite); ``{"name"}`` alone when it cannot be found locally. With
