@@ -22,14 +22,18 @@ it out: the rendering of ``[system, user]`` shows what surrounds a system messag
 rendering has that shape around a default text, the opening keeps only what precedes the system turn (BOS) and the
 user header after it. So the ids never depend on the day the prompt was built.
 
-Rendering runs the template (untrusted Jinja from the model folder, in transformers' sandbox) under a budget of
-:data:`RENDER_LINES` executed template lines, so a template that loops without end stops; a template that raises,
-loops or renders the user's text other than once is a :class:`ChatTemplateError` of one line.
+Rendering runs the template (untrusted Jinja from the model folder, in transformers' sandbox, where one ``range``
+has at most 100,000 items) under two budgets: :data:`RENDER_LINES` executed template lines and
+:data:`RENDER_SECONDS` of wall-clock time, checked at each template line, so a template that loops without end,
+or whose lines each take long, stops; a template that raises, runs past a budget or renders the user's text other
+than once is a :class:`ChatTemplateError` of one line. (One Python operation the template calls, such as a huge
+``**``, runs to its end before the clock is read again.)
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
@@ -42,6 +46,9 @@ REPLY_TEXT = "LLM2VECREPLYTEXT"
 RENDER_LINES = 1_000_000
 """The most template lines one rendering may execute (a one-message rendering of a published template runs a few
 hundred; a million take well under a second)."""
+
+RENDER_SECONDS = 10.0
+"""The most wall-clock seconds one rendering may take (a published template renders in milliseconds)."""
 
 
 class ChatTemplateError(ValueError):
@@ -65,23 +72,26 @@ class ChatTurn(NamedTuple):
     appended: str = ""
 
 
-class _TooManyLines(BaseException):
-    """Raised inside the template's frames when the budget is spent (a BaseException, so that no ``except
-    Exception`` between the template and :func:`render` can swallow it)."""
+class _OverBudget(BaseException):
+    """Raised inside the template's frames when a budget is spent, with what ran past it (a BaseException, so that
+    no ``except Exception`` between the template and :func:`render` can swallow it)."""
 
 
 @contextmanager
-def _line_budget(lines: int) -> Iterator[None]:
+def _budget(lines: int, seconds: float) -> Iterator[None]:
     """Count the lines executed in compiled Jinja templates (code objects named ``<template>``) in this thread, and
-    raise :class:`_TooManyLines` past ``lines``; any trace function already set (a debugger, coverage) is restored."""
-    count = 0
+    raise :class:`_OverBudget` past ``lines`` or once ``seconds`` have passed; any trace function already set (a
+    debugger, coverage) is restored."""
+    count, deadline = 0, time.monotonic() + seconds
 
     def in_template(frame, event, arg):
         nonlocal count
         if event == "line":
             count += 1
             if count > lines:
-                raise _TooManyLines
+                raise _OverBudget(f"ran past {lines:,} template lines (a loop without end?)")
+            if time.monotonic() > deadline:
+                raise _OverBudget(f"ran past {seconds:g} s")
         return in_template
 
     def on_call(frame, event, arg):
@@ -112,18 +122,16 @@ def template_kwargs(tokenizer) -> dict[str, bool]:
 
 def render(tokenizer, messages: list[dict[str, str]]) -> str:
     """The chat template's text for ``messages``, without a generation prompt and with thinking off, under the line
-    budget; a template that raises or runs past the budget is a :class:`ChatTemplateError`."""
+    and time budgets; a template that raises or runs past a budget is a :class:`ChatTemplateError`."""
     if not getattr(tokenizer, "chat_template", None):
         raise ChatTemplateError("the tokenizer has no chat template")
     kwargs = template_kwargs(tokenizer)
     roles = "+".join(m["role"] for m in messages)
     try:
-        with _line_budget(RENDER_LINES):
+        with _budget(RENDER_LINES, RENDER_SECONDS):
             text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False, **kwargs)
-    except _TooManyLines:
-        raise ChatTemplateError(
-            f"rendering a {roles} conversation ran past {RENDER_LINES:,} template lines (a loop without end?)"
-        ) from None
+    except _OverBudget as e:
+        raise ChatTemplateError(f"rendering a {roles} conversation {e}") from None
     except Exception as e:  # jinja2's TemplateError, raise_exception(), RecursionError, a TypeError of the template
         raise ChatTemplateError(f"rendering a {roles} conversation raised {_one_line(e)}") from None
     if not isinstance(text, str):

@@ -21,12 +21,26 @@ adapter folder that holds only that file (peft reads ``adapter_model.safetensors
 
 **Adapters that do not belong to the base.** :func:`check_adapter` is the one check every adapter load goes through
 (training's ``peft_model_name_or_path``, :meth:`llm2vec.LLM2Vec.load` and so ``from_pretrained``, evaluation,
-the export), before anything loads: a folder without ``adapter_config.json`` (a full model given as an adapter
-is named as such), an adapter whose LoRA matrices do not fit the base model's layers (another hidden size: read
-from the safetensors headers of both, no weights loaded), and an adapter whose ``run_config.json`` records
-the fingerprint of another base model (:mod:`llm2vec.run.inputs`: the size and the SHA-256 of the first MiB of
-each weights file, so a copy of the right base passes and a base of the same shape with other weights does not).
-``accept_other_base`` turns the last refusal into a warning; the first two cannot be loaded at all.
+the export), before any weights load:
+
+- a folder without ``adapter_config.json`` (a full model given as an adapter is named as such) or without
+  ``adapter_model.safetensors``;
+- an adapter loaded strictly: the tensors of its safetensors file must be exactly those peft creates for its
+  ``adapter_config.json`` on the base model (built on the meta device, no weights read), each of the shape peft
+  gives it. A tensor missing (an incomplete copy), a tensor no module uses (a config whose ``target_modules``
+  was cut), a rank or layer of another size: the config and the weights disagree. LoRA matrices that do not fit
+  the base's layers (another hidden size) are named as such;
+- the base identified by its content: the SHA-256 of each weights file (:func:`llm2vec.fingerprints.content_sha256`)
+  against the fingerprint the adapter's ``run_config.json`` recorded, else against the folder its
+  ``adapter_config.json`` names (``base_model_name_or_path``); names and modification times aside, so a copy of
+  the right base passes. An adapter whose base cannot be compared (no record, the named base not here) counts as
+  trained on another base.
+
+``accept_other_base=True`` (a strict boolean) loads an adapter on another base, with a warning; nothing loads the
+rest.
+
+**Folders a live run holds.** :func:`check_not_in_use` refuses a base model or adapter folder that is, or lies
+inside, the folder of a live run (its run lock is held, :mod:`llm2vec.run.lock`), naming the holder.
 
 A hub id is checked from its files in the local cache, downloading ``config.json`` and
 ``tokenizer_config.json`` when they are not there (the load would fetch them anyway); when they cannot be
@@ -39,6 +53,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -140,52 +155,104 @@ def _shapes(files: list[Path]) -> dict[str, list[int]]:
     return shapes
 
 
-def _shape_problem(adapter: Path, base: Path) -> str | None:
-    """Where the adapter's LoRA matrices do not fit the base's linear layers (``A``: rank x inputs, ``B``: outputs x
-    rank, against the base weight's outputs x inputs), else ``None``."""
-    lora = _shapes([adapter / SAFE_ADAPTER])
-    weights = _shapes(sorted(base.glob(WEIGHT_PATTERN)))
-    if not lora or not weights:
-        return None
-    modules = {}
-    for key, shape in weights.items():
-        if key.endswith(".weight") and shape and len(shape) == 2:
-            module = key[: -len(".weight")]
-            modules.setdefault(module, shape)
-            modules.setdefault(module.removeprefix("model."), shape)
-    for key, shape in sorted(lora.items()):
-        for part, index, what in ((".lora_A.weight", 1, "inputs"), (".lora_B.weight", 0, "outputs")):
-            if not key.endswith(part) or not shape or len(shape) != 2:
-                continue
-            module = key[: -len(part)].removeprefix("base_model.model.")
-            found = modules.get(module) or modules.get(module.removeprefix("model."))
-            if found is None:
-                return f"its layer {module} does not exist in the base model"
-            if found[index] != shape[index]:
-                return f"its layer {module} has {shape[index]} {what}, the base model's {found[index]}"
+def _adapter_problem(folder: Path, base: Path, trust_remote_code: bool) -> str | None:
+    """How the adapter's tensors differ from those peft creates for its ``adapter_config.json`` on the base model
+    (built on the meta device from the base's ``config.json``: no weights are read), else ``None``: a tensor the
+    config implies that the weights lack, a tensor no created module uses, or a tensor of another shape (the base's
+    layers another size: "does not fit"; the rank or the layer another size: the config and the weights disagree)."""
+    import torch
+    from peft import PeftConfig, get_peft_model, get_peft_model_state_dict
+    from transformers import AutoConfig, AutoModel
+
+    from .compat import peft_reads_deprecated_property
+
+    try:
+        config = PeftConfig.from_pretrained(os.fspath(folder))
+        base_config = AutoConfig.from_pretrained(os.fspath(base), trust_remote_code=trust_remote_code)
+        with torch.device("meta"), peft_reads_deprecated_property(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*base_model_name_or_path", category=UserWarning)  # checked below
+            model = get_peft_model(AutoModel.from_config(base_config, trust_remote_code=trust_remote_code), config)
+    except Exception as e:  # noqa: BLE001 - peft or transformers cannot read the folders: one line, the reason
+        reason = " ".join(str(e).split())[:200]
+        return f"peft cannot build it on the base model ({type(e).__name__}: {reason})"
+    expected = {k: list(v.shape) for k, v in get_peft_model_state_dict(model).items()}
+    saved = _shapes([folder / SAFE_ADAPTER])
+    layers = {name for name, _ in model.get_base_model().named_modules()}
+    fix = (
+        f"the adapter is incomplete or its {ADAPTER_CONFIG} is not the one saved with these weights; use the "
+        "folder as its run saved it"
+    )
+    missing = sorted(set(expected) - set(saved))
+    if missing:
+        return (
+            f"{SAFE_ADAPTER} has no tensor {missing[0]}"
+            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+            + f", which its {ADAPTER_CONFIG} implies (target_modules {_targets(config)}); {fix}"
+        )
+    for key in sorted(set(saved) - set(expected)):
+        layer = key.removeprefix("base_model.model.").split(".lora_")[0]
+        if layer not in layers:
+            return f"does not fit: its layer {layer} does not exist in the base model"
+        unused = len(set(saved) - set(expected))
+        return (
+            f"{SAFE_ADAPTER} holds {unused} tensor(s) that no module of its {ADAPTER_CONFIG} uses (first: {key}; "
+            f"target_modules {_targets(config)}); {fix}"
+        )
+    for key in sorted(saved):
+        shape, wanted = saved[key], expected[key]
+        if shape == wanted:
+            continue
+        layer = key.removeprefix("base_model.model.").split(".lora_")[0]
+        if key.endswith(".lora_A.weight") and shape[1:] != wanted[1:]:
+            return f"does not fit: its layer {layer} has {shape[1]} inputs, the base model's {wanted[1]}"
+        if key.endswith(".lora_B.weight") and shape[:1] != wanted[:1]:
+            return f"does not fit: its layer {layer} has {shape[0]} outputs, the base model's {wanted[0]}"
+        return f"its tensor {key} has shape {shape}, its {ADAPTER_CONFIG} implies {wanted} (r={config.r}); {fix}"
     return None
 
 
-def _fingerprint_problem(recorded: dict[str, Any], base: Path | None) -> str | None:
-    """How the base model folder ``base`` differs from the base an adapter's ``run_config.json`` recorded
-    (``recorded``: its ``inputs.base_model``; the weights files' sizes and first-MiB hashes, names and
-    modification times aside), else ``None`` (also when either is unknown: no record, or a hub id not in the
-    cache)."""
-    old = {k: v for k, v in (recorded.get("files") or {}).items() if Path(k).match(WEIGHT_PATTERN)}
-    if not old or base is None:
-        return None
-    new = {k: v for k, v in (fingerprint_model(str(base)).get("files") or {}).items() if Path(k).match(WEIGHT_PATTERN)}
+def _targets(config) -> str:
+    modules = config.target_modules
+    return json.dumps(sorted(modules) if isinstance(modules, (set, list, tuple)) else modules)
+
+
+def _weights(fingerprint: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """The weights files (``*.safetensors``) of a :func:`~llm2vec.fingerprints.fingerprint_model` record."""
+    return {k: v for k, v in ((fingerprint or {}).get("files") or {}).items() if Path(k).match(WEIGHT_PATTERN)}
+
+
+def _content_problem(recorded: dict[str, Any], base: Path) -> str | None:
+    """How the weights files of the base model folder ``base`` differ from a recorded base (``recorded``: a
+    :func:`~llm2vec.fingerprints.fingerprint_model` record), names and modification times aside, else ``None``.
+    Contents are compared by their SHA-256 (a record written before whole-file hashes were kept: by size and
+    first-MiB hash)."""
+    old, new = _weights(recorded), _weights(fingerprint_model(str(base)))
     if set(old) != set(new):
         return f"its weights files are {', '.join(sorted(new)) or 'none'}, the recorded base's {', '.join(sorted(old))}"
     for name in sorted(old):
         a, b = old[name], new[name]
-        if (a.get("size"), a.get("head_sha256")) != (b.get("size"), b.get("head_sha256")):
-            return f"its {name} differs from the recorded base's (" + (
-                f"{b.get('size')} bytes, recorded {a.get('size')})"
-                if a.get("size") != b.get("size")
-                else "other contents)"
-            )
+        if a.get("size") != b.get("size"):
+            return f"its {name} differs from the recorded base's ({b.get('size')} bytes, recorded {a.get('size')})"
+        key = "sha256" if "sha256" in a else "head_sha256"
+        if a.get(key) != b.get(key):
+            return f"its {name} differs from the recorded base's (other contents: its SHA-256 differs)"
     return None
+
+
+def _recorded_base(folder: Path) -> tuple[str | None, dict[str, Any] | None, str]:
+    """What the adapter folder says of its base model: ``(name, fingerprint, source)``. The fingerprint its
+    ``run_config.json`` recorded (``inputs.base_model``), else that of the folder its ``adapter_config.json`` names
+    (``base_model_name_or_path``, where it is a local folder or a cached hub snapshot), else ``None``."""
+    recorded = ((_json_file(os.fspath(folder), RUN_CONFIG) or {}).get("inputs") or {}).get("base_model") or {}
+    if _weights(recorded):
+        return recorded.get("name"), recorded, f"its {RUN_CONFIG} records the base's SHA-256"
+    name = (_json_file(os.fspath(folder), ADAPTER_CONFIG) or {}).get("base_model_name_or_path") or recorded.get("name")
+    if not name:
+        return None, None, f"neither its {RUN_CONFIG} nor its {ADAPTER_CONFIG} names a base model"
+    named = model_folder(str(name))
+    if named is None:
+        return str(name), None, f"its {ADAPTER_CONFIG} names the base model {name}, which is not here to compare"
+    return str(name), fingerprint_model(str(named)), f"its {ADAPTER_CONFIG} names the base model {name}"
 
 
 @strict_booleans
@@ -193,10 +260,15 @@ def check_adapter(
     base_model_name_or_path: str | os.PathLike,
     peft_model_name_or_path: str | os.PathLike | None,
     accept_other_base: bool = False,
+    trust_remote_code: bool = False,
 ) -> None:
-    """Refuse (:class:`ModelFilesError`, one line) an adapter that is no LoRA adapter folder, does not fit the base
-    model's layers, or was trained on another base (its ``run_config.json``); with ``accept_other_base`` the
-    last is a warning. A hub id that is not a local folder is left to peft."""
+    """Refuse (:class:`ModelFilesError`, one line naming the file or tensor and what to do) a local adapter folder
+    that is no LoRA adapter folder, whose tensors are not exactly those peft creates for its config on the base
+    model (:func:`_adapter_problem`), or that was trained on another base than ``base_model_name_or_path``: the
+    base is identified by the SHA-256 of its weights files, against the fingerprint its ``run_config.json``
+    recorded, else against the folder its ``adapter_config.json`` names. A base that cannot be compared (no record,
+    the named base is not here) counts as another base. ``accept_other_base`` loads another base with a warning;
+    nothing loads the rest. A hub id that is not a local folder is left to peft."""
     if peft_model_name_or_path is None:
         return
     folder = Path(peft_model_name_or_path)
@@ -219,21 +291,32 @@ def check_adapter(
             "checkpoint is one)"
         )
     check_adapter_weights(folder)
-    local_base = model_folder(base)
-    problem = _shape_problem(folder, local_base) if local_base is not None else None
-    if problem:
+    if not (folder / SAFE_ADAPTER).is_file():
         raise ModelFilesError(
-            f"adapter {folder} does not fit the base model {base}: {problem} (it was trained on a model of another "
-            "shape); give the base model it was trained on"
+            f"adapter {folder} has no {SAFE_ADAPTER}: its weights are missing; give the folder as its run saved it"
         )
-    recorded = ((_json_file(os.fspath(folder), RUN_CONFIG) or {}).get("inputs") or {}).get("base_model") or {}
-    problem = _fingerprint_problem(recorded, local_base)
-    if problem is None:
-        return
-    message = (
-        f"adapter {folder} was trained on the base model {recorded.get('name', '?')} (its {RUN_CONFIG} records the "
-        f"base's fingerprint), but the base model {base} is another one: {problem}"
-    )
+    local_base = model_folder(base)
+    if local_base is None:
+        return  # a hub id not in the cache: nothing to read before transformers downloads it
+    problem = _adapter_problem(folder, local_base, trust_remote_code)
+    if problem and problem.startswith("does not fit: "):
+        raise ModelFilesError(
+            f"adapter {folder} does not fit the base model {base}: {problem.removeprefix('does not fit: ')} (it was "
+            "trained on a model of another shape); give the base model it was trained on"
+        )
+    if problem:
+        raise ModelFilesError(f"adapter {folder}: {problem}")
+    name, recorded, source = _recorded_base(folder)
+    if recorded is None:
+        message = f"adapter {folder}: the base model it was trained on cannot be identified ({source})"
+    else:
+        problem = _content_problem(recorded, local_base)
+        if problem is None:
+            return
+        message = (
+            f"adapter {folder} was trained on the base model {name} ({source}), but the base model {base} is another "
+            f"one: {problem}"
+        )
     if not accept_other_base:
         raise ModelFilesError(
             f"{message}. Load it on the base it was trained on, or pass --accept_other_base (run config: "
@@ -247,6 +330,24 @@ def check_adapter(
 _WARNED: set[tuple[str, str]] = set()  # an accepted mismatch is logged once per adapter and base
 
 
+def check_not_in_use(name_or_path: str | os.PathLike | None, what: str = "model") -> None:
+    """Refuse (:class:`ModelFilesError`, one line naming the holder) a local folder that is, or lies inside, the
+    folder of a live run (its run lock is held: :mod:`llm2vec.run.lock`): the run may rewrite or delete what would
+    be read (a checkpoint it rotates away, a final save half-written)."""
+    if name_or_path is None or not os.path.isdir(name_or_path):
+        return
+    from .run.lock import LOCK_NAME, describe_holder, is_held
+
+    folder = Path(name_or_path).resolve()
+    for run_folder in (folder, *folder.parents):
+        if is_held(run_folder / LOCK_NAME):
+            raise ModelFilesError(
+                f"{what} {os.fspath(name_or_path)}: {run_folder} is in use by a live run: "
+                f"{describe_holder(run_folder / LOCK_NAME)}. Wait for the run to end (or stop it), or read a copy "
+                "made after it ended"
+            )
+
+
 @strict_booleans
 def check_model_files(
     base_model_name_or_path: str | os.PathLike,
@@ -254,13 +355,15 @@ def check_model_files(
     trust_remote_code: bool = False,
     accept_other_base: bool = False,
 ) -> None:
-    """Every check of this module on a base model and its adapter (if any), before anything loads; first that
-    their local folders hold no link out of them and, when a run or export saved them, still hold what it wrote
-    (:func:`llm2vec.io.saved_folder_problem`)."""
+    """Every check of this module on a base model and its adapter (if any), before anything loads: first that no
+    live run holds their folders, that their local folders hold no link out of them and, when a run or export saved
+    them, still hold what it wrote (:func:`llm2vec.io.saved_folder_problem`)."""
+    check_not_in_use(base_model_name_or_path, "model")
+    check_not_in_use(peft_model_name_or_path, "adapter")
     for what, folder in (("model", base_model_name_or_path), ("adapter", peft_model_name_or_path)):
         problem = saved_folder_problem(folder)
         if problem:
             raise ModelFilesError(f"{what} {os.fspath(folder)}: {problem}")
     check_remote_code(base_model_name_or_path, trust_remote_code, "model")
     check_adapter_weights(peft_model_name_or_path)  # an adapter's own config and tokenizer files are not loaded
-    check_adapter(base_model_name_or_path, peft_model_name_or_path, accept_other_base)
+    check_adapter(base_model_name_or_path, peft_model_name_or_path, accept_other_base, trust_remote_code)

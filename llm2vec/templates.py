@@ -49,6 +49,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -457,6 +458,12 @@ def _model_folder(config, tokenizer) -> str:
     return getattr(tokenizer, "name_or_path", None) or getattr(config, "_name_or_path", None) or "this model"
 
 
+def template_file(folder: str) -> str:
+    """The file of a model folder that holds its chat template: ``chat_template.jinja`` where the folder has one
+    (transformers reads it first), else ``tokenizer_config.json``."""
+    return "chat_template.jinja" if os.path.isfile(os.path.join(folder, "chat_template.jinja")) else "tokenizer_config.json"
+
+
 def _saved_generation_config(config, tokenizer):
     """The generation config saved beside the model (its folder, or the hub cache), read without the network; None
     when there is none. It may name more EOS ids than the config (Gemma 3's ``<end_of_turn>``)."""
@@ -493,8 +500,8 @@ def derive_template(config, tokenizer, generation_config=None) -> TemplateSpec:
     def refused(reason: str) -> ValueError:
         reason = " ".join(reason.split())
         return ValueError(
-            f"the chat template of {where} gives no prompt template: {reason}. Pass template=<name> (registered: "
-            f"{registered}) or register the model's format with llm2vec.templates.register_template(TemplateSpec(...))"
+            f"the chat template of {where} gives no prompt template: {reason} (the template: "
+            f"{os.path.join(where, template_file(where))}). Pass template=<name> (registered: {registered}) or register the model's format with llm2vec.templates.register_template(TemplateSpec(...))"
         )
 
     eos = eos_ids(tokenizer, config, generation_config or _saved_generation_config(config, tokenizer))

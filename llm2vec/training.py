@@ -23,7 +23,7 @@ import torch
 import transformers
 from safetensors import SafetensorError
 
-from .arguments import ConfigError, DataArguments, RunConfig, help_text, parse_config
+from .arguments import ConfigError, DataArguments, RunConfig, flag_groups, help_text, parse_config
 from .dataset import DataError, TrainDataset, load_e5, load_hf, load_jsonl
 from .distributed import release_process_group_at_exit
 from .llm2vec import PackingRefused
@@ -302,20 +302,20 @@ def run(stage: str, argv: list[str]):
 
 def _debug_flag(argv: list[str]) -> tuple[list[str], bool]:
     """``argv`` without this driver's ``--debug`` (alone, or with true/false/1/0; any other value is transformers'
-    ``TrainingArguments.debug``), and whether it asks for full tracebacks (also ``LLM2VEC_DEBUG=1``)."""
+    ``TrainingArguments.debug``), and whether it asks for full tracebacks (also ``LLM2VEC_DEBUG=1``). Flags are read
+    by :func:`llm2vec.arguments.flag_groups`; a leading JSON config or ``--help`` stays as it is."""
     debug = os.environ.get("LLM2VEC_DEBUG", "").lower() in ("1", "true")
-    out, i = [], 0
-    while i < len(argv):
-        if argv[i] == "--debug":
-            nxt = argv[i + 1] if i + 1 < len(argv) else None
-            if nxt is None or nxt.startswith("--"):
-                debug, i = True, i + 1
-                continue
-            if nxt.lower() in ("true", "false", "1", "0"):
-                debug, i = nxt.lower() in ("true", "1"), i + 2
-                continue
-        out.append(argv[i])
-        i += 1
+    head, rest = (argv[:1], argv[1:]) if argv and not argv[0].startswith("--") else ([], argv)
+    try:
+        groups = flag_groups(rest)
+    except ConfigError:  # a stray value: parse_config reports it
+        return argv, debug
+    out = list(head)
+    for name, values in groups:
+        if name == "debug" and len(values) <= 1 and all(v.lower() in ("true", "false", "1", "0") for v in values):
+            debug = not values or values[0].lower() in ("true", "1")
+        else:
+            out += [f"--{name}", *values]
     return out, debug
 
 

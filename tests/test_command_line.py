@@ -164,3 +164,28 @@ def test_the_export_names_the_flag_of_a_wrong_base(tmp_path, capsys, base, expec
     assert code == 2 and len(errors) == 1
     assert f"--base_model_name_or_path {base!r}" in errors[0] and expected in errors[0]
     assert "Repo id" not in errors[0] and "hub id" in errors[0]
+
+
+# ---------------------------------------------------------------------------------------------- reading flags
+
+
+def test_flags_are_read_one_way_for_the_config_and_the_drivers_debug(setup, tmp_path):
+    from llm2vec.arguments import flag_groups, load_config
+    from llm2vec.training import _debug_flag
+
+    assert flag_groups(["--a=1", "--b", "x", "y", "--c"]) == [("a", ("1",)), ("b", ("x", "y")), ("c", ())]
+    with pytest.raises(ConfigError, match="expected --field, got 'x'"):
+        flag_groups(["x", "--a"])
+    with pytest.raises(ConfigError, match="--a is given twice"):
+        load_config(["--a", "1", "--a=2"])
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"max_steps": 5, "learning_rate": 0.1}))
+    merged, source = load_config([str(config), "--max_steps=2"])
+    assert source == str(config) and merged["learning_rate"] == 0.1 and merged["max_steps"].values == ("2",)
+    for argv, rest, debug in [
+        (["--debug", "--max_steps", "2"], ["--max_steps", "2"], True),
+        (["--max_steps", "2", "--debug", "false"], ["--max_steps", "2"], False),
+        (["--debug=1"], [], True),
+        ([str(config), "--debug", "underflow_overflow"], [str(config), "--debug", "underflow_overflow"], False),
+    ]:
+        assert _debug_flag(argv) == (rest, debug), argv

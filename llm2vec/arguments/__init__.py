@@ -23,7 +23,7 @@ The package's modules, one concern each: :mod:`~llm2vec.arguments.shared` (the f
 flags into a :class:`RunConfig`; ``--help``). Every name is importable from ``llm2vec.arguments``.
 """
 
-from .parse import TRAINING_DEFAULTS, help_text, load_config, parse_config
+from .parse import TRAINING_DEFAULTS, flag_groups, help_text, load_config, parse_config
 from .run_config import RunConfig
 from .shared import (
     ATTENTION,
@@ -55,6 +55,7 @@ __all__ = [
     "StageIIArguments",
     "_StageArguments",
     "argument_classes",
+    "flag_groups",
     "help_text",
     "load_config",
     "parse_config",

@@ -22,27 +22,29 @@ from .stages import STAGE_ARGUMENTS, argument_classes
 TRAINING_DEFAULTS = {"remove_unused_columns": False, "report_to": "none", "ddp_find_unused_parameters": False}
 
 
+def flag_groups(argv: list[str]) -> list[tuple[str, tuple[str, ...]]]:
+    """``--name value...`` (or ``--name=value``) groups of ``argv``, in order: the one reading of flags, shared by the
+    config (:func:`load_config`) and the drivers' own ``--debug`` (:func:`llm2vec.training.main`). The strings are
+    read as each field's type later (:func:`llm2vec.config_values.coerce_config`)."""
+    groups: list[tuple[str, tuple[str, ...]]] = []
+    for arg in argv:
+        if arg.startswith("--") and len(arg) > 2:
+            name, equals, value = arg[2:].partition("=")
+            groups.append((name, (value,) if equals else ()))
+        elif groups:
+            groups[-1] = (groups[-1][0], (*groups[-1][1], arg))
+        else:
+            raise ConfigError(f"command line: expected --field, got {arg!r} (a JSON config must come first)")
+    return groups
+
+
 def _parse_flags(argv: list[str]) -> dict[str, Flag]:
-    """``--key value...`` to ``{key: Flag(values)}``; the strings are read as each field's type later
-    (:func:`llm2vec.config_values.coerce_config`)."""
+    """:func:`flag_groups` as ``{name: Flag(values)}``; a name given twice is refused."""
     out: dict[str, Flag] = {}
-    i = 0
-    while i < len(argv):
-        key = argv[i]
-        if not key.startswith("--") or len(key) == 2:
-            raise ConfigError(f"command line: expected --field, got {key!r} (a JSON config must come first)")
-        values = []
-        i += 1
-        while i < len(argv) and not argv[i].startswith("--"):
-            values.append(argv[i])
-            i += 1
-        name = key[2:]
-        if "=" in name:  # --field=value
-            name, value = name.split("=", 1)
-            values.insert(0, value)
+    for name, values in flag_groups(argv):
         if name in out:
             raise ConfigError(f"command line: --{name} is given twice; give it once")
-        out[name] = Flag(tuple(values))
+        out[name] = Flag(values)
     return out
 
 
