@@ -85,8 +85,8 @@ def check_loss_name(name: str, field_name: str = "loss") -> None:
 def build_loss(name: str, kwargs: Mapping[str, Any], model, loss_scale: float = 20.0, guide_loader=None):
     """The loss ``name`` of ``sentence_transformers.sentence_transformer.losses`` on ``model`` (module docstring).
 
-    ``guide_loader(path)`` loads a GIST guide given as a folder (default: :func:`sentence_transformer` without
-    LoRA); a guide that is already a ``SentenceTransformer`` is used as it is. Refuses unknown names and arguments
+    ``guide_loader(path, max_length)`` loads a GIST guide given as a folder (default: :func:`sentence_transformer`
+    without LoRA, at the model's length); a guide that is already a ``SentenceTransformer`` is used as it is. Refuses unknown names and arguments
     with a :class:`ConfigError` naming the field and the choices."""
     from sentence_transformers.sentence_transformer import losses
 
@@ -95,7 +95,8 @@ def build_loss(name: str, kwargs: Mapping[str, Any], model, loss_scale: float = 
     kwargs = dict(kwargs or {})
     params = inspect.signature(cls.__init__).parameters
     accepted = [p for p in params if p not in ("self", "model")]
-    unknown = [k for k in kwargs if k not in params or k == "model"]
+    wrapper = ("loss_kwargs",) if name in WRAPPING_LOSSES and "loss_kwargs" not in params else ()
+    unknown = [k for k in kwargs if (k not in params and k not in wrapper) or k == "model"]
     if unknown:
         raise ConfigError(
             f"loss_kwargs: {name} takes no argument {', '.join(map(repr, unknown))}; its arguments: {', '.join(accepted)}"
@@ -118,7 +119,7 @@ def build_loss(name: str, kwargs: Mapping[str, Any], model, loss_scale: float = 
         if guide is None:
             kwargs["guide"] = model  # self-guided: the model being trained, without gradient, picks the negatives
         elif isinstance(guide, (str, os.PathLike)):
-            kwargs["guide"] = (guide_loader or _load_guide)(str(guide))
+            kwargs["guide"] = (guide_loader or _load_guide)(str(guide), model.max_seq_length)
     elif "guide" in params and "guide" not in kwargs:
         raise ConfigError(f"loss_kwargs: {name} needs a guide model; give loss_kwargs.guide (a model folder)")
     try:
@@ -127,13 +128,13 @@ def build_loss(name: str, kwargs: Mapping[str, Any], model, loss_scale: float = 
         raise ConfigError(f"loss_kwargs of {name}: {str(e).splitlines()[0]}") from None
 
 
-def _load_guide(path: str):
+def _load_guide(path: str, max_length: int | None = None):
     from sentence_transformers import SentenceTransformer
 
     if (Path(path) / "modules.json").exists():  # a sentence-transformers folder (an export)
         return SentenceTransformer(path, device="cpu", local_files_only=True)
     work = Path(tempfile.mkdtemp(prefix="llm2vec-st-guide-"))
-    return sentence_transformer(path, work / "guide")
+    return sentence_transformer(path, work / "guide", max_length=max_length)
 
 
 # ---------------------------------------------------------------------------------------------- the model

@@ -313,6 +313,7 @@ def test_docs_mine_hard_negatives_then_retrieval_evaluation_run_as_printed(check
     )
     code = doc_block("mine_hard_negatives")
     code = code.replace("output/stage_I/MetaLlama3.2_1b_q2d_d2q", checkpoint).replace("data/", f"{tmp_path}/")
+    code = code.replace("max_length=512", f"max_length={MAX_LENGTH}")
     exec(compile(code, "docs/training.md", "exec"), {})
     mined = datasets.load_from_disk(str(tmp_path / "my_triples"))
     assert mined.column_names == ["query", "positive", "negative"] and len(mined) >= 1
@@ -320,7 +321,7 @@ def test_docs_mine_hard_negatives_then_retrieval_evaluation_run_as_printed(check
     from llm2vec.training import run
 
     beir = write_tiny_beir(tmp_path / "beir" / "NanoTiny")
-    extra = doc_flags("--retrieval_eval_dirs")
+    extra = doc_flags("beir/NanoTiny")
     extra = [w.replace("data/", f"{tmp_path}/").replace("beir/NanoTiny", str(beir)) for w in extra]
     args = flags(checkpoint, tmp_path / "my_triples", tmp_path / "out", "--max_steps", "2", *extra)
     args[args.index("--e5_sources") : args.index("--e5_sources") + 2] = []
