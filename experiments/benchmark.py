@@ -286,6 +286,87 @@ def encode_step(args, variant: str, batch_size: int):
 STEPS = {"stage_I": stage_I_step, "stage_II": stage_II_step, "encode": encode_step}
 
 
+# ------------------------------------------------------------------ Stage II: project step vs sentence-transformers
+
+
+def st_versus_project_step(args, variant: str, batch_size: int):
+    """One Stage II step at the same batch, both with a gradient cache of chunks of ``--st_mini_batch`` texts:
+    ``project`` (LLM2VecContrastive, embedding_token_budget = mini-batch x stage_II_max_length) or ``st``
+    (the project's model as a SentenceTransformer, CachedMultipleNegativesRankingLoss at scale 20)."""
+    import tempfile
+
+    from llm2vec.collator import TrainCollator
+    from llm2vec.dataset import TrainExample
+    from llm2vec.st_training import build_loss, sentence_transformer
+
+    from peft import LoraConfig, TaskType
+
+    lora = LoraConfig(
+        r=16, lora_alpha=32, lora_dropout=0.0, bias="none", task_type=TaskType.FEATURE_EXTRACTION,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    )
+    examples = [TrainExample(q, d, n, "", "stdlib") for q, d, n in stdlib_triples(batch_size)]
+    if args.tiny:
+        from llm2vec.testing import save_tiny_model
+
+        path = str(save_tiny_model("llama3", Path(tempfile.mkdtemp()) / "tiny", hidden_size=64))
+    else:
+        path = str(args.model)
+    if variant == "project":
+        from peft import get_peft_model
+
+        from llm2vec.llm2vec_contrastive import LLM2VecContrastive
+
+        encoder = LLM2VecContrastive.load(
+            path, max_length=args.stage_II_max_length,
+            embedding_token_budget=args.st_mini_batch * args.stage_II_max_length,
+        )
+        encoder.model = get_peft_model(encoder.model, lora)
+        encoder.train()
+        batch = TrainCollator.for_encoder(encoder, with_negative=True)(examples)
+
+        def step():
+            encoder.zero_grad(set_to_none=True)
+            out = encoder.step_in_parts(encoder, batch, lambda t, grad=None: t.backward(grad), contextlib.nullcontext)
+            return out.loss.item()
+
+        return step, {"tokens": int(sum(batch[k]["attention_mask"].sum() for k in ("query", "positive", "negative")))}
+    model = sentence_transformer(
+        path, Path(tempfile.mkdtemp()) / "st", lora=lora, max_length=args.stage_II_max_length
+    ).train()
+    loss = build_loss("CachedMultipleNegativesRankingLoss", {"mini_batch_size": args.st_mini_batch}, model, 20.0)
+    features = [model.preprocess([getattr(e, side) for e in examples]) for side in ("query", "positive", "negative")]
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        value = loss(features, None)
+        value.backward()
+        return value.item()
+
+    return step, {"tokens": int(sum(f["attention_mask"].sum() for f in features))}
+
+
+STEPS["st_versus_project"] = st_versus_project_step  # --st_versus_project only; not in --only's default
+
+
+def st_versus_project(args) -> int:
+    """``--st_versus_project BATCH``: the two Stage II steps at one batch, each in its own worker (peak memory is a
+    process's), then their time and peak memory as ratios (project / sentence-transformers)."""
+    out = {}
+    for variant in ("project", "st"):
+        out[variant] = run_worker(args, "st_versus_project", variant, args.st_versus_project)
+    p, s = out["project"], out["st"]
+    print(json.dumps({"batch": args.st_versus_project, "mini_batch": args.st_mini_batch, "project": p, "st": s}))
+    print(
+        f"Stage II step, batch {args.st_versus_project} triples, chunks of {args.st_mini_batch} texts x "
+        f"{args.stage_II_max_length} tokens: time project/ST = {p['seconds'] / s['seconds']:.3f}, "
+        f"peak RSS project/ST = {p['peak_rss_mib'] / s['peak_rss_mib']:.3f} "
+        f"(project {p['seconds']:.1f} s, {p['peak_rss_mib']:.0f} MiB; ST {s['seconds']:.1f} s, {s['peak_rss_mib']:.0f} MiB)"
+    )
+    return 0
+
+
+
 def worker(args) -> None:
     import torch
 
@@ -378,6 +459,7 @@ def run_worker(args, bench: str, variant: str, batch: int) -> dict:
         if getattr(args, name) is not None:
             command += [f"--{name}", str(getattr(args, name))]
     command += ["--tiny"] if args.tiny else ["--model", str(args.model)]
+    command += ["--st_mini_batch", str(args.st_mini_batch)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
     result = subprocess.run(command, capture_output=True, text=True, env=env)
     if result.returncode in (-9, 137):  # SIGKILL: on Linux the out-of-memory killer; the variant did not fit
@@ -480,6 +562,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"its logit_chunk_rows (default {OPTIMISED_STAGE_I['logit_chunk_rows']})",
     )
+    p.add_argument(
+        "--st_versus_project", type=int, metavar="BATCH", default=None,
+        help="only the Stage II step of this project and of sentence-transformers' cached loss at BATCH triples, "
+        "as ratios (docs/benchmarks.md)",
+    )
+    p.add_argument("--st_mini_batch", type=int, default=16, help="texts per gradient-cache chunk of both steps")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--bench", choices=sorted(STEPS), help=argparse.SUPPRESS)
     p.add_argument("--variant", help=argparse.SUPPRESS)
@@ -499,6 +587,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.st_versus_project:
+        return st_versus_project(args)
     records = [run_worker(args, *run) for run in plan(args)]
     check_and_print(records, args.json)
     return 0

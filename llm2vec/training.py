@@ -67,20 +67,28 @@ def train(config: RunConfig):
         raise RunInterrupted(interrupted_message(config, made[0] if made else None)) from None
 
 
-def _train(config: RunConfig, made: list):
-    from .collator import TrainCollator
-    from .trainer import LLM2VecTrainer
-
-    args, stage = config.training, config.stage.stage
-    callbacks = []  # the wall clock counts from here: the budget covers loading the data and the model
+def run_callbacks(config: RunConfig) -> list:
+    """The callbacks of ``stop_after_minutes`` and ``metrics_file``; the wall clock counts from here."""
+    callbacks = []
     if config.stage.stop_after_minutes is not None:
         callbacks.append(StopAtTimeBudget(config.stage.stop_after_minutes))
     if config.stage.metrics_file is not None:
         callbacks.append(MetricsFile(config.stage.metrics_file))
+    return callbacks
+
+
+def _train(config: RunConfig, made: list):
+    args, stage = config.training, config.stage.stage
+    with_st = getattr(config.stage, "trainer", "llm2vec") == "sentence_transformers"
+    if with_st:
+        from .st_training import check_config
+
+        check_config(config)  # what that path does not do, before the folder is touched
+    callbacks = run_callbacks(config)  # the budget covers loading the data and the model
     with RunManager.open(config) as run:  # output_dir locked and inspected: start, resume, refuse or nothing to do
         if run.finished:
             return None
-        tokenizer, template = check_model_family(config)  # before the data and the weights load
+        family = tokenizer, template = check_model_family(config)  # before the data and the weights load
         if config.stage.num_threads:
             torch.set_num_threads(config.stage.num_threads)
         logger.info("Stage %s: %d CPU thread(s), seed %d", stage, torch.get_num_threads(), args.seed)
@@ -90,22 +98,35 @@ def _train(config: RunConfig, made: list):
         schedule = plan_schedule(args, dataset.num_global_batches, config.stage.stop_after_n_steps, config.source)
         run_config = run.record(schedule, _data_files(dataset))  # refuses a resume whose schedule or inputs changed
         logger.info("Stage %s %s", stage, schedule.describe())
-        model = build_model(config)
-        logger.info("Stage %s: %s, %s", stage, config.model.model_name_or_path, model.describe())
-        trainer = LLM2VecTrainer(
-            model=model,
-            args=args,
-            train_dataset=dataset,
-            eval_dataset=validation or ([] if retrieval else None),  # the Trainer evaluates only with a dataset
-            data_collator=TrainCollator.for_encoder(model, **collator_options(config)),
-            run_config=run_config,
-            retrieval_evaluation=retrieval,
-            callbacks=[StopAfterNSteps(schedule), *callbacks],
-        )
+        if with_st:
+            from .st_training import build_trainer
+
+            trainer = build_trainer(config, dataset, run_config, [StopAfterNSteps(schedule), *callbacks], *family)
+        else:
+            trainer = _project_trainer(config, dataset, validation, retrieval, run_config, schedule, callbacks)
         made.append(trainer)
         run.train(trainer)  # where training ends, disk space, overwrite; train; the final model, its marker last
         logger.info("Stage %s: the model is saved in %s", stage, os.path.abspath(args.output_dir))
         return trainer
+
+
+def _project_trainer(config: RunConfig, dataset, validation, retrieval, run_config, schedule, callbacks):
+    """This project's trainer (``trainer: llm2vec``, the paper's path) of a run."""
+    from .collator import TrainCollator
+    from .trainer import LLM2VecTrainer
+
+    model = build_model(config)
+    logger.info("Stage %s: %s, %s", config.stage.stage, config.model.model_name_or_path, model.describe())
+    return LLM2VecTrainer(
+        model=model,
+        args=config.training,
+        train_dataset=dataset,
+        eval_dataset=validation or ([] if retrieval else None),  # the Trainer evaluates only with a dataset
+        data_collator=TrainCollator.for_encoder(model, **collator_options(config)),
+        run_config=run_config,
+        retrieval_evaluation=retrieval,
+        callbacks=[StopAfterNSteps(schedule), *callbacks],
+    )
 
 
 def setup_logging(args: transformers.TrainingArguments) -> None:

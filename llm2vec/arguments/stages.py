@@ -18,6 +18,9 @@ from .shared import STAGES, ConfigError, DataArguments, ModelArguments, _choice
 
 logger = logging.getLogger("llm2vec")
 
+TRAINERS = ("llm2vec", "sentence_transformers")
+"""Who trains Stage II (``trainer``): this project's trainer (the paper's path) or sentence-transformers'."""
+
 
 @dataclass
 class _StageArguments:
@@ -268,8 +271,47 @@ class StageIIArguments(_StageArguments):
         },
     )
 
+    trainer: str = field(
+        default="llm2vec",
+        metadata={
+            "help": "Who trains Stage II. llm2vec (the paper's path): this project's trainer and InfoNCE. "
+            "sentence_transformers: sentence-transformers' SentenceTransformerTrainer and the loss named by loss, on "
+            "this project's model (its export's tokenization and anchor pooling), data, LoRA and run folder; the "
+            "saves are a Stage II run's (llm2vec.st_training, docs/training.md).",
+            "choices": TRAINERS,
+        },
+    )
+    loss: str = field(
+        default="CachedMultipleNegativesRankingLoss",
+        metadata={
+            "help": "trainer sentence_transformers: the name of a loss of sentence_transformers.sentence_transformer."
+            "losses (e.g. CachedMultipleNegativesRankingLoss, CachedGISTEmbedLoss, MatryoshkaLoss). Its scale "
+            "defaults to loss_scale."
+        },
+    )
+    loss_kwargs: dict[str, Any] | None = field(
+        default=None,
+        metadata={
+            "help": "trainer sentence_transformers: the loss's arguments as a JSON object, e.g. "
+            '{"mini_batch_size": 32}; a wrapping loss (MatryoshkaLoss) names the wrapped one: {"loss": '
+            '"CachedMultipleNegativesRankingLoss", "loss_kwargs": {...}, "matryoshka_dims": [2048, 512]}; a GIST '
+            "loss's guide is a model folder, or the model itself when absent."
+        },
+    )
+
     def __post_init__(self):
         super().__post_init__()
+        _choice("trainer", self.trainer, TRAINERS)
+        if self.trainer != "sentence_transformers":
+            defaults = (("loss", self.loss, "CachedMultipleNegativesRankingLoss"), ("loss_kwargs", self.loss_kwargs, None))
+            for name, value, default in defaults:
+                if value not in (default, {}):
+                    raise ConfigError(
+                        f"{name} is read only with trainer sentence_transformers (this config: trainer {self.trainer}); "
+                        "drop it or set trainer sentence_transformers"
+                    )
+        elif self.loss_kwargs is not None and not isinstance(self.loss_kwargs, dict):
+            raise ConfigError(f"loss_kwargs={self.loss_kwargs!r}: give a JSON object of the loss's arguments")
         if self.loss_scale <= 0:
             raise ConfigError(f"loss_scale={self.loss_scale}: must be positive (it is 1 / temperature)")
         if self.lora_r < 1 or self.lora_alpha <= 0:

@@ -1,0 +1,439 @@
+"""Stage II through sentence-transformers: this project's model, data and run folder, ST's trainer and losses.
+
+``trainer: sentence_transformers`` in a Stage II config (:func:`llm2vec.training.train` dispatches here):
+
+1. **The model** (:func:`sentence_transformer`). The base (a hub id, a Stage I folder, with
+   ``peft_model_name_or_path`` merged) is written by this project's sentence-transformers export
+   (:func:`llm2vec.export.export_sentence_transformers`, chat layout, not normalised, checked against
+   ``LLM2Vec.encode`` before it is used) into a temporary folder and loaded as a ``SentenceTransformer``:
+   tokenization, chat format, anchor appended after truncation and anchor pooling are the export's. Its chat
+   template is rebuilt with the training separator (``instruction_separator``, ``"; "``), as the project's
+   training collator joins instruction and query; evaluation during training switches back to the evaluation
+   separator. The paper's LoRA (``lora_r`` 16, ``lora_alpha`` 32, ``lora_dropout`` 0.05 on
+   ``lora_target_modules``) is added with ``peft.get_peft_model`` to the decoder body, exactly as
+   :meth:`llm2vec.llm2vec_contrastive.LLM2VecContrastive.build` adds it, so the adapters have the same names.
+2. **The data** (:func:`st_dataset`). The project's arranged training data (single-source global batches, in the
+   order the project's trainer reads it) becomes a ``datasets.Dataset`` with the columns ``query`` (a conversation:
+   the instruction as a system message, the query as the user message, which the export's chat template renders
+   as ``LLM2Vec.encode([instruction, query])``), ``positive`` and ``negative``; it is read sequentially
+   (:meth:`AnchorSentenceTransformerTrainer.get_batch_sampler`), so each batch is the project's batch.
+3. **The loss** (:func:`build_loss`): any loss of ``sentence_transformers.sentence_transformer.losses`` by name
+   (``loss``), with ``loss_kwargs``; ``scale`` defaults to ``loss_scale`` (the paper's 20 = 1 / 0.05) and a GIST
+   loss's ``temperature`` to ``1 / loss_scale``; ``guide`` (GIST) is a model folder, or the model itself when
+   absent (self-guided); a wrapping loss (``MatryoshkaLoss``, ...) names the loss it wraps as ``loss`` with its
+   own ``loss_kwargs``. An unknown name or argument is one line naming the choices.
+4. **The run** is this project's (:class:`llm2vec.run.RunManager`: the lock, the run config, the final save and
+   its completion marker); the saves are a Stage II run's (:meth:`AnchorSentenceTransformerTrainer._save`: the LoRA
+   adapter, the tokenizer, ``llm2vec_config.json``, ``run_config.json``, the model card), so
+   ``LLM2Vec.from_pretrained(base, adapter)``, the export and the MTEB evaluation read the result as they read a
+   Stage II run of the project's trainer. ``retrieval_eval_dirs`` become sentence-transformers'
+   ``InformationRetrievalEvaluator``\\ s (:func:`retrieval_evaluators`).
+
+Not on this path (refused in one line): resuming from a checkpoint, ``validation_file`` / ``validation_size``,
+``embedding_token_budget`` (the cached losses' ``mini_batch_size`` plays its part) and ``use_packing: true``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .arguments import ConfigError, RunConfig
+
+logger = logging.getLogger("llm2vec")
+
+DEFAULT_LOSS = "CachedMultipleNegativesRankingLoss"
+WRAPPING_LOSSES = ("MatryoshkaLoss", "Matryoshka2dLoss", "AdaptiveLayerLoss")
+"""Losses that modify another loss: ``loss_kwargs["loss"]`` names it, ``loss_kwargs["loss_kwargs"]`` its arguments."""
+GUIDED_LOSSES = ("GISTEmbedLoss", "CachedGISTEmbedLoss")
+
+
+# ---------------------------------------------------------------------------------------------- the losses
+
+
+def loss_names() -> list[str]:
+    """The loss classes of ``sentence_transformers.sentence_transformer.losses``, by name."""
+    from sentence_transformers.sentence_transformer import losses
+
+    names = getattr(losses, "__all__", None) or dir(losses)
+    return sorted(
+        n
+        for n in names
+        if isinstance(getattr(losses, n, None), type)
+        and issubclass(getattr(losses, n), torch.nn.Module)
+        and n.endswith("Loss")
+    )
+
+
+def check_loss_name(name: str, field_name: str = "loss") -> None:
+    """``name`` is a sentence-transformers loss; else one :class:`ConfigError` line listing the choices."""
+    choices = loss_names()
+    if name not in choices:
+        raise ConfigError(f"{field_name}={name!r}: not a sentence-transformers loss; choose one of {', '.join(choices)}")
+
+
+def build_loss(name: str, kwargs: Mapping[str, Any], model, loss_scale: float = 20.0, guide_loader=None):
+    """The loss ``name`` of ``sentence_transformers.sentence_transformer.losses`` on ``model`` (module docstring).
+
+    ``guide_loader(path, max_length)`` loads a GIST guide given as a folder (default: :func:`sentence_transformer`
+    without LoRA, at the model's length); a guide that is already a ``SentenceTransformer`` is used as it is. Refuses unknown names and arguments
+    with a :class:`ConfigError` naming the field and the choices."""
+    from sentence_transformers.sentence_transformer import losses
+
+    check_loss_name(name)
+    cls = getattr(losses, name)
+    kwargs = dict(kwargs or {})
+    params = inspect.signature(cls.__init__).parameters
+    accepted = [p for p in params if p not in ("self", "model")]
+    wrapper = ("loss_kwargs",) if name in WRAPPING_LOSSES and "loss_kwargs" not in params else ()
+    unknown = [k for k in kwargs if (k not in params and k not in wrapper) or k == "model"]
+    if unknown:
+        raise ConfigError(
+            f"loss_kwargs: {name} takes no argument {', '.join(map(repr, unknown))}; its arguments: {', '.join(accepted)}"
+        )
+    if name in WRAPPING_LOSSES:
+        inner = kwargs.pop("loss", DEFAULT_LOSS)
+        inner_kwargs = kwargs.pop("loss_kwargs", {}) if "loss_kwargs" not in params else {}
+        if not isinstance(inner, str):
+            raise ConfigError(f"loss_kwargs.loss of {name}: give the name of the loss it wraps, e.g. {DEFAULT_LOSS!r}")
+        check_loss_name(inner, f"loss_kwargs.loss of {name}")
+        kwargs["loss"] = build_loss(inner, inner_kwargs, model, loss_scale, guide_loader)
+    elif "loss_kwargs" in kwargs:
+        raise ConfigError(f"loss_kwargs: {name} wraps no other loss, so it takes no loss_kwargs of its own")
+    if "scale" in params and "scale" not in kwargs:
+        kwargs["scale"] = loss_scale
+    if name in GUIDED_LOSSES:
+        if "temperature" not in kwargs:
+            kwargs["temperature"] = 1.0 / loss_scale
+        guide = kwargs.get("guide")
+        if guide is None:
+            kwargs["guide"] = model  # self-guided: the model being trained, without gradient, picks the negatives
+        elif isinstance(guide, (str, os.PathLike)):
+            kwargs["guide"] = (guide_loader or _load_guide)(str(guide), model.max_seq_length)
+    elif "guide" in params and "guide" not in kwargs:
+        raise ConfigError(f"loss_kwargs: {name} needs a guide model; give loss_kwargs.guide (a model folder)")
+    try:
+        return cls(model, **kwargs)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"loss_kwargs of {name}: {str(e).splitlines()[0]}") from None
+
+
+def _load_guide(path: str, max_length: int | None = None):
+    from sentence_transformers import SentenceTransformer
+
+    if (Path(path) / "modules.json").exists():  # a sentence-transformers folder (an export)
+        return SentenceTransformer(path, device="cpu", local_files_only=True)
+    work = Path(tempfile.mkdtemp(prefix="llm2vec-st-guide-"))
+    return sentence_transformer(path, work / "guide", max_length=max_length)
+
+
+# ---------------------------------------------------------------------------------------------- the model
+
+
+def sentence_transformer(
+    base_model_name_or_path: str,
+    work_dir: str | os.PathLike,
+    peft_model_name_or_path: str | None = None,
+    *,
+    lora=None,
+    max_length: int | None = None,
+    template: str | None = None,
+    instruction_separator: str | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    trust_remote_code: bool = False,
+    accept_other_base: bool = False,
+    seed: int | None = None,
+):
+    """This project's model as a ``SentenceTransformer`` (module docstring, point 1), written to ``work_dir``
+    (which must not exist) by the export and loaded from there; with ``lora`` (a ``peft.LoraConfig``) the decoder
+    body gets trainable LoRA adapters (seeded with ``seed`` when given), everything else frozen.
+    ``instruction_separator`` rebuilds the chat template with that separator (the training one)."""
+    from sentence_transformers import SentenceTransformer
+
+    from .export import export_sentence_transformers
+
+    export_sentence_transformers(
+        base_model_name_or_path,
+        work_dir,
+        peft_model_name_or_path,
+        query_instruction="",  # the prompts are not used here: the training data carries the instructions
+        max_length=max_length,
+        template=template,
+        normalize=False,  # the raw anchor state, as LLM2Vec.embed (a loss normalises where it needs to)
+        dtype=dtype,
+        device="cpu",
+        trust_remote_code=trust_remote_code,
+        accept_other_base=accept_other_base,
+    )
+    model = SentenceTransformer(str(work_dir), device=device, local_files_only=True, trust_remote_code=False)
+    model.default_prompt_name = None
+    model.prompts = {}
+    if instruction_separator is not None:
+        set_separator(model, instruction_separator)
+    if lora is not None:
+        from peft import get_peft_model
+
+        from .compat import peft_reads_deprecated_property
+
+        if seed is not None:
+            import transformers
+
+            transformers.set_seed(seed)
+        with peft_reads_deprecated_property():
+            model[0].model = get_peft_model(model[0].model, lora)
+    return model
+
+
+def _spec_of(model, separator: str):
+    from transformers import AutoConfig
+
+    from . import templates
+    from .llm2vec import read_llm2vec_config
+
+    folder = _folder_of(model)
+    name = read_llm2vec_config(folder)["template"]
+    if name == templates.DERIVED_TEMPLATE:
+        spec = templates.derive_template(AutoConfig.from_pretrained(folder), model.tokenizer)
+    else:
+        spec = templates.get_template(name)
+    return spec.with_separator(separator)
+
+
+def _folder_of(model) -> str:
+    folder = getattr(model, "_llm2vec_folder", None) or model[0].model.name_or_path
+    return str(folder)
+
+
+def set_separator(model, separator: str) -> None:
+    """Rebuild the export's chat template of ``model`` with ``separator`` between instruction and text."""
+    from .export import export_chat_template
+
+    if not hasattr(model, "_llm2vec_folder"):
+        model._llm2vec_folder = model[0].model.name_or_path
+    model.tokenizer.chat_template = export_chat_template(_spec_of(model, separator))
+
+
+@contextlib.contextmanager
+def separator(model, value: str) -> Iterator[None]:
+    """``model``'s chat template joins instruction and text with ``value`` inside the block."""
+    before = model.tokenizer.chat_template
+    set_separator(model, value)
+    try:
+        yield
+    finally:
+        model.tokenizer.chat_template = before
+
+
+def lora_config(stage):
+    """The LoRA of :meth:`LLM2VecContrastive.build` from a Stage II config's fields."""
+    from peft import LoraConfig, TaskType
+
+    return LoraConfig(
+        r=stage.lora_r,
+        lora_alpha=stage.lora_alpha,
+        lora_dropout=stage.lora_dropout,
+        target_modules=list(stage.lora_target_modules),
+        bias="none",
+        task_type=TaskType.FEATURE_EXTRACTION,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- the data
+
+
+def query_message(instruction: str, query: str) -> list[dict[str, str]]:
+    """A query as the conversation the export's chat template renders as ``LLM2Vec.encode([instruction, query])``."""
+    turn = [{"role": "user", "content": query}]
+    return [{"role": "system", "content": instruction}, *turn] if instruction else turn
+
+
+def st_dataset(examples: Sequence, with_negative: bool, query_instructions: bool = True):
+    """``datasets.Dataset`` of (query conversation, positive[, negative]) in the order of ``examples``."""
+    import datasets
+
+    columns: dict[str, list] = {
+        "query": [query_message(e.query_instruction if query_instructions else "", e.query) for e in examples],
+        "positive": [e.positive for e in examples],
+    }
+    if with_negative:
+        columns["negative"] = [e.negative for e in examples]
+    return datasets.Dataset.from_dict(columns)
+
+
+def retrieval_evaluators(data, batch_size: int):
+    """sentence-transformers' ``InformationRetrievalEvaluator`` for each folder of ``retrieval_eval_dirs`` (queries with
+    the folder's instruction as prompt, documents bare, cosine), or ``[]``."""
+    from sentence_transformers.sentence_transformer.evaluation import InformationRetrievalEvaluator
+
+    from .beir import read_beir_folder
+
+    out = []
+    for folder, instruction in data.retrieval_folders():
+        beir = read_beir_folder(folder, queries_without_relevant="refuse")
+        out.append(
+            InformationRetrievalEvaluator(
+                queries=dict(beir.queries),
+                corpus={d: beir.document_text(d) for d in beir.corpus},
+                relevant_docs={q: {d for d, g in docs.items() if g > 0} for q, docs in beir.relevant.items()},
+                name=beir.name,
+                query_prompt=instruction or None,
+                batch_size=batch_size,
+                show_progress_bar=False,
+                ndcg_at_k=[10],
+                mrr_at_k=[10],
+                accuracy_at_k=[1, 10],
+                precision_recall_at_k=[1, 10],
+                map_at_k=[10],
+            )
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- the trainer
+
+
+def st_training_arguments(args):
+    """transformers' ``TrainingArguments`` of a run config as ``SentenceTransformerTrainingArguments``."""
+    import dataclasses
+
+    from sentence_transformers import SentenceTransformerTrainingArguments
+
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init and hasattr(args, f.name)}
+    known = {f.name for f in dataclasses.fields(SentenceTransformerTrainingArguments)}
+    return SentenceTransformerTrainingArguments(**{k: v for k, v in values.items() if k in known})
+
+
+def _trainer_class():
+    from sentence_transformers import SentenceTransformerTrainer
+
+    class AnchorSentenceTransformerTrainer(SentenceTransformerTrainer):
+        """``SentenceTransformerTrainer`` reading the project's batches in order and saving a Stage II run's files."""
+
+        def __init__(self, *a, run_config=None, encoder=None, evaluation_separator=None, **kw):
+            super().__init__(*a, **kw)
+            self.run_config = run_config or {}
+            self.encoder = encoder  # LLM2Vec over the same (LoRA) modules: the project's save
+            self.evaluation_separator = evaluation_separator
+
+        def get_batch_sampler(self, dataset, batch_size, drop_last, valid_label_columns=None, generator=None, seed=0):
+            from torch.utils.data import BatchSampler, SequentialSampler
+
+            return BatchSampler(SequentialSampler(range(len(dataset))), batch_size, drop_last)
+
+        def evaluate(self, *a, **kw):
+            if self.evaluation_separator is None:
+                return super().evaluate(*a, **kw)
+            with separator(self.model, self.evaluation_separator):
+                return super().evaluate(*a, **kw)
+
+        def check_weights_finite(self, what: str) -> None:
+            from .trainer import TrainingDiverged
+
+            if not all(torch.isfinite(p).all() for p in self.model.parameters() if p.requires_grad):
+                raise TrainingDiverged(
+                    f"the LoRA weights hold NaN or infinite values at step {self.state.global_step}; {what}"
+                )
+
+        def _save(self, output_dir=None, state_dict=None):
+            from .model_card import write_training_card
+            from .trainer import RUN_CONFIG_NAME
+
+            output_dir = output_dir if output_dir is not None else self.args.output_dir
+            if not self.args.should_save:
+                return
+            self.encoder.save(output_dir)
+            config_file = Path(output_dir) / "adapter_config.json"
+            adapter = json.loads(config_file.read_text())
+            adapter["base_model_name_or_path"] = self.run_config.get("model_name_or_path", "")
+            config_file.write_text(json.dumps(adapter, indent=2) + "\n")
+            with open(os.path.join(output_dir, RUN_CONFIG_NAME), "w") as f:
+                json.dump(self.run_config, f, indent=2)
+            write_training_card(
+                output_dir, self.run_config, self.state.log_history, self.encoder, self.state.global_step
+            )
+
+    return AnchorSentenceTransformerTrainer
+
+
+def check_config(config: RunConfig) -> None:
+    """What this path does not do, refused in one line naming the field."""
+    stage, data, args = config.stage, config.data, config.training
+    where = f"{config.source}: " if config.source else ""
+    refused = {
+        "embedding_token_budget": (stage.embedding_token_budget, "the cached losses' loss_kwargs.mini_batch_size"),
+        "validation_file": (data.validation_file, "retrieval_eval_dirs (an InformationRetrievalEvaluator)"),
+        "validation_size": (data.validation_size, "retrieval_eval_dirs (an InformationRetrievalEvaluator)"),
+        "resume_from_checkpoint": (args.resume_from_checkpoint, "a fresh run, or trainer llm2vec"),
+    }
+    if not config.stage.loss:
+        raise ConfigError(f"{where}loss is empty: name a sentence-transformers loss, e.g. {DEFAULT_LOSS}")
+    check_loss_name(config.stage.loss)
+    for name, (value, instead) in refused.items():
+        if value:
+            raise ConfigError(f"{where}{name}: not on the trainer sentence_transformers path; drop it and use {instead}")
+    if str(config.model.use_packing).lower() == "true":
+        raise ConfigError(f"{where}use_packing true: not on the trainer sentence_transformers path; set it to auto or false")
+
+
+def build_trainer(config: RunConfig, dataset, run_config: dict, callbacks: list, tokenizer, template):
+    """The trainer of a Stage II run through sentence-transformers (module docstring), for
+    :func:`llm2vec.training.train`, which runs it in the run's folder as it runs the project's trainer. The model is
+    written to a temporary folder that lives as long as the trainer."""
+    from .llm2vec import LLM2Vec
+
+    args, stage = config.training, config.stage
+    work = tempfile.TemporaryDirectory(prefix="llm2vec-st-")
+    model = sentence_transformer(
+        config.model.model_name_or_path,
+        Path(work.name) / "model",
+        stage.peft_model_name_or_path,
+        lora=lora_config(stage),
+        max_length=config.model.max_seq_length,
+        template=config.model.template,
+        instruction_separator=config.data.instruction_separator if config.data.query_instructions else None,
+        dtype=config.dtype,
+        trust_remote_code=config.model.trust_remote_code,
+        accept_other_base=stage.accept_other_base,
+        seed=args.seed,
+    )
+    settings = json.loads((Path(work.name) / "model" / "llm2vec_config.json").read_text())
+    settings.pop("prompts", None)
+    encoder = LLM2Vec(model[0].model, tokenizer, **settings)  # the same modules: the project's save
+    loss = build_loss(stage.loss, stage.loss_kwargs or {}, model, stage.loss_scale)
+    st_args = st_training_arguments(args)
+    evaluators = retrieval_evaluators(config.data, args.per_device_eval_batch_size)
+    trainer = _trainer_class()(
+        model=model,
+        args=st_args,
+        train_dataset=st_dataset(dataset.examples, stage.require_negative, config.data.query_instructions),
+        loss=loss,
+        evaluator=evaluators or None,
+        callbacks=callbacks,
+        run_config=run_config,
+        encoder=encoder,
+        evaluation_separator=template.separator if config.data.query_instructions else None,
+    )
+    trainer.work_dir = work  # removed with the trainer
+    logger.info("Stage II: %s, %s", config.model.model_name_or_path, describe(model, loss))
+    return trainer
+
+
+def describe(model, loss) -> str:
+    trainable, total = model[0].model.get_nb_trainable_parameters()
+    config = next(iter(model[0].model.peft_config.values()))
+    return (
+        f"sentence-transformers {type(loss).__name__}; LoRA r {config.r} / alpha {config.lora_alpha} / dropout "
+        f"{config.lora_dropout} on {','.join(sorted(config.target_modules))}; trainable parameters {trainable} of "
+        f"{total}"
+    )
