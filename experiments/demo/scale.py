@@ -71,6 +71,7 @@ from demo.settings import (  # noqa: E402
 )
 from demo.settings import TABLE_10_ROWS as ROWS  # noqa: E402
 from demo.stdlib_data import TRAIN_FILE  # noqa: E402
+
 MEASURES = ("loss", "anchor_gain", "anchor_gain_first4", "rank_accuracy")
 
 
@@ -608,7 +609,11 @@ def _stages(preset, out, data, model, carry, stage_I_run, budget, result, lap, s
         result["status"] = f"running: stage_II_{arm}"
         write_report(out, result)
         run_script(STAGE_II_SCRIPT, config, flags, out / "logs" / f"{arm}.log")
-        result["stage_II"][arm] = {"planned_steps": preset.stage_II_steps, "seed": seed, **run_outcome(read_state(folder))}
+        result["stage_II"][arm] = {
+            "planned_steps": preset.stage_II_steps,
+            "seed": seed,
+            **run_outcome(read_state(folder)),
+        }
         rows[arm] = (start, folder)
     lap("stage_II", "evaluation")
     evaluation = result["evaluation"] = {}
