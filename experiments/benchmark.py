@@ -428,33 +428,18 @@ def plan(args) -> list[tuple[str, str, int]]:
 
 
 def run_worker(args, bench: str, variant: str, batch: int) -> dict:
-    command = [
-        sys.executable,
-        __file__,
-        "--worker",
-        "--bench",
-        bench,
-        "--variant",
-        variant,
-        "--batch",
-        str(batch),
-        "--repeats",
-        str(args.repeats),
-        "--max_length",
-        str(args.max_length),
-        "--stage_II_max_length",
-        str(args.stage_II_max_length),
-        "--encode_texts",
-        str(args.encode_texts),
-        "--threads",
-        str(args.threads or 0),
-        "--device",
-        args.device,
-        "--dtype",
-        args.dtype,
-        "--attn_implementation",
-        args.attn_implementation,
-    ]
+    command = [sys.executable, __file__, "--worker", "--bench", bench, "--variant", variant, "--batch", str(batch)]
+    for name in (
+        "repeats",
+        "max_length",
+        "stage_II_max_length",
+        "encode_texts",
+        "device",
+        "dtype",
+        "attn_implementation",
+    ):
+        command += [f"--{name}", str(getattr(args, name))]
+    command += ["--threads", str(args.threads or 0)]
     for name in ("token_budget", "logit_chunk_rows"):
         if getattr(args, name) is not None:
             command += [f"--{name}", str(getattr(args, name))]

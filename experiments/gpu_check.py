@@ -564,7 +564,7 @@ BF16_PEAK_TFLOPS = (  # dense bf16 tensor-core peaks from NVIDIA's data sheets; 
 )
 
 PAPER_MFU = 0.14
-"""The paper's Stage I MFU for Llama-3.2-1B, estimated from its Table 7 (issue #32's estimate):
+"""The paper's Stage I MFU for Llama-3.2-1B, estimated from its Table 7:
 
     available   8 A100 x 312e12 FLOP/s x 4 h x 3600 s                  = 3.59e19 FLOP
     used        2000 steps x 512 pairs x ~660 decoder positions per pair

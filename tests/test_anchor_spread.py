@@ -97,7 +97,7 @@ def _corpus(folder: Path, n: int) -> Path:
 def test_the_values_are_a_runs_evaluation_of_the_pairs_after_the_skipped_ones(tmp_path, capsys):
     """Pairs 4 to 12 of the validation choice (the first 4 skipped), measured in batches of 4: each value equals
     anchor_gain over the same batches (what a run's evaluation logs), on a model loaded on its own."""
-    from demo.pipeline import validation_rows
+    from demo.stages import validation_rows
 
     from llm2vec.anchor_gain import anchor_gain
     from llm2vec.collator import TrainCollator

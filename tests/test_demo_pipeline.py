@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import run_demo as cli
-from compare_demo_runs import largest_difference
 from demo import pipeline, report, smollm2
 from demo.pipeline import MARKER, Hardware, Step, StepRunner, read_marker, training_command
 from demo.settings import (
@@ -27,6 +26,7 @@ from demo.settings import (
     STAGE_I_SCRIPT,
     TASK_NAME,
 )
+from research.compare_demo_runs import largest_difference
 
 from llm2vec.arguments import parse_config
 
@@ -390,7 +390,7 @@ def test_smoke_run_reports_every_seed_and_their_mean_and_spread(smoke_run):
     for (s, run), first in firsts.items():
         assert f"{run} {first}" in line.split(f"seed {s} ")[1].split(";")[0]
         assert summary["first_step_below_0.7_chance"][s][run] == first
-    # issue #22's bar, recomputed from each run's own trainer_state.json: the mean of its last 5 losses < 0.5 x chance
+    # the bar of a run that trained, recomputed from each run's own trainer_state.json: the mean of its last 5 losses < 0.5 x chance
     trained = {str(s): [] for s in SEEDS}
     for s in SEEDS:
         for run, folder in (("Anchor", "stage_II_anchor"), ("Baseline", "stage_II_baseline")):
@@ -538,7 +538,7 @@ def test_two_reports_side_by_side(smoke_run, tmp_path):
     (tmp_path / "one" / "results.json").write_text(json.dumps(second))
 
     def compare(*paths):
-        cmd = [sys.executable, str(REPO / "experiments" / "compare_demo_runs.py"), *map(str, paths)]
+        cmd = [sys.executable, str(REPO / "experiments" / "research" / "compare_demo_runs.py"), *map(str, paths)]
         return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
 
     table = compare(out, tmp_path / "one")
@@ -559,7 +559,7 @@ def test_two_reports_side_by_side(smoke_run, tmp_path):
     assert "Largest difference over the " in table and ": 0.25 (rows/3/per_seed/43/ndcg_at_10)." in table
     assert "(every number equal)" in compare(out, out / "report" / "results.json")
     missing = subprocess.run(
-        [sys.executable, str(REPO / "experiments" / "compare_demo_runs.py"), str(out), str(tmp_path / "none")],
+        [sys.executable, str(REPO / "experiments" / "research" / "compare_demo_runs.py"), str(out), str(tmp_path / "none")],
         capture_output=True,
         text=True,
     )

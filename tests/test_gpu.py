@@ -1,4 +1,4 @@
-"""The GPU checks of experiments/gpu_check.py (issues #19 and #32).
+"""The GPU checks of experiments/gpu_check.py.
 
 On CPU: the quick mode runs every check and says SKIP, with the reason, for the two whose subject needs a GPU
 (FlashAttention, Liger), never a pass; the script runs where mteb, datasets and flash-attn cannot be imported
@@ -261,7 +261,7 @@ def test_gpu_check(name):
     assert result.status == "PASS", result.line()
 
 
-# --------------------------------------------------------------------------- Liger's arguments (#32, point 5)
+# --------------------------------------------------------------------------- Liger's arguments
 
 
 @pytest.mark.parametrize("takes_accum_dtype", [True, False])
@@ -300,7 +300,7 @@ def test_liger_loss_sums_in_float32(monkeypatch, takes_accum_dtype):
     torch.testing.assert_close(loss, linear_cross_entropy.linear_cross_entropy_sum(hidden, head, targets))
 
 
-# --------------------------------------------------------------------------- DeepSpeed (#32, point 4)
+# --------------------------------------------------------------------------- DeepSpeed
 
 
 @pytest.mark.parametrize(

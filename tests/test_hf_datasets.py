@@ -501,11 +501,11 @@ def test_a_run_trains_on_hf_data_and_records_its_files(tmp_path):
 
 
 def test_memory_stays_far_below_a_list_of_python_objects(tmp_path):
-    """200,000 pairs, each loader in a fresh process (experiments/benchmark_data.py): the memory the process owns
+    """200,000 pairs, each loader in a fresh process (experiments/research/benchmark_data.py): the memory the process owns
     (the mapped pages of the table aside, which the kernel can drop) grows by a small fraction of what the
     JSON-lines loader's Python objects take, and all variants give the same arranged examples."""
     result = subprocess.run(
-        [sys.executable, str(ROOT / "experiments" / "benchmark_data.py"), "--rows", "200000", "--json"]
+        [sys.executable, str(ROOT / "experiments" / "research" / "benchmark_data.py"), "--rows", "200000", "--json"]
         + ["--passage_words", "5", "15", "--work", str(tmp_path / "work"), "--only", "jsonl", "hf_disk"],
         capture_output=True,
         text=True,

@@ -2,7 +2,7 @@
 
 Nothing is trained here: the model, the corpus and the training subprocess are replaced, and the command the
 driver would run is checked: this checkout's ``llm2vec`` first on the child's import path (the run must not
-pick up whichever checkout pip installed), the schedule of the issue (640 steps, 15 % warm-up, measures and
+pick up whichever checkout pip installed), the long run's schedule (640 steps, 15 % warm-up, measures and
 checkpoints every 40), and ``--resume_from_checkpoint`` exactly when a checkpoint is there.
 """
 

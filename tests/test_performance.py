@@ -1,4 +1,4 @@
-"""Memory-bounded Stage I (#11): blockwise LM-head cross-entropy and token-budget chunks of pairs.
+"""Memory-bounded Stage I: blockwise LM-head cross-entropy and token-budget chunks of pairs.
 
 Both are exact rewrites of the plain computation; every test compares them with it (loss and gradients).
 """

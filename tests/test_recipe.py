@@ -268,7 +268,7 @@ def test_fsdp_keeps_the_chosen_master_weights(setup, master_weights, dtype):
 def test_bf16_update_check_rounds_as_bf16_arithmetic_says():
     """The measuring script's bf16 AdamW step: a weight of magnitude > 2^-6 (half its bf16 spacing is 6.1e-5)
     cannot move by a 4e-5 step; one below 2^-8 with a clear gradient always moves."""
-    from bf16_update_check import adamw_step
+    from research.bf16_update_check import adamw_step
 
     g = torch.Generator().manual_seed(0)
     weights = (torch.randn(4096, generator=g) * 0.02).bfloat16()

@@ -162,7 +162,7 @@ def test_a_resumed_runs_repeated_evaluation_is_one_row(tmp_path):
     history = [{"step": s, "eval_anchor_gain_d2q": g, "eval_loss_q2d": 1.0} for s, g in ((0, 0.1), (40, 0.2))]
     history.append({"step": 40, "eval_anchor_gain_d2q": 0.2, "eval_loss_q2d": 1.0})  # evaluated again on resume
     (tmp_path / "trainer_state.json").write_text(json.dumps({"log_history": history}))
-    assert [r["pairs_seen"] for r in scale.stage_I_curve(tmp_path, 8)] == [0, 320]
+    assert [r["pairs_seen"] for r in scale.stage_I_curve(scale.read_state(tmp_path), 8)] == [0, 320]
 
 
 def test_evaluation_without_mteb_equals_mteb_eval_custom(smoke, tmp_path):

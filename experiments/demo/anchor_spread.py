@@ -5,7 +5,7 @@
 
 A Stage I evaluation reports one number per measure (:mod:`llm2vec.anchor_gain`), with no uncertainty. This
 measures each model on ``--pairs`` fixed pairs of the corpus's validation split, after the first ``--skip`` of the
-one choice of validation pairs (:func:`demo.pipeline.validation_rows`; the long run evaluates the first 64, so
+one choice of validation pairs (:func:`demo.stages.validation_rows`; the long run evaluates the first 64, so
 ``--skip 64`` gives pairs that no run's evaluation saw), in batches of ``--batch`` pairs as a run's evaluation
 takes them, and keeps each pair's terms (:func:`llm2vec.anchor_gain.pair_terms`). Each measure is a ratio over
 all pairs, as a run's evaluation computes it (the gain: sum of rolled minus own losses over the sum of target
@@ -36,8 +36,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "experiments"), str(REPO)]
 
-from demo.pipeline import validation_rows  # noqa: E402
 from demo.settings import INSTRUCTION  # noqa: E402
+from demo.stages import validation_rows  # noqa: E402
 
 MEASURES = ("loss", "anchor_gain", "anchor_gain_first4", "rank_accuracy")
 # measure -> (numerator, denominator) of its ratio over pairs: a term name, a difference of two, or 1 per pair

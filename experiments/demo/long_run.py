@@ -33,10 +33,18 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "experiments"), str(REPO)]
 
 from demo.package_data import build_package_dataset  # noqa: E402
-from demo.pipeline import child_env, write_validation_file  # noqa: E402
-from demo.scale import read_curve, write_train_file  # noqa: E402
 from demo.settings import SMOLLM2_DIR, STAGE_I_CONFIG, STAGE_I_SCRIPT, VALIDATION_SOURCE  # noqa: E402
 from demo.smollm2 import materialise_smollm2  # noqa: E402
+from demo.stages import (  # noqa: E402
+    child_env,
+    curve_from_log,
+    curve_table,
+    stage_command,
+    stage_I_flags,
+    write_train_file,
+    write_validation_file,
+)
+from demo.stdlib_data import TRAIN_FILE  # noqa: E402
 from llm2vec.run.folder import RunFolder  # noqa: E402
 
 OUT = REPO / "cache" / "long-run"
@@ -46,9 +54,8 @@ EVAL_BATCH = 8
 
 
 def write_inputs(data: Path, folder: Path) -> tuple[Path, Path]:
-    """The train pairs with the query instruction (:func:`demo.scale.write_train_file`), and the demo's 64 fixed
-    validation pairs of the corpus's validation split (:func:`demo.pipeline.write_validation_file`), as JSON-lines
-    files.
+    """The train pairs with the query instruction, and the demo's 64 fixed validation pairs of the corpus's
+    validation split (:mod:`demo.stages`), as JSON-lines files.
 
     A file whose bytes are already there is left as it is: a resume compares the data file's fingerprint (its
     modification time included) with the checkpoint's, and rewriting the same bytes would refuse every resume."""
@@ -56,7 +63,7 @@ def write_inputs(data: Path, folder: Path) -> tuple[Path, Path]:
     names = tuple(p.name for p in input_files(folder))
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         fresh = Path(tmp)
-        write_train_file(data, fresh)
+        write_train_file(data / TRAIN_FILE, fresh / names[0])
         write_validation_file(data / "val", fresh)
         for name in names:
             if not ((folder / name).is_file() and filecmp.cmp(fresh / name, folder / name, shallow=False)):
@@ -84,17 +91,9 @@ def config_batch() -> int:
 
 
 def table(rows: list[dict[str, float]], repeats: list[tuple[dict, dict]]) -> str:
-    """The curve (:func:`demo.scale.read_curve` of the run's log) as Markdown, with a line per step evaluated
+    """The curve (:func:`demo.stages.curve_from_log` of the run's log) as Markdown, with a line per step evaluated
     again after a resume: the same numbers (the resume restored the model), or the measure that differs most."""
-    head = "| step | pairs seen | loss q2d | loss d2q | gain q2d | gain d2q | gain@4 q2d | gain@4 d2q | rank acc q2d | rank acc d2q |"
-    lines = [head, "|" + "---:|" * 10]
-    for r in rows:
-        lines.append(
-            f"| {r['step']} | {r['pairs_seen']} | {r['loss_q2d']:.3f} | {r['loss_d2q']:.3f} | "
-            f"{r['anchor_gain_q2d']:+.3f} | {r['anchor_gain_d2q']:+.3f} | "
-            f"{r['anchor_gain_first4_q2d']:+.3f} | {r['anchor_gain_first4_d2q']:+.3f} | "
-            f"{r['rank_accuracy_q2d']:.3f} | {r['rank_accuracy_d2q']:.3f} |"
-        )
+    lines = curve_table(rows)
     if rows:
         lines.append(f"\nrank accuracy at chance: {rows[0]['rank_chance']:.3f} (1 / {EVAL_BATCH})")
     for first, again in repeats:
@@ -124,7 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     run = out / "stage_I"
     if args.table:
         state = newest_state(run)
-        print(table(*read_curve(state, config_batch())) if state else f"{run}: nothing logged yet")
+        if state is None:
+            print(f"{run}: nothing logged yet")
+        else:
+            print(table(*curve_from_log(json.loads(state.read_text(encoding="utf-8"))["log_history"], config_batch())))
         return 0
     model = materialise_smollm2(SMOLLM2_DIR)
     resume = bool(RunFolder.inspect(run).checkpoints)  # the run picks its newest complete one, or says why not
@@ -134,30 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         build_package_dataset(DATA)
         train, validation = write_inputs(DATA, out / "data")
-    flags = {
-        "model_name_or_path": model,
-        "dataset_file_path": train,
-        "validation_file": validation,
-        "output_dir": run,
-        "max_steps": args.steps,
-        "warmup_steps": round(0.15 * args.steps),
-        "eval_strategy": "steps",
-        "eval_steps": EVERY,
-        "eval_on_start": "true",
-        "per_device_eval_batch_size": EVAL_BATCH,
-        "save_strategy": "steps",
-        "save_steps": EVERY,
-        "save_total_limit": 1,
-        "logging_steps": 1,
-        "report_to": "none",
-    }
+    save = {"save_strategy": "steps", "save_steps": EVERY, "save_total_limit": 1}
+    flags = stage_I_flags(model, train, validation, run, args.steps, EVERY, EVAL_BATCH, save)
     if args.seed is not None:
         flags["seed"] = args.seed
     if resume:
         flags["resume_from_checkpoint"] = "true"
-    command = [sys.executable, str(STAGE_I_SCRIPT), str(STAGE_I_CONFIG)]
-    for key, value in flags.items():
-        command += [f"--{key}", str(value)]
+    command = stage_command(STAGE_I_SCRIPT, STAGE_I_CONFIG, flags)
     print("[long-run] " + " ".join(command), flush=True)
     # child_env: this checkout's llm2vec first on the path (not whichever checkout pip installed), offline
     return subprocess.call(command, env=child_env(args.threads), cwd=REPO)

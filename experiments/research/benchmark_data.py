@@ -1,7 +1,7 @@
 """Loading training data: time and memory of ``dataset_name: hf`` against the JSON-lines loader, each in its own process.
 
-    python experiments/benchmark_data.py                   # 2,000,000 pairs (about 4.5 GB in a temporary folder)
-    python experiments/benchmark_data.py --rows 200000 --json
+    python experiments/research/benchmark_data.py                   # 2,000,000 pairs (about 4.5 GB in a temporary folder)
+    python experiments/research/benchmark_data.py --rows 200000 --json
 
 Writes ``--rows`` (query, positive) pairs of random words (a query of 6 to 16 words, a passage of 30 to 90,
 ``--passage_words``, as short E5 pairs are) once, as a JSON-lines file, a parquet file, an Arrow stream file and a
@@ -40,7 +40,7 @@ import threading
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[2]
 VARIANTS = ("jsonl", "hf_jsonl_cold", "hf_jsonl", "hf_parquet_cold", "hf_parquet", "hf_arrow", "hf_disk")
 REFERENCE = "jsonl"
 BLOCK = 100_000
@@ -212,7 +212,7 @@ def worker(args) -> None:
 def run_worker(args, variant: str) -> dict:
     command = [sys.executable, __file__, "--worker", "--variant", variant, "--work", str(args.work)]
     command += ["--rows", str(args.rows), "--global_batch", str(args.global_batch), "--seed", str(args.seed)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     result = subprocess.run(command, capture_output=True, text=True, env=env)
     if result.returncode in (-9, 137):
         print(f"benchmark_data: {variant} was killed (out of memory?)", file=sys.stderr)
@@ -287,6 +287,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(HERE.parent))
+    sys.path.insert(0, str(REPO))
     with contextlib.suppress(BrokenPipeError):
         sys.exit(main())

@@ -17,7 +17,7 @@ script prints that overhead for the paper configs' settings (8 processes; their 
 accumulation, ``validation_size`` and ``eval_steps``), assuming a GPU keeps the CPU's ratio of a forward pass to
 a forward + backward pass (both are dominated by the same matrix products).
 
-    python experiments/eval_cost.py          # about 3 minutes on 2 CPU cores
+    python experiments/research/eval_cost.py          # about 3 minutes on 2 CPU cores
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
 from anchor_sweep import train_examples, validation_examples  # noqa: E402
 from demo import settings  # noqa: E402
@@ -44,7 +44,7 @@ from llm2vec.llm2vec_contrastive import LLM2VecContrastive  # noqa: E402
 from llm2vec.llm2vec_q2d_d2q import LLM2Vec_q2d_d2q  # noqa: E402
 from llm2vec.validation import contrastive_validation  # noqa: E402
 
-CONFIGS = Path(__file__).resolve().parents[1] / "train_configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "train_configs"
 PAPER = {"I": CONFIGS / "stage_I" / "MetaLlama3.2_1b_q2d_d2q.json", "II": CONFIGS / "stage_II"}
 
 

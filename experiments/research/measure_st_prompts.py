@@ -1,6 +1,6 @@
 """Measure how an ad-hoc sentence-transformers ``prompt=`` embeds, against ``LLM2Vec.encode([[instruction, text]])``.
 
-    python experiments/measure_st_prompts.py --model cache/models/SmolLM2-135M-Instruct --output_dir /tmp/st-prompts
+    python experiments/research/measure_st_prompts.py --model cache/models/SmolLM2-135M-Instruct --output_dir /tmp/st-prompts
 
 Exports the model twice (the chat layout, the default, and the text layout of ``named_prompts_only``), encodes a
 few queries with an instruction that is no exported prompt, passed as a new user would (``prompt=instruction``

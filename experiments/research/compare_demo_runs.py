@@ -2,7 +2,7 @@
 
     python experiments/run_demo.py                                                # 2 threads on a 2-core machine
     python experiments/run_demo.py --threads 1 --out_dir cache/demo-threads1
-    python experiments/compare_demo_runs.py cache/demo-runs cache/demo-threads1 --labels "2 threads" "1 thread"
+    python experiments/research/compare_demo_runs.py cache/demo-runs cache/demo-threads1 --labels "2 threads" "1 thread"
 
 Prints a Markdown table: per seed, each row's nDCG@10, Anchor - Baseline, Stage I only - Untrained, the anchor
 gain, each Stage II run's end loss and first step below 0.7 x chance, at both, and their difference; then how
@@ -19,9 +19,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from demo.report import END_STEPS, FIRST_BELOW_KEY, RESULTS_JSON, STABLE_SHARE, TRAINED_SHARE
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[2])]
 
-from llm2vec.io import read_json_file
+from demo.report import END_STEPS, FIRST_BELOW_KEY, RESULTS_JSON, STABLE_SHARE, TRAINED_SHARE  # noqa: E402
+
+from llm2vec.io import read_json_file  # noqa: E402
 
 ROWS = (("untrained", "Untrained"), ("stage_I", "Stage I only"), ("baseline", "Baseline"), ("anchor", "Anchor"))
 

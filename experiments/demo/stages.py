@@ -1,0 +1,147 @@
+"""What every demo driver (:mod:`demo.pipeline`, :mod:`demo.scale`, :mod:`demo.long_run`) runs Stage I and II
+with: the train and validation files it writes, the stage command line and the environment of the child.
+
+A resume compares its inputs with the checkpoint's, so the bytes these write and the command lines they build are
+held fixed by tests (``tests/test_long_run.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+from llm2vec.io import iter_jsonl, write_jsonl
+
+from .settings import INSTRUCTION, REPO_ROOT, VALIDATION_PAIRS, VALIDATION_SOURCE, WARMUP_SHARE
+
+
+def write_train_file(source: Path, path: Path) -> int:
+    """The train pairs of the JSON-lines file ``source``, each with the query instruction, as ``path``; returns
+    how many."""
+    rows = [{"instruction": INSTRUCTION, **row} for _, row in iter_jsonl(source) if row is not None]
+    return write_jsonl(path, rows)
+
+
+def validation_rows(split: Path, count: int = VALIDATION_PAIRS, with_ids: bool = False) -> list[dict[str, str]]:
+    """``count`` (query, relevant document) pairs of the retrieval split in ``split`` (BEIR layout), a fixed random
+    subset (the qrels in file order, shuffled with seed 0: a larger ``count`` keeps the smaller one's pairs first),
+    with the query instruction, in the training layout. The one choice of validation pairs of the demo, the long
+    run, :mod:`demo.scale` and :mod:`demo.anchor_spread`; fewer when the split holds fewer.
+    ``with_ids``: each row also names its document (``id``, the corpus id: the object's dotted name)."""
+    corpus = {r["_id"]: r["text"] for _, r in iter_jsonl(split / "corpus.jsonl") if r is not None}
+    queries = {r["_id"]: r["text"] for _, r in iter_jsonl(split / "queries.jsonl") if r is not None}
+    rows = [
+        {"query": queries[r["query-id"]], "positive": corpus[r["corpus-id"]], "instruction": INSTRUCTION}
+        | ({"id": r["corpus-id"]} if with_ids else {})
+        for _, r in iter_jsonl(split / "qrels.jsonl")
+        if r is not None
+    ]
+    random.Random(0).shuffle(rows)
+    return rows[:count]
+
+
+def write_validation_file(split: Path, folder: Path, count: int = VALIDATION_PAIRS) -> int:
+    """:func:`validation_rows` as ``<folder>/validation.jsonl``; returns how many pairs."""
+    return write_jsonl(folder / f"{VALIDATION_SOURCE}.jsonl", validation_rows(split, count))
+
+
+def warmup_steps(stage: str, steps: int) -> int:
+    """The warm-up of a run of ``steps`` steps of Stage ``stage``, the paper's share (:data:`WARMUP_SHARE`)."""
+    return round(WARMUP_SHARE[stage] * steps)
+
+
+def stage_I_flags(
+    model: Path,
+    train: Path,
+    validation: Path,
+    output: Path,
+    steps: int,
+    eval_every: int,
+    eval_batch: int,
+    save: dict[str, Any],
+    batch: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A Stage I run from ``model`` on ``train`` into ``output`` for ``steps`` steps, the anchor measures on the
+    pairs of ``validation`` at step 0 and every ``eval_every`` steps; ``save`` its checkpointing flags, ``batch``
+    its batch geometry (default: the config's). The order of the flags is that of the command line."""
+    return {
+        "model_name_or_path": model,
+        "dataset_file_path": train,
+        "validation_file": validation,
+        "output_dir": output,
+        "max_steps": steps,
+        "warmup_steps": warmup_steps("I", steps),
+        **(batch or {}),
+        "eval_strategy": "steps",
+        "eval_steps": eval_every,
+        "eval_on_start": True,
+        "per_device_eval_batch_size": eval_batch,
+        **save,
+        "logging_steps": 1,
+        "report_to": "none",
+    }
+
+
+def stage_command(script: Path | str, config: Path | str, flags: dict[str, Any], launcher=None) -> list[str]:
+    """``python script config --field value ...`` (``launcher`` in place of ``python``): a path or a string as it
+    is, any other value as JSON (``true``, ``640``, ``4e-05``)."""
+    command = [*(launcher or [sys.executable]), str(script), str(config)]
+    for field, value in flags.items():
+        command += [f"--{field}", str(value) if isinstance(value, (str, Path)) else json.dumps(value)]
+    return command
+
+
+def child_env(threads: int | None = None) -> dict[str, str]:
+    """This environment, offline, with this checkout's ``llm2vec`` first on the import path and, when
+    ``threads`` is given, that many CPU threads for torch (a fixed count keeps CPU results reproducible)."""
+    env = dict(os.environ)
+    if threads is not None:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+        env.setdefault(name, "1")  # everything is local; never reach for the hub
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+TIMINGS = ("eval_runtime", "eval_samples_per_second", "eval_steps_per_second")  # differ between equal evaluations
+
+
+def curve_from_log(entries: list[dict], global_batch: int) -> tuple[list[dict[str, float]], list[tuple[dict, dict]]]:
+    """The Stage I evaluations among a run's log entries (``log_history`` of its ``trainer_state.json``, or the
+    lines of its ``metrics_file``): one row per step (step, pairs seen, every measure without its ``eval_``
+    prefix), and the repeats. A resumed run evaluates its first step again (``eval_on_start``); the first
+    evaluation is the step's row and each repeat is returned beside it, as ``(row, repeat)``, so that a caller can
+    say whether the resume restored the model."""
+    rows: dict[int, dict[str, float]] = {}
+    repeats = []
+    for h in entries:
+        if "eval_anchor_gain_d2q" not in h:
+            continue
+        step = int(h["step"])
+        row = {"step": step, "pairs_seen": step * global_batch}
+        row.update({k[len("eval_") :]: float(v) for k, v in h.items() if k.startswith("eval_") and k not in TIMINGS})
+        if step in rows:
+            repeats.append((rows[step], row))
+        else:
+            rows[step] = row
+    return list(rows.values()), repeats
+
+
+def curve_table(rows: list[dict[str, float]], thousands: str = "") -> list[str]:
+    """The curve as Markdown lines; ``thousands`` groups the pairs seen (``","``) or not (``""``)."""
+    lines = [
+        "| step | pairs seen | loss q2d | loss d2q | gain q2d | gain d2q | gain@4 q2d | gain@4 d2q | rank acc q2d | rank acc d2q |",
+        "|" + "---:|" * 10,
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['step']} | {r['pairs_seen']:{thousands}} | {r['loss_q2d']:.3f} | {r['loss_d2q']:.3f} | "
+            f"{r['anchor_gain_q2d']:+.3f} | {r['anchor_gain_d2q']:+.3f} | {r['anchor_gain_first4_q2d']:+.3f} | "
+            f"{r['anchor_gain_first4_d2q']:+.3f} | {r['rank_accuracy_q2d']:.3f} | {r['rank_accuracy_d2q']:.3f} |"
+        )
+    return lines
