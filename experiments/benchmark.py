@@ -295,11 +295,11 @@ def st_versus_project_step(args, variant: str, batch_size: int):
     (the project's model as a SentenceTransformer, CachedMultipleNegativesRankingLoss at scale 20)."""
     import tempfile
 
+    from peft import LoraConfig, TaskType
+
     from llm2vec.collator import TrainCollator
     from llm2vec.dataset import TrainExample
     from llm2vec.st_training import build_loss, sentence_transformer
-
-    from peft import LoraConfig, TaskType
 
     lora = LoraConfig(
         r=16, lora_alpha=32, lora_dropout=0.0, bias="none", task_type=TaskType.FEATURE_EXTRACTION,

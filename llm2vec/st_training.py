@@ -40,7 +40,6 @@ import inspect
 import json
 import logging
 import os
-import shutil
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path

@@ -122,3 +122,28 @@ def chat_config(name: str, tokenizer, **kwargs):
 def user_turn(name: str) -> tuple[str, str, str]:
     """``(opening, closing, anchor)`` of ``name``'s user turn, written out from its published chat template."""
     return CHAT_FAMILIES[name][-1]
+
+
+def save_chat_checkpoint(name: str, folder, seed: int = 0):
+    """A tiny random causal LM of ``name``'s model type with its tokenizer and published chat template, saved in
+    ``folder`` (2 layers, width 32): a chat model of no registered family, as a user would bring one."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = chat_tokenizer(name)
+    config = chat_config(
+        name,
+        tokenizer,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return Path(folder)

@@ -29,7 +29,7 @@ from llm2vec.chunked_steps import gradient_cache_step  # noqa: E402
 from llm2vec.collator import TrainCollator  # noqa: E402
 from llm2vec.dataset import TrainExample  # noqa: E402
 from llm2vec.llm2vec_contrastive import LLM2VecContrastive  # noqa: E402
-from llm2vec.st_training import build_loss, lora_config, separator, sentence_transformer  # noqa: E402
+from llm2vec.st_training import build_loss, lora_config, sentence_transformer, separator  # noqa: E402
 from llm2vec.testing import write_tiny_beir, write_tiny_e5  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,7 +17,6 @@ from pathlib import Path
 import export_sentence_transformers
 import mteb_eval_custom
 import pytest
-import torch
 from _drivers import lock_held_elsewhere, tiny_run_flags
 from safetensors.torch import load_file, save_file
 
