@@ -23,7 +23,7 @@ from _drivers import assert_same_weights, launcher, subprocess_env, tiny_run_fla
 
 from llm2vec.arguments import ConfigError, argument_classes
 from llm2vec.run import checks as startup_checks
-from llm2vec.run import config_fields
+from llm2vec.run import inputs as config_fields
 from llm2vec.run import plan as resume
 from llm2vec.run.folder import COMPLETE_MARKER
 from llm2vec.testing import build_tokenizer
@@ -499,3 +499,11 @@ def test_a_finished_driver_run_releases_the_group_at_exit(monkeypatch):
     assert training.main("II", ["config.json"]) == 0
     assert training.main("II", ["config.json"]) == 0  # a second run in the same process registers nothing more
     assert registered == [distributed.release_process_group]
+
+
+def test_a_model_file_changed_only_after_its_first_mib_is_named_by_its_sha256():
+    """A base model file of the same size, modification time and first MiB but other contents is reported as such."""
+    old = {"size": 10, "mtime_ns": 1, "head_sha256": "a", "sha256": "b"}
+    saved = {"inputs": {"data": {}, "base_model": {"name": "m", "files": {"model.safetensors": old}}}}
+    new = {"data": {}, "base_model": {"name": "m", "files": {"model.safetensors": {**old, "sha256": "c"}}}}
+    assert config_fields.input_changes(saved, new, {}) == ["base_model file model.safetensors: its SHA-256 differs"]

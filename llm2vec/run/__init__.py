@@ -6,7 +6,7 @@ claim of a folder written whole (:mod:`llm2vec.run.claim`: the export's folder, 
 from .claim import ExportFolderError, check_export_target, claim_export_folder
 from .folder import RUN_CONFIG_NAME, CheckpointError, newest_checkpoint
 from .lock import RunLocked
-from .manager import RunManager
+from .plan import RunManager
 from .saves import staged_checkpoint
 
 __all__ = [

@@ -1,14 +1,12 @@
-"""The path and disk checks of a run's ``output_dir``: apart from what the command reads and from other runs
-(:func:`check_apart`, before anything is created), writable (:func:`check_writable`), and with room for the
-checkpoints and the final model (:func:`estimate_disk`, :func:`check_disk_space`, before anything is deleted).
-
-A command that writes a folder (training, the export) refuses, whatever its flags, an output folder that is, lies
-inside or contains one of its inputs (an overwrite could replace what is being read), or lies inside or contains
-another run's or export's folder (:func:`folder_holds`): each is owned by the command that wrote it.
-"""
+"""The path and disk checks of an output folder. A command that writes one (training, the export) refuses, whatever
+its flags, a folder that is, lies inside or contains one of its inputs (an overwrite could replace what is being
+read) or another run's or export's folder (each is owned by the command that wrote it): :func:`check_apart`, before
+anything is created. A run also checks that it can write there and has room for its checkpoints and final model
+(:func:`check_disk_space`, before anything is deleted)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
@@ -25,10 +23,6 @@ SCAN_DEPTH = 3  # how deep below an output folder other runs are looked for
 SCAN_LIMIT = 5000  # ... and in how many folders at most
 
 
-def _resolved(path: str | os.PathLike) -> Path:
-    return Path(path).expanduser().resolve()
-
-
 def folder_holds(path: Path) -> str | None:
     """What ``path`` holds that a command of this package owns (an export, a finished run, a live run, a run's
     checkpoints or final save), else ``None``; a stale lock file alone is none."""
@@ -40,11 +34,9 @@ def folder_holds(path: Path) -> str | None:
         return "a run in progress"
     if (path / FINAL_SAVE_RECORD).is_file():
         return "a run"
-    try:
+    with contextlib.suppress(OSError):
         if any(is_own_checkpoint(child) for child in path.iterdir()):
             return "a run (checkpoints)"
-    except OSError:
-        return None
     return None
 
 
@@ -79,11 +71,9 @@ def check_apart(
     """Raise :class:`ConfigError` (one line) when ``output_dir`` is, lies inside or contains one of ``inputs``
     (``(label, path)``; one that does not exist is left out) or another run's or export's folder. ``own_runs``:
     ``output_dir``'s own checkpoints are not another run."""
-    out = _resolved(output_dir)
-    for label, path in inputs:
-        if not path or not os.path.exists(path):
-            continue
-        read = _resolved(path)
+    out = Path(output_dir).expanduser().resolve()
+    for label, path in ((label, path) for label, path in inputs if path and os.path.exists(path)):
+        read = Path(path).expanduser().resolve()
         relation = {read == out: "is", read in out.parents: "lies inside", out in read.parents: "contains"}.get(True)
         if relation:
             raise ConfigError(
@@ -135,17 +125,6 @@ class DiskEstimate:
     optimizer: int
     checkpoints: int
 
-    @property
-    def total(self) -> int:
-        return self.checkpoints * (self.weights + self.optimizer) + self.weights
-
-    def describe(self) -> str:
-        return (
-            f"about {_size(self.total)}: {self.checkpoints} checkpoint(s) on disk at once of "
-            f"{_size(self.weights + self.optimizer)} each (weights {_size(self.weights)} + optimizer state "
-            f"{_size(self.optimizer)}) and the final model ({_size(self.weights)})"
-        )
-
 
 def estimate_disk(args, model, start_step: int, end_step: int, per_epoch: int) -> DiskEstimate:
     """The bytes this run writes: weights in their dtype (a LoRA model saves its adapter only), AdamW's two moments
@@ -170,23 +149,20 @@ def estimate_disk(args, model, start_step: int, end_step: int, per_epoch: int) -
     return DiskEstimate(weights, optimizer, kept)
 
 
-def _nearest_existing(path: Path) -> Path:
-    path = path.absolute()
-    while not path.exists() and path.parent != path:
-        path = path.parent
-    return path
-
-
-def bytes_under(paths: list[Path]) -> int:
-    return sum(f.stat().st_size for p in paths for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file())
-
-
-def check_disk_space(output_dir: str, estimate: DiskEstimate, freed: int = 0) -> None:
-    free = shutil.disk_usage(_nearest_existing(Path(output_dir))).free + freed
-    if free < estimate.total:
+def check_disk_space(output_dir: str, estimate: DiskEstimate, freed: list[Path]) -> None:
+    """Refuse a run whose checkpoints and final model would not fit in the free space (plus what ``freed`` holds)."""
+    where = Path(output_dir).absolute()
+    while not where.exists() and where.parent != where:
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    free += sum(f.stat().st_size for p in freed for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file())
+    e = estimate
+    total = e.checkpoints * (e.weights + e.optimizer) + e.weights
+    if free < total:
         raise ConfigError(
-            f"output_dir {output_dir}: {_size(free)} free, but this run writes {estimate.describe()}. "
-            "Free some space, choose another --output_dir, or save less: a smaller save_total_limit, "
-            "a larger save_steps, or save_only_model true (checkpoints without optimizer state; "
-            "they cannot be resumed exactly)"
+            f"output_dir {output_dir}: {_size(free)} free, but this run writes about {_size(total)}: {e.checkpoints} "
+            f"checkpoint(s) on disk at once of {_size(e.weights + e.optimizer)} each (weights {_size(e.weights)} + "
+            f"optimizer state {_size(e.optimizer)}) and the final model ({_size(e.weights)}). Free some space, choose "
+            "another --output_dir, or save less: a smaller save_total_limit, a larger save_steps, or save_only_model "
+            "true (checkpoints without optimizer state; they cannot be resumed exactly)"
         )

@@ -1,12 +1,10 @@
-"""A folder one command writes whole (the sentence-transformers export), under the same lock and rules as a run.
+"""A folder one command writes whole (the sentence-transformers export), under the lock and rules of a run's folder.
 
-The export builds its folder beside the target and renames it into place (:func:`llm2vec.io.atomic_dir`), which
-deletes what the target held; so the target must lie apart from the inputs and other runs
-(:func:`llm2vec.run.checks.check_apart`), its run lock is held for the write (never into a live run's folder), and
-it must be absent, empty, or (with ``overwrite``) a previous export holding nothing else: one whose marker
-:data:`~llm2vec.io.EXPORT_MARKER` (written last: each file's size and SHA-256) lists every file. Anything else is
-refused in one line naming what it holds. :func:`check_export_target` runs the checks before the model loads;
-:func:`claim_export_folder` runs them again under the lock and yields the folder to build in.
+The export builds its folder beside the target and renames it into place (:func:`llm2vec.io.atomic_dir`), deleting
+what the target held; so the target lies apart from the inputs and other runs (:func:`.checks.check_apart`), its run
+lock is held for the write, and it is absent, empty, or (with ``overwrite``) a previous export holding nothing else:
+every file listed in its marker :data:`~llm2vec.io.EXPORT_MARKER` (written last: each file's size and SHA-256).
+Anything else is refused in one line naming what it holds.
 """
 
 from __future__ import annotations
@@ -26,12 +24,6 @@ from .lock import LOCK_NAME, RunLocked, describe_holder, hold, is_held
 
 class ExportFolderError(ConfigError):
     """An export's output folder that it may not write (one line: the folder, what it holds, what to do)."""
-
-
-def _export_files(folder: Path) -> set[str] | None:
-    """The names a previous export's marker lists with their hash (``None``: no readable marker)."""
-    hashes = (read_json(folder / EXPORT_MARKER) or {}).get("sha256")
-    return set(hashes) if isinstance(hashes, dict) else None
 
 
 def _check_contents(folder: Path, overwrite: bool, locked: bool = False) -> None:
@@ -55,16 +47,15 @@ def _check_contents(folder: Path, overwrite: bool, locked: bool = False) -> None
             f"output_dir {folder} holds {run.describe()}; an export never replaces a training run, whatever the "
             "flags. Choose another --output_dir"
         )
-    exported = _export_files(folder)
-    if exported is None:
-        what = folder_holds(folder)
+    exported = (read_json(folder / EXPORT_MARKER) or {}).get("sha256")
+    if not isinstance(exported, dict):
         raise ExportFolderError(
-            f"output_dir {folder} holds {what or 'files no export wrote'} ({listed(entries)}); --overwrite replaces only a "
-            f"previous export (a folder with its {EXPORT_MARKER}). Move them away or choose another --output_dir"
+            f"output_dir {folder} holds {folder_holds(folder) or 'files no export wrote'} ({listed(entries)}); "
+            f"--overwrite replaces only a previous export (a folder with its {EXPORT_MARKER}). Move them away or "
+            "choose another --output_dir"
         )
     found = {str(p.relative_to(folder)) for p in folder.rglob("*") if not p.is_dir()} - {LOCK_NAME, EXPORT_MARKER}
-    others = sorted(found - exported)
-    if others:
+    if others := sorted(found - set(exported)):
         raise ExportFolderError(
             f"output_dir {folder} holds a previous export and files it did not write ({listed(others)}); replacing it "
             "would delete them. Move them away or choose another --output_dir"
@@ -87,15 +78,15 @@ def check_export_target(output_dir: str | os.PathLike, overwrite: bool, inputs: 
 
 @contextlib.contextmanager
 def claim_export_folder(output_dir: str | os.PathLike, overwrite: bool, inputs: list) -> Iterator[Path]:
-    """Hold ``output_dir``'s run lock, check it (:func:`check_export_target`), yield an empty folder to build in; on a
-    clean exit write the marker into it last and rename it to ``output_dir``. On an error nothing changes."""
+    """Check ``output_dir``, hold its run lock, check it again, and yield an empty folder to build in; on a clean
+    exit write the marker into it last and rename it to ``output_dir``. On an error nothing changes."""
     target = Path(output_dir)
     check_export_target(target, overwrite, inputs)
     created = not target.exists()
     try:
         with contextlib.ExitStack() as stack:
             try:
-                stack.enter_context(hold(target))  # the lock a training run takes: one writer per folder
+                stack.enter_context(hold(target))
             except RunLocked as e:
                 raise ExportFolderError(f"{e}; an export never writes into a folder in use") from None
             _check_contents(target, overwrite, locked=True)

@@ -1,15 +1,12 @@
 """What a run's ``output_dir`` holds, read without changing anything.
 
 A finished run's folder holds the final model, ``run_config.json``, ``trainer_state.json``, its ``checkpoint-<step>``
-folders and, written last, the completion marker :data:`COMPLETE_MARKER`; every checkpoint holds, written last, its
-manifest :data:`CHECKPOINT_MANIFEST`. Both record each file the save wrote with its size and SHA-256
-(:func:`llm2vec.io.file_record`). A record without an entry's size or hash is damage, as is a file missing, of
-another size or of other contents (:func:`llm2vec.io.record_problem`): a checkpoint is checked by sizes when the
-folder is inspected and by content before a resume; the final model by content whenever the folder is inspected.
-
-**A run owns only what it recorded**: the files its marker lists (or, while the final save moves them into place,
-:data:`FINAL_SAVE_RECORD`) and its checkpoints. Everything else in the folder is the user's: never deleted, never
-written over (:func:`llm2vec.run.plan.plan_run`).
+folders and, written last, the completion marker :data:`COMPLETE_MARKER`; each checkpoint holds, written last, its
+manifest :data:`CHECKPOINT_MANIFEST`. Both record each file with its size and SHA-256 (:func:`llm2vec.io.file_record`);
+a checkpoint is checked by sizes when the folder is inspected and by content before a resume, the final model by
+content whenever the folder is inspected. **A run owns only what it recorded** (its marker's files, or
+:data:`FINAL_SAVE_RECORD`'s while the final save moves them, and its checkpoints); the rest is the user's: never
+deleted, never written over.
 """
 
 from __future__ import annotations
@@ -67,21 +64,10 @@ def listed(names: list[str], limit: int = 6) -> str:
     return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-def state_files_problem(names: set[str]) -> str | None:
-    """What a resumable checkpoint lacks among ``names``: without it a resume would silently restart it."""
-    if not any(n.startswith("optimizer") for n in names):
-        return "no optimizer state (optimizer.pt): resuming would restart AdamW from zero"
-    if "scheduler.pt" not in names:
-        return "no scheduler.pt: resuming would restart the learning-rate schedule"
-    if not any(re.fullmatch(r"rng_state(_\d+)?\.pth", n) for n in names):
-        return "no rng_state.pth: resuming would not replay the data order and dropout exactly"
-    return None
-
-
 def checkpoint_problem(folder: str | os.PathLike, contents: bool = False) -> str | None:
-    """Why ``folder`` cannot be resumed from, or ``None``: its manifest absent or not matching its files (sizes;
-    with ``contents`` the SHA-256 too, which reads every byte), the training state incomplete, or the steps of its
-    folder name, ``trainer_state.json`` and manifest disagreeing (a renamed or mixed-up checkpoint)."""
+    """Why ``folder`` cannot be resumed from, or ``None``: its manifest absent or not matching its files (sizes; with
+    ``contents`` the SHA-256 too), training state missing (a resume would silently restart the optimizer, schedule or
+    data order), or the steps of its name, ``trainer_state.json`` and manifest disagreeing."""
     folder = Path(folder)
     if not folder.is_dir():
         return "not a folder"
@@ -89,11 +75,16 @@ def checkpoint_problem(folder: str | os.PathLike, contents: bool = False) -> str
     if manifest is None:
         return f"no readable {CHECKPOINT_MANIFEST} (a checkpoint is complete once its manifest is written)"
     problem = record_problem(folder, manifest, CHECKPOINT_MANIFEST, contents)
-    problem = problem or state_files_problem(set(manifest["files"]))
     if problem:
         return problem
-    state = read_json(folder / TRAINER_STATE_NAME) or {}
-    recorded = state.get("global_step")
+    names = set(manifest["files"])
+    if not any(n.startswith("optimizer") for n in names):
+        return "no optimizer state (optimizer.pt): resuming would restart AdamW from zero"
+    if "scheduler.pt" not in names:
+        return "no scheduler.pt: resuming would restart the learning-rate schedule"
+    if not any(re.fullmatch(r"rng_state(_\d+)?\.pth", n) for n in names):
+        return "no rng_state.pth: resuming would not replay the data order and dropout exactly"
+    recorded = (read_json(folder / TRAINER_STATE_NAME) or {}).get("global_step")
     if not isinstance(recorded, int) or isinstance(recorded, bool):
         return f"{TRAINER_STATE_NAME} records no global_step"
     match = CHECKPOINT_NAME.match(folder.name)
@@ -106,11 +97,6 @@ def checkpoint_problem(folder: str | os.PathLike, contents: bool = False) -> str
     return None
 
 
-def saved_run_config(checkpoint: str | os.PathLike | None) -> dict[str, Any] | None:
-    """The ``run_config.json`` saved in ``checkpoint`` (``None``: no checkpoint, or none readable there)."""
-    return read_json(Path(checkpoint) / RUN_CONFIG_NAME) if checkpoint else None
-
-
 def step_of(checkpoint: str | os.PathLike) -> int:
     """The optimizer step a checkpoint was saved at (its trainer state, else its folder name)."""
     state = read_json(Path(checkpoint) / TRAINER_STATE_NAME) or {}
@@ -121,22 +107,41 @@ def step_of(checkpoint: str | os.PathLike) -> int:
 
 
 def own_names(marker: dict[str, Any] | None, record: dict[str, Any] | None = None) -> set[str]:
-    """The top-level files a run wrote: those its completion ``marker`` lists with a hash, and those its final-save
-    ``record`` lists. A marker entry without its hash is damage and makes no file the run's."""
-    hashes = (marker or {}).get("sha256")
+    """The top-level files a run wrote: those its completion ``marker`` lists with a hash (an entry without one is
+    damage and makes no file the run's) and those its final-save ``record`` lists."""
+    hashes, files = (marker or {}).get("sha256"), (record or {}).get("files")
     names = {str(n) for n in hashes} if isinstance(hashes, dict) else set()
-    files = (record or {}).get("files")
     names |= {str(n) for n in files} if isinstance(files, list) else set()
     return {n for n in names if "/" not in n and n not in ("", ".", "..")}
 
 
 def is_own_checkpoint(path: Path) -> bool:
     """A ``checkpoint-<step>`` folder a Trainer wrote: it holds this package's manifest or a ``trainer_state.json``."""
-    return (
-        bool(CHECKPOINT_NAME.match(path.name))
-        and path.is_dir()
-        and ((path / CHECKPOINT_MANIFEST).is_file() or (path / TRAINER_STATE_NAME).is_file())
+    return bool(CHECKPOINT_NAME.match(path.name)) and any(
+        (path / name).is_file() for name in (CHECKPOINT_MANIFEST, TRAINER_STATE_NAME)
     )
+
+
+def checkpoints_of(path: Path) -> list[Checkpoint]:
+    """The run's checkpoints in ``path``, by step, each with its problem (sizes checked, contents not)."""
+    found = sorted((int(CHECKPOINT_NAME.match(c.name)[1]), c) for c in path.iterdir() if is_own_checkpoint(c))
+    return [Checkpoint(c, step, checkpoint_problem(c)) for step, c in found]
+
+
+def newest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
+    """The newest complete checkpoint of ``output_dir``, or ``None`` (the final model is not read)."""
+    complete = [c for c in checkpoints_of(Path(output_dir)) if c.problem is None]
+    return complete[-1].path if complete else None
+
+
+def remove_path(path: Path) -> None:
+    """Delete a file, or a folder (renamed away first, so that it is never picked as a checkpoint half-deleted)."""
+    if path.is_dir() and not path.is_symlink():
+        aside = path.with_name(f".{path.name}.deleting.tmp")
+        os.replace(path, aside)
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 @dataclass
@@ -162,37 +167,16 @@ class RunFolder:
         if damaged:
             logger.warning(
                 "%s: the finished model does not match its completion marker (%s); the run is treated as unfinished",
-                path,
-                damaged,
+                *(path, damaged),
             )
-        found = checkpoints_of(path)
         record = read_json(path / FINAL_SAVE_RECORD)
         own = own_names(marker, record) - {COMPLETE_MARKER}
         model_files = sorted(p for p in (path / name for name in own) if p.is_file())
-        return cls(path, marker, found, model_files, damaged, record)
+        return cls(path, marker, checkpoints_of(path), model_files, damaged, record)
 
     @property
     def finished(self) -> bool:
         return self.marker is not None and self.damaged is None
-
-    def own_names(self) -> set[str]:
-        """The top-level names this folder's run wrote: its records, the files they list, the checkpoints."""
-        names = own_names(self.marker, self.record) | {c.path.name for c in self.checkpoints}
-        return names | ({COMPLETE_MARKER} if (self.path / COMPLETE_MARKER).exists() else set())
-
-    def foreign_files(self) -> list[str]:
-        """Entries at the top of the folder that its run did not write (hidden ones aside: a run never touches them)."""
-        if not self.path.is_dir():
-            return []
-        own = self.own_names()
-        return sorted(p.name for p in self.path.iterdir() if not p.name.startswith(".") and p.name not in own)
-
-    @staticmethod
-    def would_write_over(names: list[str]) -> list[str]:
-        """Those of ``names`` (foreign entries) that a run would write over: a saved model's names, a checkpoint's."""
-        return [
-            n for n in names if CHECKPOINT_NAME.match(n) or any(Path(n).match(pattern) for pattern in OWN_FILE_PATTERNS)
-        ]
 
     @property
     def complete(self) -> list[Checkpoint]:
@@ -207,10 +191,21 @@ class RunFolder:
     def holds_run(self) -> bool:
         return self.marker is not None or bool(self.checkpoints) or bool(self.model_files)
 
+    def foreign_files(self) -> list[str]:
+        """Entries at the top of the folder that its run did not write (hidden ones aside: a run never touches them)."""
+        if not self.path.is_dir():
+            return []
+        own = own_names(self.marker, self.record) | {c.path.name for c in self.checkpoints} | {COMPLETE_MARKER}
+        return sorted(p.name for p in self.path.iterdir() if not p.name.startswith(".") and p.name not in own)
+
+    @staticmethod
+    def would_write_over(names: list[str]) -> list[str]:
+        """Those of ``names`` (foreign entries) that a run would write over: a saved model's names, a checkpoint's."""
+        return [n for n in names if CHECKPOINT_NAME.match(n) or any(Path(n).match(p) for p in OWN_FILE_PATTERNS)]
+
     def saved_config(self) -> dict[str, Any] | None:
         """The run config saved with the final model, else with the newest complete checkpoint."""
-        places = [self.path] if self.finished else []
-        places += [c.path for c in reversed(self.complete)]
+        places = ([self.path] if self.finished else []) + [c.path for c in reversed(self.complete)]
         places += [self.path] if RUN_CONFIG_NAME in own_names(self.marker, self.record) else []
         return next((c for c in (read_json(p / RUN_CONFIG_NAME) for p in places) if c is not None), None)
 
@@ -222,42 +217,15 @@ class RunFolder:
         )
         names = (f"{len(self.checkpoints) - 4} older and " if len(self.checkpoints) > 4 else "") + names
         if self.finished:
-            step = self.marker.get("global_step", "?")
-            text = f"a finished {stage}run (step {step}, final model and {COMPLETE_MARKER})"
+            text = (
+                f"a finished {stage}run (step {self.marker.get('global_step', '?')}, final model and {COMPLETE_MARKER})"
+            )
             return text + (f" and checkpoints {names}" if names else "")
+        unmatched = f"match its {COMPLETE_MARKER} ({self.damaged})"
         if self.checkpoints:
             newest = f"newest complete: step {self.newest.step}" if self.newest else "none of them complete"
-            final = "no finished model"
-            if self.damaged:
-                final = f"a final model that does not match its {COMPLETE_MARKER} ({self.damaged})"
+            final = f"a final model that does not {unmatched}" if self.damaged else "no finished model"
             return f"an unfinished {stage}run: checkpoints {names} ({newest}), {final}"
         files = ", ".join(p.name for p in self.model_files[:4])
-        if self.damaged:
-            return f"the files of a {stage}model ({files}) that do not match its {COMPLETE_MARKER} ({self.damaged})"
-        return f"the files of a {stage}model ({files}) without the completion marker {COMPLETE_MARKER}"
-
-
-def checkpoints_of(path: Path) -> list[Checkpoint]:
-    """The run's checkpoints in ``path``, by step, each with its problem (sizes checked, contents not)."""
-    found = [
-        Checkpoint(child, int(CHECKPOINT_NAME.match(child.name).group(1)), checkpoint_problem(child))
-        for child in path.iterdir()
-        if is_own_checkpoint(child)
-    ]
-    return sorted(found, key=lambda c: c.step)
-
-
-def newest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
-    """The newest complete checkpoint of ``output_dir``, or ``None`` (the final model is not read)."""
-    complete = [c for c in checkpoints_of(Path(output_dir)) if c.problem is None]
-    return complete[-1].path if complete else None
-
-
-def remove_path(path: Path) -> None:
-    """Delete a file, or a folder (renamed away first, so that it is never picked as a checkpoint half-deleted)."""
-    if path.is_dir() and not path.is_symlink():
-        aside = path.with_name(f".{path.name}.deleting.tmp")
-        os.replace(path, aside)
-        shutil.rmtree(aside, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
+        end = f"that do not {unmatched}" if self.damaged else f"without the completion marker {COMPLETE_MARKER}"
+        return f"the files of a {stage}model ({files}) {end}"

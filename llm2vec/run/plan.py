@@ -1,31 +1,42 @@
-"""What a run does with its ``output_dir``: start, resume, continue a finished run, or refuse (:func:`plan_run`, before
-anything loads); then, with the data and the model loaded, where training ends, the free disk space and what
-``--overwrite_output_dir`` deletes (:func:`prepare`).
+"""The owner of a run's ``output_dir``, :class:`RunManager`: one object from before the folder is inspected until
+the run ends. The driver calls it three times::
 
-- A folder holding a run (finished, or checkpoints) is not started in again: ``--resume_from_checkpoint true``
-  continues it, ``--overwrite_output_dir true`` replaces it; the refusal says how its ``run_config.json`` differs.
-- Files the folder's run did not record refuse a start unless ``--overwrite_output_dir true``, which writes beside
-  them and never deletes them; one the run would write over is refused whatever the flags.
+    with RunManager.open(config) as run:       # apart from the inputs, writable, locked, inspected, planned
+        if run.finished:                        # the same run finished already: nothing to do
+            return None
+        run_config = run.record(schedule, data_files)   # refuses a resume whose schedule or inputs changed
+        run.train(trainer)                      # end step, disk space, overwrite; train; final model, marker last
+
+The plan (:func:`plan_run`, writing nothing) and its rules:
+
+- A folder holding a run is not started in again: ``--resume_from_checkpoint true`` continues it,
+  ``--overwrite_output_dir true`` replaces it; the refusal says how its ``run_config.json`` differs.
+- Files the run did not record refuse a start unless ``--overwrite_output_dir true``, which writes beside them and
+  never deletes them; one the run would write over is refused whatever the flags.
 - A resume takes the newest checkpoint of its own stage whose files hash as its manifest recorded; with
   ``--resume_from_checkpoint true`` a damaged one is skipped with a warning, a named one is refused.
-- A finished run resumed with the same training-length fields is left alone (nothing to do); one that trains further
-  continues from its newest complete checkpoint; one that ends earlier is refused.
-- A resumed checkpoint past the end is refused; one at the end becomes the final model without training. Only after
-  the disk space is checked does ``--overwrite_output_dir`` delete the old run.
+- A finished run resumed with the same training length is left alone; one that trains further continues from its
+  newest complete checkpoint; one that ends earlier is refused. A resumed checkpoint past the end is refused, one at
+  the end becomes the final model. ``--overwrite_output_dir`` deletes the old run only after the disk space is
+  checked (:func:`prepare`). Nothing here knows a stage's model or loss.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..arguments import ConfigError, RunConfig
+from ..fingerprints import model_folder
 from ..io import COMPLETE_MARKER
-from .checks import bytes_under, check_disk_space, estimate_disk
-from .config_fields import config_differences, end_values
+from ..model_files import _adapter_problem
+from . import inputs, lock
+from .checks import check_apart, check_disk_space, check_writable, estimate_disk
 from .folder import (
     FINAL_SAVE_RECORD,
     RUN_CONFIG_NAME,
@@ -36,7 +47,8 @@ from .folder import (
     remove_path,
     step_of,
 )
-from .saves import remove_stale_staging
+from .inputs import config_differences, end_values
+from .saves import finalize_from_checkpoint, remove_stale_staging, save_final
 
 logger = logging.getLogger("llm2vec")
 
@@ -72,18 +84,13 @@ class RunPlan:
         return self.finished_message is not None
 
 
-def _resume_setting(value) -> str | bool | None:
-    if value in (None, False, "false", "False", ""):
-        return None
-    return True if value in (True, "true", "True") else str(value)
-
-
 def plan_run(config: RunConfig) -> RunPlan:
     """Decide, writing nothing, what this run does with its ``output_dir`` (the same on every process); raises
     :class:`ConfigError` when it would replace a run the user did not ask to replace."""
     args, stage = config.training, config.stage.stage
     folder, where = RunFolder.inspect(args.output_dir), f"output_dir {args.output_dir}"
-    resume, overwrite = _resume_setting(args.resume_from_checkpoint), config.stage.overwrite_output_dir
+    resume, overwrite = args.resume_from_checkpoint, config.stage.overwrite_output_dir
+    resume = None if resume in (None, False, "false", "False", "") else resume in (True, "true", "True") or str(resume)
     new, saved = config.resolved(), folder.saved_config()
     diffs = config_differences(saved, new) if saved else []
     differs = f"its {RUN_CONFIG_NAME} " + (
@@ -123,7 +130,7 @@ def plan_run(config: RunConfig) -> RunPlan:
             "another --output_dir"
         )
     if resume is True:
-        return _settled(_plan_resume(plan, where, stage, overwrite, saved, new, diffs, differs))
+        return _settled(_plan_resume(plan, config, where, overwrite, saved, new, diffs, differs))
 
     # an explicit checkpoint folder
     problem = checkpoint_problem(resume)
@@ -133,7 +140,7 @@ def plan_run(config: RunConfig) -> RunPlan:
             f"resume_from_checkpoint {resume}: {problem}; this checkpoint is incomplete"
             + (f". The newest complete one in its folder: {newest.path}" if newest else "")
         )
-    _check_stage(resume, stage)
+    _check_stage(resume, config)
     problem = checkpoint_problem(resume, contents=True)
     if problem:
         raise ConfigError(
@@ -155,10 +162,10 @@ def plan_run(config: RunConfig) -> RunPlan:
     return _settled(plan)
 
 
-def _plan_resume(plan, where, stage, overwrite, saved, new, diffs, differs) -> RunPlan:
+def _plan_resume(plan, config, where, overwrite, saved, new, diffs, differs) -> RunPlan:
     """``--resume_from_checkpoint true``: nothing to do for a finished run of the same length, else the newest
     checkpoint whose files hold what they held when saved (each newer one skipped with a warning naming the file)."""
-    folder = plan.folder
+    folder, stage = plan.folder, config.stage.stage
     if overwrite:
         raise ConfigError(
             f"{where}: --resume_from_checkpoint true continues the run there and --overwrite_output_dir true "
@@ -194,7 +201,7 @@ def _plan_resume(plan, where, stage, overwrite, saved, new, diffs, differs) -> R
     for checkpoint in reversed(folder.complete):
         problem = checkpoint_problem(checkpoint.path, contents=True)
         if problem is None:
-            _check_stage(checkpoint.path, stage)
+            _check_stage(checkpoint.path, config)
             plan.resume_from = str(checkpoint.path)
             return plan
         logger.warning("%s: %s; skipped", checkpoint.path, problem)
@@ -204,23 +211,17 @@ def _plan_resume(plan, where, stage, overwrite, saved, new, diffs, differs) -> R
     )
 
 
-def checkpoint_stage(checkpoint: str | Path) -> str | None:
-    """The stage that saved ``checkpoint``: its ``run_config.json``'s, else read from its weights (a LoRA adapter
-    is Stage II's, a full model Stage I's); ``None`` when neither says."""
-    checkpoint = Path(checkpoint)
-    stage = (read_json(checkpoint / RUN_CONFIG_NAME) or {}).get("stage")
-    if stage:
-        return str(stage)
-    if (checkpoint / "adapter_model.safetensors").is_file():
-        return "II"
-    if (checkpoint / "model.safetensors").is_file() or (checkpoint / "model.safetensors.index.json").is_file():
-        return "I"
-    return None
-
-
-def _check_stage(checkpoint: str | Path, stage: str) -> None:
-    saved = checkpoint_stage(checkpoint)
-    if saved is not None and saved != stage:
+def _check_stage(checkpoint: str | Path, config: RunConfig) -> None:
+    """Refuse a checkpoint of the other stage (its ``run_config.json`` says, else its weights: a LoRA adapter is
+    Stage II's, a full model Stage I's), and a Stage II checkpoint whose adapter tensors are not exactly those its
+    ``adapter_config.json`` implies on the base (the tensor check of :func:`llm2vec.model_files.check_adapter`)."""
+    checkpoint, stage = Path(checkpoint), config.stage.stage
+    saved = (read_json(checkpoint / RUN_CONFIG_NAME) or {}).get("stage")
+    if not saved and (checkpoint / "adapter_model.safetensors").is_file():
+        saved = "II"
+    elif not saved and any((checkpoint / n).is_file() for n in ("model.safetensors", "model.safetensors.index.json")):
+        saved = "I"
+    if saved and str(saved) != stage:
         what = "a LoRA adapter of Stage II" if saved == "II" else "a full model of Stage I"
         raise ConfigError(
             f"resume_from_checkpoint {checkpoint}: a Stage {saved} checkpoint ({what}), but this is a Stage {stage} "
@@ -228,6 +229,11 @@ def _check_stage(checkpoint: str | Path, stage: str) -> None:
             f"Stage {stage} run without --resume_from_checkpoint"
             + (" (a Stage I model is Stage II's model_name_or_path)" if saved == "I" else "")
         )
+    base = model_folder(config.model.model_name_or_path)  # the base itself is compared as an input (.inputs)
+    if (checkpoint / "adapter_model.safetensors").is_file() and base is not None:
+        problem = _adapter_problem(checkpoint, base, config.model.trust_remote_code)
+        if problem:
+            raise ConfigError(f"resume_from_checkpoint {checkpoint}: {problem}. Resume from another checkpoint")
 
 
 def _settled(plan: RunPlan) -> RunPlan:
@@ -263,7 +269,7 @@ def prepare(plan: RunPlan, config: RunConfig, model, num_examples: int) -> RunPl
         clear = [folder.path / COMPLETE_MARKER, *folder.model_files, folder.path / FINAL_SAVE_RECORD]
         clear += [c.path for c in folder.checkpoints if plan.keep_up_to is None or c.step > plan.keep_up_to]
         clear = [p for p in dict.fromkeys(clear) if p.exists()]
-    check_disk_space(args.output_dir, estimate_disk(args, model, start, end, per_epoch), freed=bytes_under(clear))
+    check_disk_space(args.output_dir, estimate_disk(args, model, start, end, per_epoch), freed=clear)
     if args.should_save:
         if clear:
             names = ", ".join(p.name for p in clear)
@@ -272,3 +278,54 @@ def prepare(plan: RunPlan, config: RunConfig, model, num_examples: int) -> RunPl
             remove_path(path)
         remove_stale_staging(args.output_dir)
     return _settled(plan)
+
+
+class RunManager:
+    """What a run does with its ``output_dir`` (see the module docstring); made by :meth:`open`."""
+
+    def __init__(self, config: RunConfig, plan: RunPlan):
+        self.config, self.plan = config, plan
+
+    @classmethod
+    @contextlib.contextmanager
+    def open(cls, config: RunConfig) -> Iterator[RunManager]:
+        """Check ``output_dir`` (before anything is created), hold its lock while the block runs, and plan the run in
+        it; raises :class:`~llm2vec.arguments.ConfigError` or :class:`.lock.RunLocked`."""
+        args = config.training
+        check_apart(args.output_dir, inputs.run_inputs(config))
+        check_writable(args.output_dir)
+        with lock.hold(args.output_dir, is_main=args.process_index == 0):
+            run = cls(config, plan_run(config))
+            if run.finished:
+                logger.info(run.plan.finished_message)
+            yield run
+
+    @property
+    def finished(self) -> bool:
+        """``output_dir`` holds this run finished with the same training length: nothing to do."""
+        return self.plan.finished
+
+    def record(self, schedule, data_files: list[str]) -> dict[str, Any]:
+        """The run config saved beside every checkpoint and the final model: the resolved config, the learning-rate
+        ``schedule``, the ``inputs``, the ``batch_geometry`` and the resumes that accepted changes; raises
+        :class:`~llm2vec.arguments.ConfigError` when a resumed checkpoint had another schedule or other inputs."""
+        from ..schedule import check_resume
+
+        config, checkpoint = self.config, self.plan.resume_from
+        check_resume(checkpoint, schedule, extending=self.plan.continue_past is not None)
+        found, geometry = inputs.fingerprints(config, data_files), inputs.batch_geometry(config)
+        saved = read_json(Path(checkpoint) / RUN_CONFIG_NAME) if checkpoint else None
+        accept, step = config.stage.accept_changed_inputs, step_of(checkpoint) if checkpoint else 0
+        resumed = inputs.check_resume_inputs(checkpoint, saved, found, geometry, accept, step, config.resolved())
+        extra = {"lr_schedule": schedule.as_dict(), "inputs": found, "batch_geometry": geometry}
+        return {**config.resolved(), **extra, "resumed_with_changes": resumed}
+
+    def train(self, trainer) -> None:
+        """Settle the end step, disk space and overwrite (:func:`prepare`), train as planned and write the final
+        model, its completion marker last; a resumed checkpoint at the end step becomes the final model."""
+        plan = prepare(self.plan, self.config, trainer.model, len(trainer.train_dataset))
+        if plan.finalize_only:
+            finalize_from_checkpoint(trainer, plan.resume_from)
+        else:
+            trainer.train(resume_from_checkpoint=plan.resume_from)
+            save_final(trainer)

@@ -1,16 +1,15 @@
-"""Complete-or-absent saves: a checkpoint is staged and renamed into place, the final model is finished by its marker.
+"""Complete-or-absent saves.
 
 - **A checkpoint** is written into ``.checkpoint-<step>.staging.tmp/``; once every process has written its part, its
   manifest (each file's size and SHA-256) is written last, the files are fsynced and the folder is renamed to
-  ``checkpoint-<step>`` (:func:`staged_checkpoint`). A kill leaves only the staging folder, which nothing reads and
-  the next run deletes. Old checkpoints are rotated out (``save_total_limit``) by renaming them away, then deleting.
-- **The final model** is written into ``.final-model.staging.tmp/<name of output_dir>/``; the names of its files are
-  recorded (:data:`~llm2vec.run.folder.FINAL_SAVE_RECORD`: a kill in the next moments leaves them known as the run's),
+  ``checkpoint-<step>``; old ones are rotated out (``save_total_limit``) by renaming them away, then deleting. A kill
+  leaves only the staging folder, which nothing reads and the next run deletes.
+- **The final model** is staged in ``.final-model.staging.tmp/<name of output_dir>/`` (the model card names its
+  folder); its file names are recorded (:data:`~.folder.FINAL_SAVE_RECORD`: a kill meanwhile leaves them the run's),
   the old marker is removed, the files are renamed into ``output_dir`` (the run's files of an earlier final save not
-  written again are deleted) and the marker, each file's size and SHA-256, is written last (:func:`save_final`).
-  :func:`finalize_from_checkpoint` builds it from a checkpoint at the last step, copying only the model files its
-  manifest lists (never a link). A user's file of the same name, made while the run trained, is moved aside to
-  ``<name>.before-run`` with a warning, never deleted.
+  written again are deleted; a user's file of the same name is moved to ``<name>.before-run``, never deleted) and
+  the marker, each file's size and SHA-256, is written last. :func:`finalize_from_checkpoint` builds it from a
+  checkpoint at the last step: the model files its manifest lists, never a link.
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from ..io import COMPLETE_MARKER, atomic_write, file_record, record_problem
-from .config_fields import end_values
 from .folder import (
     CHECKPOINT_MANIFEST,
     FINAL_SAVE_RECORD,
@@ -39,6 +37,7 @@ from .folder import (
     read_json,
     remove_path,
 )
+from .inputs import end_values
 
 logger = logging.getLogger("llm2vec")
 
@@ -54,7 +53,7 @@ def _written(folder: Path) -> list[str]:
 
 
 def remove_stale_staging(output_dir: str | os.PathLike) -> None:
-    """Delete the staging and deletion folders a killed run left behind (``.checkpoint-*.tmp``, the final save's)."""
+    """Delete the staging and deletion folders a killed run left behind."""
     for stale in [*Path(output_dir).glob(".checkpoint-*.tmp"), Path(output_dir) / FINAL_STAGING]:
         shutil.rmtree(stale, ignore_errors=True)
 
@@ -70,8 +69,7 @@ def _fsync(path: Path) -> None:
 
 @contextlib.contextmanager
 def staged_checkpoint(trainer, run_dir: str):
-    """Yield the folder the Trainer writes ``checkpoint-<step>`` into; when every process is done, write the manifest,
-    fsync, rename the checkpoint into ``run_dir`` and apply ``save_total_limit``."""
+    """Yield the folder the Trainer writes ``checkpoint-<step>`` into; then publish it into ``run_dir`` (above)."""
     run_dir = Path(run_dir)
     name = f"checkpoint-{trainer.state.global_step}"
     staging, saver = run_dir / f".{name}.staging.tmp", trainer.args.should_save
@@ -106,7 +104,6 @@ def staged_checkpoint(trainer, run_dir: str):
 
 
 def _publish_final(staged: Path, out: Path, run_config: dict[str, Any], global_step: int) -> None:
-    """Move the final model's files from ``staged`` into ``out`` and write the marker last (module docstring)."""
     names = _written(staged)
     for name in names:
         _fsync(staged / name)
@@ -127,14 +124,9 @@ def _publish_final(staged: Path, out: Path, run_config: dict[str, Any], global_s
         os.replace(staged / name, target)
     shutil.rmtree(out / FINAL_STAGING, ignore_errors=True)
     _fsync(out)
-    stage = run_config.get("stage", "I")
-    marker = {
-        "stage": stage,
-        "global_step": global_step,
-        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "training_end": end_values(run_config, stage) if run_config else {},
-        **file_record(out, names),
-    }
+    stage, finished = run_config.get("stage", "I"), time.strftime("%Y-%m-%d %H:%M:%S")
+    marker = {"stage": stage, "global_step": global_step, "finished": finished}
+    marker |= {"training_end": end_values(run_config, stage) if run_config else {}, **file_record(out, names)}
     with atomic_write(out / COMPLETE_MARKER) as f:
         f.write(json.dumps(marker, indent=2) + "\n")
     (out / FINAL_SAVE_RECORD).unlink(missing_ok=True)
@@ -143,8 +135,7 @@ def _publish_final(staged: Path, out: Path, run_config: dict[str, Any], global_s
 
 @contextlib.contextmanager
 def _final_staging(trainer) -> Iterator[Path]:
-    """An empty staging folder for the final model, named as ``output_dir`` (the model card names the folder it is
-    written in), removed if the save fails."""
+    """An empty staging folder for the final model, removed if the save fails."""
     out = Path(trainer.args.output_dir)
     root = out / FINAL_STAGING
     staged = root / (out.resolve().name or "model")
@@ -174,8 +165,7 @@ def save_final(trainer) -> None:
 
 
 def finalize_from_checkpoint(trainer, checkpoint: str) -> None:
-    """The final model of a run whose last checkpoint is complete but whose final save was cut: the model files the
-    checkpoint's manifest lists (checked by content; no training state), this run's config, then the marker."""
+    """The final model from a complete checkpoint at the last step (checked by content; no training state)."""
     from transformers import TrainerState
 
     ckpt = Path(checkpoint)
