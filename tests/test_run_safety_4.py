@@ -165,7 +165,7 @@ def test_an_output_folder_at_the_base_model_is_refused_whatever_the_flags(assets
     assert not (model / "run").exists()
 
 
-def test_an_output_folder_at_any_other_input_is_refused(assets, tmp_path, capsys):
+def test_an_output_folder_at_any_other_input_is_refused(assets, adapters, tmp_path, capsys):
     """The adapter (Stage II), the E5 data folder, a jsonl data file, the validation file."""
     data = tmp_path / "data"
     shutil.copytree(assets[1], data)
@@ -180,8 +180,7 @@ def test_an_output_folder_at_any_other_input_is_refused(assets, tmp_path, capsys
         ("I", dict(dataset_name="jsonl", dataset_file_path=jsonl), jsonl, f"is the data file {jsonl}"),
         ("I", dict(validation_file=validation), tmp_path / "held", f"contains the validation file {validation}"),
     ]
-    adapter.mkdir()
-    (adapter / "adapter_config.json").write_text("{}")
+    shutil.copytree(adapters["adapter"], adapter)  # a whole adapter: an incomplete one is refused as an input first
     before = tree(tmp_path)
     for stage, extra, out, expected in cases:
         read = extra.pop("dataset_file_path", data)
