@@ -4,32 +4,16 @@
     python experiments/benchmark.py --tiny                           # a tiny random Llama-3 model (CI)
     python experiments/benchmark.py --json                           # one JSON object per measurement
     python experiments/benchmark.py --only stage_I --stage_I_batches 8
+    python experiments/benchmark.py --st_versus_project 64           # Stage II: this project vs sentence-transformers
 
-Benches and variants (the first variant of each bench is the reference its ratios are against):
-
-- ``stage_I``: one forward+backward of the Stage I loss on (query, document) pairs.
-  ``authors``: the authors' formulation: left-padded batches, four separate decoder calls (encode the
-  queries, encode the documents, reconstruct the documents, reconstruct the queries), the anchor before
-  the padding of the targets, and full-vocabulary logits at every position, masked afterwards (position
-  ids and masks are set so that the loss is the same number as ours). ``plain``: this project's step
-  with its memory-bounding options off. ``optimised``: token-budget chunks and LM-head blocks
-  (``OPTIMISED_STAGE_I``; the demo's Stage I settings). ``packed``: the optimised step with packed decoder calls (``packing``: two
-  calls per chunk, no padding, the budget counting real tokens; on a CPU under sdpa's block-diagonal
-  mask, on a GPU with ``--attn_implementation flash_attention_2`` under FlashAttention's variable-length
-  kernel). ``checkpointed``: the packed step with activation checkpointing too (each decoder layer's
-  activations recomputed in backward): every setting the paper configs run with. The optimised and
-  checkpointed steps run again at the larger batches.
-- ``stage_II``: one forward+backward of InfoNCE over (query, positive, negative) triples with LoRA.
-  ``plain``: the whole batch in one graph; ``cached``: the gradient cache (``OPTIMISED_STAGE_II``).
-- ``encode``: ``LLM2Vec.encode`` vs ``bare``: the same tokenization, then plain forwards of the decoder body on
-  the same length-sorted, left-padded batches, reading the last column.
-
-Each variant runs in a fresh process (``--worker``), so ``peak_rss_mib`` (the process's peak resident
-memory) is that variant's; ``setup_rss_mib`` is its resident memory after loading model and data, before
-the first step. ``seconds`` is the median over ``--repeats`` steps after one warm-up step. Before any
-ratio is printed the losses of the variants of a bench and batch must agree (1e-4 relative; 1e-2 in bf16), else the
-script exits with an error. Texts are real: the docstrings of Python's standard library (first sentence
-as the query, the rest as the document, another object of the module as the hard negative).
+Benches (the first variant of each is the reference of its ratios): ``stage_I``: ``authors`` (left-padded batches,
+four decoder calls, full-vocabulary logits masked afterwards: :func:`authors_stage_I_loss`), ``plain`` (this
+project's step, its memory bounds off), ``optimised`` (:data:`OPTIMISED_STAGE_I`), ``packed`` (and packed decoder
+calls), ``checkpointed`` (and activation checkpointing: every setting of the paper configs); ``stage_II``: ``plain``
+vs ``cached`` (:data:`OPTIMISED_STAGE_II`); ``encode``: ``bare`` forwards vs ``LLM2Vec.encode``. Each variant runs in
+a fresh process, so ``peak_rss_mib`` is its own; ``seconds`` is the median of ``--repeats`` steps after a warm-up.
+The losses of a bench's variants must agree (1e-4 relative; 1e-2 in bf16) before any ratio is printed. Texts are
+the standard library's docstrings (first sentence as the query, another object of the module as the negative).
 """
 
 from __future__ import annotations

@@ -3,47 +3,21 @@
     PYTHONPATH=. python experiments/gpu_check.py           # one CUDA GPU: bf16, every check at its GPU size
     PYTHONPATH=. python experiments/gpu_check.py --quick   # CPU: the same checks on tiny float32 models
 
-The first lines name the versions it ran on (Python, torch, CUDA, transformers, peft, accelerate, flash-attn,
-liger-kernel) and the device; then one line per check, ``name STATUS numbers``; the last line counts them:
-``N PASS, N FAIL, N SKIP``. The exit status is 1 when a check fails. A check whose subject cannot run here
-(no CUDA device, flash-attn or liger-kernel not installed) says SKIP and why: it never runs a stand-in and
-calls it a pass.
+Prints the versions and the device, one line per check (``name STATUS numbers``), then ``N PASS, N FAIL, N SKIP``;
+exits 1 when a check fails. A check whose subject cannot run here (no CUDA, no flash-attn or liger-kernel) says
+SKIP and why: it never runs a stand-in and calls it a pass. Every comparison is per sequence (each text's
+embedding, each pair's NLL per target token and direction, each query's InfoNCE term), besides the loss and each
+parameter's gradient. The bf16 tolerances (:class:`Setting`) sit 10 times or more above what a correct packed or
+chunked path differs by in bf16 on CPU (at most 4e-3 for an embedding, 9e-4 for an InfoNCE term), while sequence
+boundaries one token late, or attention across them, move some embedding by 0.13 or more and some InfoNCE term by
+0.28 or more (tests/test_gpu.py plants both defects and sees the checks fail in bf16).
 
-Every comparison is per sequence: each text's embedding (relative error ``|e - e_ref| / |e_ref|``), each
-pair's reconstruction NLL per target token and direction, each query's InfoNCE term, besides the loss and
-each parameter's gradient. The bf16 tolerances (:class:`Setting`) sit 10 times or more above what a correct
-packed or chunked path differs by in bf16 on CPU (the largest: 4e-3 for an embedding, 9e-4 for an InfoNCE
-term), while a packed call whose sequence boundaries are one token late, or whose sequences attend across
-their boundaries, moves some text's embedding by 0.13 or more and some InfoNCE term by 0.28 or more:
-tests/test_gpu.py plants both defects and shows ``packed_sdpa``, ``stage_I_step`` and ``stage_II_step``
-failing in bf16 while the correct code passes.
-
-1. ``packed_sdpa``: embeddings of a packed call under ``sdpa`` (block-diagonal mask from the restarting
-   position ids) against padded ``sdpa`` calls and against each text run alone.
-2. ``packed_flash``: a packed call under ``flash_attention_2`` (its variable-length kernel, with the
-   ``cu_seq_lens`` that :mod:`llm2vec.packing` passes) against padded ``flash_attention_2`` calls and against
-   padded ``sdpa`` calls. SKIP without CUDA or without flash-attn.
-3. ``stage_I_step``: a Stage I step with the paper configs' settings (token budget chunks, LM-head blocks,
-   packing, activation checkpointing, the fast attention: flash_attention_2 where installed, else sdpa and
-   the line says so) against the plain step (one padded pass, sdpa, all logits at once) on the same weights:
-   each text's embedding, each pair's NLL per direction, the loss, each parameter's gradient (cosine).
-4. ``stage_II_step``: a Stage II step with the 7B/8B configs' settings (gradient cache, packing, fast
-   attention; LoRA without dropout so neither step draws masks) against the plain padded step: each text's
-   embedding, each query's InfoNCE term, the loss, the gradients.
-5. ``anchor_measures``: Stage I's validation measures (:mod:`llm2vec.anchor_gain`: the reconstruction loss,
-   the anchor gain and the gain over the first 4 tokens, per direction) of a model on the device against the
-   same weights in float32 on the CPU; the measures are computed where the batch is, so a tensor left on
-   another device fails here rather than at a training run's first evaluation.
-6. ``liger``: Liger's fused linear cross-entropy against the blockwise one (each row's NLL, the sum, the
-   gradients), bf16, a Llama-3 vocabulary. SKIP without CUDA or without liger-kernel.
-7. ``stage_I_1b``: Stage I steps of a Llama-3.2-1B-shaped model (random weights, bf16, pure-bf16 AdamW, the
-   paper config's 32 pairs per device, token budget 16384, LM-head blocks of 4096, packing, activation
-   checkpointing): peak GPU memory, tokens per second and the model FLOPs utilisation (:func:`stage_I_flops`,
-   :data:`BF16_PEAK_TFLOPS`) beside the paper's own (:data:`PAPER_MFU`).
-
-``--quick`` runs every check on CPU with tiny float32 models and sdpa (tolerances near float32 rounding), so
-the script's own code is known to work before a GPU is lent; ``packed_flash`` and ``liger`` say SKIP there.
-Nothing but torch, transformers, peft and accelerate is needed: no mteb, datasets, flash-attn or liger.
+The checks: ``packed_sdpa`` and ``packed_flash`` (a packed call against padded calls and against each text alone);
+``stage_I_step`` and ``stage_II_step`` (the paper configs' step: token-budget chunks or gradient cache, LM-head
+blocks, packing, checkpointing, the fast attention; against the plain padded sdpa step on the same weights);
+``anchor_measures`` (:mod:`llm2vec.anchor_gain` on the device against float32 on the CPU); ``liger`` (the fused
+linear cross-entropy against the blockwise one); ``stage_I_1b`` (Llama-3.2-1B-shaped Stage I steps: memory,
+tokens per second and MFU beside the paper's, :data:`PAPER_MFU`). Needs only torch, transformers, peft, accelerate.
 """
 
 from __future__ import annotations
@@ -94,28 +68,18 @@ class Setting:
     def bf16(self) -> bool:
         return self.dtype == torch.bfloat16
 
-    @property
-    def embedding_rtol(self) -> float:
-        """Most relative error |e - e_ref| / |e_ref| of one text's embedding (bf16 noise: below 1e-2)."""
-        return 5e-2 if self.bf16 else 1e-4
+    # the most relative error of one text's embedding (bf16 noise: below 1e-2), of one pair's NLL per target
+    # token in one direction, of one query's InfoNCE term (its scale of 20 to 50 magnifies embedding noise) and
+    # of the loss; the least cosine of a parameter's gradient
+    embedding_rtol = property(lambda self: 5e-2 if self.bf16 else 1e-4)
+    nll_rtol = property(lambda self: 2e-3 if self.bf16 else 1e-5)
+    infonce_rtol = property(lambda self: 2e-2 if self.bf16 else 1e-5)
+    loss_rtol = property(lambda self: 1e-2 if self.bf16 else 1e-5)
+    min_cosine = property(lambda self: 0.99 if self.bf16 else 1 - 1e-8)
 
     @property
-    def nll_rtol(self) -> float:
-        """Most relative error of one pair's NLL per target token in one direction."""
-        return 2e-3 if self.bf16 else 1e-5
-
-    @property
-    def infonce_rtol(self) -> float:
-        """Most relative error of one query's InfoNCE term (its scale of 20 to 50 magnifies embedding noise)."""
-        return 2e-2 if self.bf16 else 1e-5
-
-    @property
-    def loss_rtol(self) -> float:
-        return 1e-2 if self.bf16 else 1e-5
-
-    @property
-    def min_cosine(self) -> float:
-        return 0.99 if self.bf16 else 1 - 1e-8
+    def attention(self) -> str:
+        return self.fast_attention + (f" ({self.why_not_flash})" if self.why_not_flash else "")
 
     def size(self, gpu: tuple = GPU_SIZE) -> tuple:
         return QUICK_SIZE if self.quick else gpu
@@ -435,8 +399,7 @@ def check_stage_I_step(s: Setting) -> Result:
         verdict.per_sequence(f"pair {direction} NLL/token", got_nll, ref_nll, s.nll_rtol)
     verdict.add("loss", relative_errors(got.loss[None], ref.loss[None]).item(), s.loss_rtol)
     verdict.gradients(grads, ref_grads, s.min_cosine)
-    attention = s.fast_attention + (f" ({s.why_not_flash})" if s.why_not_flash else "")
-    prefix = f"{attention}, token budget {budget} ({got.chunks} chunks), LM-head blocks {rows}, packed, checkpointed"
+    prefix = f"{s.attention}, token budget {budget} ({got.chunks} chunks), LM-head blocks {rows}, packed, checkpointed"
     return verdict.result("stage_I_step", prefix)
 
 
@@ -521,8 +484,7 @@ def check_stage_II_step(s: Setting) -> Result:
     verdict.per_sequence("query InfoNCE term", got_terms, ref_terms, s.infonce_rtol)
     verdict.add("loss", relative_errors(got.loss[None], ref.loss.detach()[None]).item(), s.loss_rtol)
     verdict.gradients(grads, ref_grads, s.min_cosine)
-    attention = s.fast_attention + (f" ({s.why_not_flash})" if s.why_not_flash else "")
-    return verdict.result("stage_II_step", f"{attention}, gradient cache {budget} tokens, packed, {n} triples")
+    return verdict.result("stage_II_step", f"{s.attention}, gradient cache {budget} tokens, packed, {n} triples")
 
 
 def check_liger(s: Setting) -> Result:
@@ -720,8 +682,7 @@ def main(argv: list[str] | None = None) -> int:
     print(versions(), flush=True)
     s = setting(args.quick)
     device = torch.cuda.get_device_name(s.device) if s.device.type == "cuda" else "CPU (quick mode)"
-    flash = s.fast_attention + (f" ({s.why_not_flash})" if s.why_not_flash else "")
-    print(f"device: {device}; dtype {str(s.dtype).split('.')[-1]}; fast attention {flash}", flush=True)
+    print(f"device: {device}; dtype {str(s.dtype).split('.')[-1]}; fast attention {s.attention}", flush=True)
     results = run_checks(s, args.only)
     print(f"{summary(results)} ({time.perf_counter() - start:.0f} s)", flush=True)
     return 1 if any(r.status == "FAIL" for r in results) else 0

@@ -26,7 +26,6 @@ from demo.settings import (
     STAGE_I_SCRIPT,
     TASK_NAME,
 )
-from research.compare_demo_runs import largest_difference
 
 from llm2vec.arguments import parse_config
 
@@ -522,62 +521,6 @@ def test_a_second_run_of_the_same_command_gives_the_same_numbers(smoke_run, tmp_
         assert second[key] == {"42": first[key]["42"]}, key
     assert second["anchor_minus_baseline"]["per_seed"] == {"42": first["anchor_minus_baseline"]["per_seed"]["42"]}
     assert second["stage_II_chance_loss"] == first["stage_II_chance_loss"]
-
-
-def test_two_reports_side_by_side(smoke_run, tmp_path):
-    """compare_demo_runs.py: each seed's figures at both runs, read from mteb's files and the runs' logs, their
-    difference, and the largest difference over every number both results.json hold (here: one changed number)."""
-    out, _ = smoke_run
-    first = json.loads((out / "report" / "results.json").read_text())
-    assert first["threads"] == 2  # SMOKE_FLAGS
-    second = json.loads(json.dumps(first))
-    second["threads"] = 1
-    anchor = next(r for r in second["rows"] if r["row"] == "anchor")
-    anchor["per_seed"]["43"]["ndcg_at_10"] += 0.25
-    (tmp_path / "one").mkdir()
-    (tmp_path / "one" / "results.json").write_text(json.dumps(second))
-
-    def compare(*paths):
-        cmd = [sys.executable, str(REPO / "experiments" / "research" / "compare_demo_runs.py"), *map(str, paths)]
-        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-
-    table = compare(out, tmp_path / "one")
-    assert table.splitlines()[0] == "| seed | figure | 2 thread(s) | 1 thread(s) | difference |"
-    for s in SEEDS:
-        ndcg = {r: _mteb_scores(out / f"seed{s}" / "eval" / r)["ndcg_at_10"] for r in ("anchor", "baseline", "stage_I")}
-        moved = 25.0 if s == 43 else 0.0
-        assert (
-            f"| {s} | nDCG@10 Anchor | {100 * ndcg['anchor']:.3f} | {100 * ndcg['anchor'] + moved:.3f} | {moved:+.3f} |"
-            in table
-        )
-        gap = 100 * (ndcg["anchor"] - ndcg["baseline"])
-        assert f"| {s} | Anchor - Baseline | {gap:.3f} | {gap + moved:.3f} | {moved:+.3f} |" in table
-        for run, folder in (("Anchor", "stage_II_anchor"), ("Baseline", "stage_II_baseline")):
-            tail = [loss for _, loss in _loss_history(out / f"seed{s}" / folder)][-5:]
-            share = sum(tail) / len(tail) / math.log(2 * SIZES["smoke"].batch_size)
-            assert f"| {s} | {run}: last 5 losses / chance | {share:.3f} | {share:.3f} | +0.000 |" in table
-    assert "Largest difference over the " in table and ": 0.25 (rows/3/per_seed/43/ndcg_at_10)." in table
-    assert "(every number equal)" in compare(out, out / "report" / "results.json")
-    missing = subprocess.run(
-        [sys.executable, str(REPO / "experiments" / "research" / "compare_demo_runs.py"), str(out), str(tmp_path / "none")],
-        capture_output=True,
-        text=True,
-    )
-    assert (
-        missing.returncode == 1
-        and "none: no results.json there" in missing.stderr
-        and "Traceback" not in missing.stderr
-    )
-
-
-def test_largest_difference_names_the_number_and_counts_nan_against_a_number_as_unbounded():
-    nan = float("nan")
-    a = {"rows": [{"x": 1.0, "y": nan, "z": nan}], "threads": 2, "name": "run"}
-    b = {"rows": [{"x": 1.5, "y": 2.0, "z": nan}], "threads": 1, "name": "other"}
-    assert largest_difference(a, b) == (math.inf, "rows/0/y", 3)  # the thread count and strings are not compared
-    b["rows"][0]["y"] = nan
-    assert largest_difference(a, b) == (0.5, "rows/0/x", 3)
-    assert largest_difference(a, a)[:2] == (0.0, None)
 
 
 def test_validation_split_reuses_the_training_and_reports_apart(smoke_run):

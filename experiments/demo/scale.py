@@ -4,40 +4,12 @@
     python experiments/demo/scale.py --preset smoke --data <corpus folder> [--out cache/scale-smoke]
     python experiments/demo/scale.py --preset cpu --stage_I cache/long-run/stage_I --data <its corpus folder> [--seeds 2]
 
-What it runs, in order (each a stage of the report):
-
-1. ``inputs``: the model (``gpu``: SmolLM2-135M-Instruct, converted from its GGUF by
-   :func:`demo.smollm2.materialise_smollm2`, from the parts carried by ``experiments/demo/gpu_carry.py`` when it is
-   not installed; ``smoke``: a tiny random SmolLM2-family model) and the corpus (``gpu``: the package corpus of
-   :mod:`demo.package_data`, unpacked from the carry when absent; ``smoke``: ``--data``), written as the train
-   file (each pair with the query instruction) and :attr:`Preset.validation_pairs` fixed validation pairs;
-2. ``stage_I``: ``experiments/run_stage_I.py`` with the demo config (``train_configs/demo/SmolLM2_135m_q2d_d2q.json``)
-   at the preset's global batch, steps and precision; the validation loss, anchor gain, gain over the first 4
-   target tokens and rank accuracy (:mod:`llm2vec.anchor_gain`) at step 0 and every :attr:`Preset.eval_every` steps;
-3. ``stage_II_anchor`` from the Stage I model and ``stage_II_baseline`` from the original model
-   (``experiments/run_stage_II.py``, the demo's two Stage II configs, the preset's steps and batch);
-4. ``evaluation``: retrieval on the corpus's test split (``eval/``) of the four rows untrained / Stage I only /
-   Baseline / Anchor, without mteb (:func:`retrieval_scores`: the encoding of ``mteb_eval_custom.py`` and mteb's
-   metrics, by :mod:`llm2vec.retrieval`, which scores a training run's retrieval folders; a test checks that its
-   nDCG@10 equals mteb's);
-5. ``report``: ``<out>/report.md`` and ``report.json``: the measures against pairs seen, the held-out anchor gain
-   (validation pairs, untrained = step 0 vs the final Stage I), Stage I only vs untrained, Anchor vs Baseline, the
-   seconds of each stage, the machine and the versions. Both files are rewritten after every stage, every Stage I
-   evaluation (read from Stage I's ``metrics_file`` while it runs) and every evaluation row, with a status line
-   (``running: <stage>``, ``complete`` or ``failed at <stage>: <error>``): a run killed at any point leaves all
-   it measured.
-
-``--minutes`` (the ``gpu`` preset's default: 11) is a time budget for the whole command (:class:`Budget`): each
-training stage is given ``stop_after_minutes`` = the time left less what the later stages keep (the preset's
-``stage_II_minutes`` per Stage II arm, ``evaluation_minutes``), stops at the first step past it, and the report
-says at which step and after how many minutes; the later stages run on what it learned.
-
-``--stage_I <folder>`` starts from a finished Stage I run instead of training one (stage 2 is skipped; its curve
-and batch are read from the run's ``trainer_state.json`` and ``run_config.json``): the ``cpu`` preset, the long CPU
-run's size (``experiments/demo/long_run.py``: 640 steps of 8 pairs, the demo's Stage II of 50 steps of 8 triples),
-takes that run to Stage II and the test split. ``--seeds N`` trains each Stage II arm with N seeds (the configs'
-seed and the ones after it) and reports Anchor - Baseline per seed, their mean and their SD. Everything lives in
-``--out``; a rerun starts over.
+Stages: ``inputs`` (model, corpus, train and validation files), ``stage_I`` (skipped with ``--stage_I RUN``: that
+finished run's curve and batch are used), ``stage_II`` (Anchor from Stage I, Baseline from the original model, per
+``--seeds``), ``evaluation`` (the four Table 10 rows on the test split by :mod:`llm2vec.retrieval`, without mteb),
+``report``. ``<out>/report.md`` and ``report.json`` are rewritten after every stage, Stage I evaluation and
+evaluation row, with a status line (``running: <stage>``, ``complete``, ``failed at <stage>: <error>``), so a run
+killed at any point leaves all it measured. ``--minutes`` is a budget for the whole command (:class:`Budget`).
 """
 
 from __future__ import annotations
@@ -50,7 +22,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -76,8 +47,7 @@ from demo.stdlib_data import TRAIN_FILE  # noqa: E402
 MEASURES = ("loss", "anchor_gain", "anchor_gain_first4", "rank_accuracy")
 
 
-class ScaleError(RuntimeError):
-    """Bad input or a failed stage; the message names what and what to do."""
+ScaleError = stages.StageError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,23 +154,9 @@ POLL_SECONDS = 5.0  # how often a running stage's progress is read
 
 
 def run_script(script: Path, config: Path, flags: dict[str, Any], log: Path, poll=None) -> None:
-    """Run a stage driver with ``flags``, its output into ``log``; ``poll()`` is called every :data:`POLL_SECONDS`
-    while it runs (the report's live update). A failure raises :class:`ScaleError` with the log's end."""
-    command = stages.stage_command(script, config, flags)
-    print("[scale] " + " ".join(command), flush=True)
-    with open(log, "w") as f:
-        child = subprocess.Popen(command, cwd=REPO, env=stages.child_env(), stdout=f, stderr=subprocess.STDOUT)
-        try:
-            while (code := child.poll()) is None:
-                time.sleep(POLL_SECONDS)
-                if poll is not None:
-                    poll()
-        finally:
-            if child.poll() is None:  # this process is being stopped: do not leave the stage running
-                child.kill()
-    if code != 0:
-        tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-20:])
-        raise ScaleError(f"{script.name} failed (exit {code}); the end of {log}:\n{tail}")
+    """A stage driver with ``flags``, its output into ``log``, ``poll()`` every :data:`POLL_SECONDS` (the report's
+    live update)."""
+    stages.run_command(stages.stage_command(script, config, flags), log=log, poll=poll, every=POLL_SECONDS)
 
 
 def stage_I_flags(preset: Preset, model: Path, train: Path, validation: Path, output: Path) -> dict[str, Any]:
@@ -243,12 +199,9 @@ def stage_II_flags(preset: Preset, model: Path, train: Path, output: Path) -> di
 def retrieval_scores(
     model: Path, adapter: Path | None, split: Path, max_length: int, batch_size: int
 ) -> dict[str, float]:
-    """nDCG@10, Recall@1/10/100 and MRR@10 of ``model`` (+ LoRA ``adapter``, merged) on the BEIR folder ``split``.
-
-    Loaded as ``mteb_eval_custom.py --local_retrieval_dir`` loads it (``LLM2Vec.from_pretrained`` with the adapter
-    merged, ``max_length``, dtype ``auto``: bf16 on a GPU that has it) and scored as a training run scores its
-    retrieval folders (:func:`llm2vec.retrieval.folder_metrics`: queries ``[INSTRUCTION, text]``, documents
-    ``["", text]``, mteb's metrics over the whole corpus; queries without a relevant document left out, as mteb)."""
+    """nDCG@10, Recall@1/10/100 and MRR@10 of ``model`` (+ LoRA ``adapter``, merged) on the BEIR folder ``split``,
+    loaded as ``mteb_eval_custom.py`` loads it and scored as a training run scores its retrieval folders
+    (:func:`llm2vec.retrieval.folder_metrics`; a test checks its nDCG@10 equals mteb's)."""
     import torch
 
     from llm2vec import LLM2Vec
@@ -487,11 +440,8 @@ def run(
     minutes: float | None = None,
     seeds: int = 1,
 ) -> dict[str, Any]:
-    """Every stage of the module docstring, into ``out`` (emptied first), the report rewritten as each part
-    finishes; returns the report's dict. With ``stage_I_run`` (a finished Stage I run's folder) Stage I is that
-    run's, not trained here. ``minutes``: the time budget (:class:`Budget`); ``seeds``: Stage II seeds per arm
-    (:func:`stage_II_seeds`). A stage that fails is named in the
-    report's status before the error goes on."""
+    """Every stage of the module docstring into ``out`` (emptied first); returns the report's dict. A stage that
+    fails is named in the report's status before the error goes on."""
     if out.exists():
         shutil.rmtree(out)
     (out / "logs").mkdir(parents=True)

@@ -7,10 +7,13 @@ held fixed by tests (``tests/test_long_run.py``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +96,42 @@ def stage_command(script: Path | str, config: Path | str, flags: dict[str, Any],
     for field, value in flags.items():
         command += [f"--{field}", str(value) if isinstance(value, (str, Path)) else json.dumps(value)]
     return command
+
+
+class StageError(RuntimeError):
+    """Bad input or a failed command of a demo driver; the message names what and what to do."""
+
+
+def quote(arg: str) -> str:
+    return arg if arg and all(c.isalnum() or c in "-_./=:,@+" for c in arg) else json.dumps(arg)
+
+
+def run_command(cmd: list[str], threads: int | None = None, log: Path | None = None, poll=None, every: float = 5.0):
+    """Run ``cmd`` from the repository root in :func:`child_env`, its output to this terminal or into the file
+    ``log``, calling ``poll()`` every ``every`` seconds while it runs; returns its peak resident memory in MiB.
+    A failure raises :class:`StageError` (with the end of ``log``); if this process is stopped, so is the child
+    (after up to 30 s: a Ctrl-C reaches it too)."""
+    print("  $ " + " ".join(quote(c) for c in cmd), flush=True)
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(open(log, "w")) if log else None
+        child = subprocess.Popen(
+            cmd, cwd=REPO_ROOT, env=child_env(threads), stdout=out, stderr=out and subprocess.STDOUT
+        )
+        try:
+            while not (done := os.wait4(child.pid, os.WNOHANG if poll else 0))[0]:
+                time.sleep(every)
+                poll()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                child.wait(timeout=30 if poll is None else 0)
+            if child.poll() is None:
+                child.kill()
+            raise
+    code = os.waitstatus_to_exitcode(done[1])
+    if code != 0:
+        tail = "".join(Path(log).read_text(errors="replace").splitlines(keepends=True)[-20:]) if log else ""
+        raise StageError(f"command failed with exit code {code}: {' '.join(quote(c) for c in cmd)}\n{tail}".rstrip())
+    return done[2].ru_maxrss / (1024 * 1024 if sys.platform == "darwin" else 1024)
 
 
 def child_env(threads: int | None = None) -> dict[str, str]:

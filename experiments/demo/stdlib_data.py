@@ -361,25 +361,11 @@ def build_stdlib_dataset(
     fresh: bool = False,
     verbose: bool = True,
 ) -> dict:
-    """Build (or reuse) the standard-library dataset in ``out_dir`` and return its manifest.
-
-    Args:
-        out_dir: output folder (see the module docstring for its layout).
-        max_train: keep at most this many train examples (a seeded sample, in sorted order);
-            ``None`` keeps all.
-        max_eval_queries: at most this many eval queries (a seeded sample); the corpus keeps the
-            documents of every eval-split object regardless.
-        eval_target: take modules into the eval split until it has at least this many examples.
-        val_target: then take modules into the validation split until it has at least this many.
-        seed: seed of the module split, the negatives and the samples.
-        min_rest_chars: an object is used only if its docstring minus the first sentence has at
-            least this many characters.
-        max_query_chars: an object whose first sentence is longer is not used.
-        max_chars: positives and negatives are cut to this many characters.
-        modules: the standard-library modules to read.
-        fresh: rebuild even if a complete build with the same parameters exists.
-        verbose: print what is done.
-    """
+    """Build (or reuse: same parameters, same interpreter, same file hashes) the standard-library dataset in
+    ``out_dir`` (the module docstring's layout) and return its manifest. ``max_train`` and ``max_eval_queries``
+    keep seeded samples (the corpus keeps every eval-split document); ``eval_target`` and ``val_target`` size the
+    splits (:func:`split_by_module`); an object is used when the rest of its docstring has ``min_rest_chars`` and
+    its first sentence at most ``max_query_chars``; texts are cut to ``max_chars``."""
     say = print if verbose else (lambda *a, **k: None)
     out = Path(out_dir)
     params = {
@@ -500,13 +486,14 @@ def write_retrieval_dataset(
         out / PROVENANCE_FILE,
         ({"module": d.module, "query_object": d.name, "negative_object": negatives[d.name].name} for d in train_objs),
     )
-    write_jsonl(out / CORPUS_FILE, ({"_id": d.name, "title": "", "text": d.text} for d in eval_objs))
-    write_jsonl(out / QUERIES_FILE, ({"_id": "q:" + d.name, "text": d.query} for d in query_objs))
-    write_jsonl(out / QRELS_FILE, ({"query-id": "q:" + d.name, "corpus-id": d.name, "score": 1} for d in query_objs))
     val_files = [f.replace("eval/", "val/", 1) for f in (CORPUS_FILE, QUERIES_FILE, QRELS_FILE)]
-    write_jsonl(out / val_files[0], ({"_id": d.name, "title": "", "text": d.text} for d in val_objs))
-    write_jsonl(out / val_files[1], ({"_id": "q:" + d.name, "text": d.query} for d in val_objs))
-    write_jsonl(out / val_files[2], ({"query-id": "q:" + d.name, "corpus-id": d.name, "score": 1} for d in val_objs))
+    for (corpus, queries, qrels), documents, asked in (
+        ((CORPUS_FILE, QUERIES_FILE, QRELS_FILE), eval_objs, query_objs),
+        (val_files, val_objs, val_objs),
+    ):
+        write_jsonl(out / corpus, ({"_id": d.name, "title": "", "text": d.text} for d in documents))
+        write_jsonl(out / queries, ({"_id": "q:" + d.name, "text": d.query} for d in asked))
+        write_jsonl(out / qrels, ({"query-id": "q:" + d.name, "corpus-id": d.name, "score": 1} for d in asked))
 
     files = [TRAIN_FILE, PROVENANCE_FILE, CORPUS_FILE, QUERIES_FILE, QRELS_FILE, *val_files]
     train_modules = sorted({d.module for d in train_objs})
