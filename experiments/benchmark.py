@@ -534,7 +534,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--st_versus_project", type=int, metavar="BATCH", default=None,
         help="only the Stage II step of this project and of sentence-transformers' cached loss at BATCH triples, "
-        "as ratios (docs/benchmarks.md)",
+        "as ratios (docs/results/benchmarks.md)",
     )
     p.add_argument("--st_mini_batch", type=int, default=16, help="texts per gradient-cache chunk of both steps")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

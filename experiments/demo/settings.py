@@ -68,7 +68,7 @@ class DemoSize:
     max_eval_queries: int = 300
     stage_I_steps: int | None = None
     stage_II_steps: int | None = None
-    stage_II_learning_rate: float | None = None  # both Stage II runs (the sweep of docs/demo_evidence.md)
+    stage_II_learning_rate: float | None = None  # both Stage II runs (the sweep of docs/results/demo_evidence.md)
     batch_size: int | None = None  # Stage I pairs / Stage II triples per step (both stages)
     max_seq_length: int | None = None
     eval_batch_size: int = 32
