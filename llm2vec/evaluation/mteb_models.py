@@ -9,12 +9,9 @@ the model's mteb name and under the folder (as given and absolute), so that::
     model = mteb.get_model("output/st/anchor-1b")  # an LLM2VecMTEBEncoder
     mteb.evaluate(model, tasks)
 
-evaluates with each task's instruction: the export's task prompts (its ``llm2vec_config.json``), else
-``instructions=`` (given to ``register`` or ``mteb.get_model``), else the task's own
-(:func:`~llm2vec.evaluation.mteb_wrapper.task_own_instruction`); retrieval documents get none. The registered
-``ModelMeta`` also makes ``model_meta.json`` files that name ``load_encoder`` (the ones mteb writes beside this
-package's results) readable with ``ModelMeta.model_validate_json_resolved``, which resolves a loader by name
-among the registered ones; :func:`register_results` registers such a file's model by its name.
+evaluates with each task's instruction (the export's task prompts, else ``instructions=``, else the task's own;
+documents get none). :func:`register_results` registers the model of a ``model_meta.json`` mteb wrote beside this
+package's results, so that ``ModelMeta.model_validate_json_resolved`` can resolve its loader by name.
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ from mteb.models.model_meta import ModelMeta, ScoringFunction
 
 from ..io import short_hash
 from ..llm2vec import read_llm2vec_config
-from .mteb_wrapper import default_model_name, load_encoder
+from .mteb_wrapper import default_model_name, load_encoder, path_or_id
 
 
 def register(
@@ -51,8 +48,7 @@ def register(
     """
     from mteb.models.model_implementations import MODEL_REGISTRY
 
-    base = _absolute(model)
-    peft = _absolute(peft_model_name_or_path) if peft_model_name_or_path is not None else None
+    base, peft = path_or_id(model), path_or_id(peft_model_name_or_path)
     loader_kwargs: dict[str, Any] = {"base_model_name_or_path": base, "peft_model_name_or_path": peft, **settings}
     if instructions is not None:
         loader_kwargs["instructions"] = (
@@ -95,11 +91,6 @@ def register_results(model_meta_file: str | os.PathLike) -> ModelMeta:
     meta = ModelMeta.model_validate({**data, "loader": load_encoder})
     MODEL_REGISTRY[meta.name] = meta
     return meta
-
-
-def _absolute(path: str | os.PathLike) -> str:
-    """A local folder made absolute; a hub id unchanged."""
-    return os.path.abspath(path) if os.path.exists(path) else os.fspath(path)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
