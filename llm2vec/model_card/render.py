@@ -1,9 +1,5 @@
-"""A model card rendered as Markdown (:func:`render_model_card`) from :class:`~llm2vec.model_card.history.ModelCardInputs`,
-and written into a training save (:func:`write_training_card`, which never raises).
-
-The YAML header follows the hub's model-card metadata; the body names no machine path (:func:`shown_path`,
-:func:`without_machine_paths`).
-"""
+"""A model card as Markdown (:func:`render_model_card`), written into a training save by :func:`write_training_card`
+(which never raises); the body names no machine path (:func:`without_machine_paths`)."""
 
 from __future__ import annotations
 
@@ -209,8 +205,8 @@ def _usage(inputs: ModelCardInputs) -> list[str]:
     if inputs.kind == "export":
         if inputs.adhoc_prompts:
             how = (
-                "With sentence-transformers (no custom code; the exported chat template puts the instruction given "
-                "as a prompt into the model's prompt format and ends the input with the anchor token):"
+                "the exported chat template puts the instruction given as a prompt into the model's prompt format "
+                "and ends the input with the anchor token"
             )
             adhoc_line = [
                 "# any instruction works as a prompt, and embeds as LLM2Vec.encode([[instruction, text]]) does:",
@@ -222,10 +218,7 @@ def _usage(inputs: ModelCardInputs) -> list[str]:
                 "text pairs and conversations are refused with an error."
             )
         else:
-            how = (
-                "With sentence-transformers (no custom code; the prompts hold the chat template and the instruction, "
-                "the tokenizer appends the anchor token after truncation):"
-            )
+            how = "the prompts hold the chat template and the instruction, the tokenizer appends the anchor token after truncation"
             adhoc_line = []
             prompt_note = (
                 f"Each prompt ends with `{inputs.text_marker}`, where the tokenizer splits prompt from text (and drops the "
@@ -234,7 +227,7 @@ def _usage(inputs: ModelCardInputs) -> list[str]:
             )
         query = inputs.prompts.get("query", "")
         lines += [
-            how,
+            f"With sentence-transformers (no custom code; {how}):",
             "",
             "```python",
             "from sentence_transformers import SentenceTransformer",
@@ -283,41 +276,26 @@ def _usage(inputs: ModelCardInputs) -> list[str]:
             "scores = model.similarity(queries, documents)",
             "```",
         ]
-    elif inputs.kind == "adapter":
-        base = shown_path(inputs.base_for_adapter or "path/to/base")
-        lines += [
-            "This folder holds a LoRA adapter; load it on its base model with this package:",
-            "",
-            "```python",
-            "from llm2vec import LLM2Vec",
-            "",
-            f'model = LLM2Vec.from_pretrained("{base}", peft_model_name_or_path="{path}")',
-            'embeddings = model.encode([["an instruction", "a query"], "a document"])',
-            "```",
-            "",
-            "For sentence-transformers, export it (the adapter is merged):",
-            "",
-            "```python",
-            "from llm2vec.export import export_sentence_transformers",
-            "",
-            f'export_sentence_transformers("{base}", "{path}-st", peft_model_name_or_path="{path}")',
-            "```",
-        ]
     else:
+        adapter = inputs.kind == "adapter"
+        source = f'"{shown_path(inputs.base_for_adapter or "path/to/base")}"' if adapter else f'"{path}"'
+        peft = f', peft_model_name_or_path="{path}"' if adapter else ""
+        if adapter:
+            lines += ["This folder holds a LoRA adapter; load it on its base model with this package:", ""]
         lines += [
             "```python",
             "from llm2vec import LLM2Vec",
             "",
-            f'model = LLM2Vec.from_pretrained("{path}")',
+            f"model = LLM2Vec.from_pretrained({source}{peft})",
             'embeddings = model.encode([["an instruction", "a query"], "a document"])',
             "```",
             "",
-            "For sentence-transformers, export it:",
+            f"For sentence-transformers, export it{' (the adapter is merged)' if adapter else ''}:",
             "",
             "```python",
             "from llm2vec.export import export_sentence_transformers",
             "",
-            f'export_sentence_transformers("{path}", "{path}-st")',
+            f'export_sentence_transformers({source}, "{path}-st"{peft})',
             "```",
         ]
     return lines
