@@ -253,6 +253,24 @@ TEXTS = [
 QRELS = {"qa": "d3", "qb": "d0", "qc": "d5", "qd": "d1"}
 
 
+def cli_argv(model, out, *extra, data=None, instruction=""):
+    local = ["--local_retrieval_dir", str(data), "--local_instruction", instruction] if data is not None else []
+    return [
+        "--base_model_name_or_path",
+        str(model),
+        *local,
+        "--output_dir",
+        str(out),
+        "--device",
+        "cpu",
+        "--batch_size",
+        "2",
+        "--model_name",
+        "tiny/llama3",
+        *extra,
+    ]
+
+
 def test_local_retrieval_task_scores_ndcg_one_for_identical_texts(encoder, tmp_path):
     data = tmp_path / "eval"
     write_beir(data, TEXTS, QRELS)
@@ -279,7 +297,7 @@ def test_local_retrieval_task_scores_ndcg_one_for_identical_texts(encoder, tmp_p
 
 
 def test_a_local_tasks_own_instruction_reaches_its_queries(encoder, tmp_path, monkeypatch):
-    """A local task's instruction is used with no add_instruction and no entry in the mapping (issue #30): its queries
+    """A local task's instruction is used with no add_instruction and no entry in the mapping: its queries
     get it, its documents none; a task with no instruction anywhere fails with a message that says what to pass."""
     data = tmp_path / "eval"
     write_beir(data, TEXTS, QRELS)
@@ -499,23 +517,7 @@ def test_load_instructions_rejects_malformed_files(tmp_path, content, message):
 def test_cli_evaluates_a_local_folder(llama_path, tmp_path, capsys):
     data = tmp_path / "eval"
     write_beir(data, TEXTS, QRELS)
-    argv = [
-        "--base_model_name_or_path",
-        llama_path,
-        "--local_retrieval_dir",
-        str(data),
-        "--local_instruction",
-        "",
-        "--output_dir",
-        str(tmp_path / "out"),
-        "--device",
-        "cpu",
-        "--batch_size",
-        "2",
-        "--model_name",
-        "tiny/llama3",
-    ]
-    assert main(argv) == 0
+    assert main(cli_argv(llama_path, tmp_path / "out", data=data)) == 0
     out = capsys.readouterr().out
     assert "StdlibDocRetrieval\t1.0000" in out
     saved = list((tmp_path / "out" / "results" / "tiny__llama3").glob("*/StdlibDocRetrieval.json"))
