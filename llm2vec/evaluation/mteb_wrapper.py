@@ -31,9 +31,9 @@ from mteb.types import PromptType
 from ..config_values import strict_booleans
 from ..devices import resolve_dtype
 from ..fingerprints import model_content
-from ..io import JsonFileError, read_json_file, short_hash
+from ..io import short_hash
 from ..llm2vec import LLM2Vec, read_llm2vec_config
-from .paths import check_name, model_folder_name, results_folder
+from .paths import check_name, model_folder_name, read_input_json, results_folder
 from .replicas import encode_on_replicas, replicate, resolve_devices
 from .result_keys import computed_from, why_not_reused, write_record
 
@@ -54,16 +54,8 @@ class InstructionsFileError(ValueError):
 def load_instructions(path: str | os.PathLike) -> dict[str, str]:
     """Read a ``task name -> instruction`` JSON object; one-line errors for a missing file, a folder, a file
     that is not UTF-8 or not JSON, a task given twice, or values that are not strings."""
-    path = Path(path)
-    if not path.exists():
-        raise InstructionsFileError(
-            f"instructions file {str(path)!r} not found; it must be a JSON object that maps mteb task names to "
-            "instructions"
-        )
-    try:
-        data = read_json_file(path, "instructions file")
-    except JsonFileError as e:
-        raise InstructionsFileError(str(e)) from None
+    holds = "it must be a JSON object that maps mteb task names to instructions"
+    data = read_input_json(path, "instructions file", holds, InstructionsFileError)
     if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
         raise InstructionsFileError(
             f"instructions file {str(path)!r} must be a JSON object mapping task names to instruction strings"

@@ -14,17 +14,12 @@ result only when it records the key of what would be computed now, made of four 
 - ``settings``: what changes the embeddings besides the weights: pooling, max length, template, dtype and the text
   cap (``doc_max_length``), as the encoder's ``identity`` holds them.
 
-Each result file the package writes records them beside mteb's own fields, under :data:`FIELD` (mteb's reader
-ignores fields it does not know): ``key`` (the SHA-256 of the four parts as canonical JSON), ``compared`` (the
-parts) and ``recorded`` (what is kept for the reader but not compared: the folder and model paths, the batch size,
-the mteb version). Paths are not compared, since a copy of a folder is the same input (and the model's path already
-names its results folder); nor is the batch size, since padding is masked and batches change the embeddings by
-rounding only (at most 4.8e-7 between batch sizes 1 and 24 on the tiny test model in float32).
-
-A stored result without a record (written by mteb itself, or by an earlier version of this package), with an
-unreadable one or with another key is computed again (:func:`why_not_reused` says why, in one line) and written
-over. An encoder made from a model in memory (no folder in its ``identity``) has no model fingerprint: its stored
-results are never served.
+Each result file the package writes records, under :data:`FIELD`, the ``key`` (SHA-256 of the four parts as
+canonical JSON), the ``compared`` parts and what is ``recorded`` but not compared: paths (a copied folder is the same
+input) and the batch size (padding is masked: batches change embeddings by rounding only, at most 4.8e-7 between
+batch sizes 1 and 24 on the tiny test model in float32), and the mteb version. A stored result without a record,
+with an unreadable one or another key is computed again (:func:`why_not_reused` says why); an encoder made from a
+model in memory has no model fingerprint, so its stored results are never served.
 """
 
 from __future__ import annotations
