@@ -35,13 +35,16 @@ class TaskNameError(ValueError):
 
 
 @functools.lru_cache(maxsize=1)
+def mteb_registry() -> dict[str, type]:
+    """Name -> class of every task in mteb's registry (read offline)."""
+    return {cls.metadata.name: cls for cls in importlib.import_module("mteb.get_tasks").TASK_LIST}
+
+
+@functools.lru_cache(maxsize=1)
 def _mteb_task_names() -> dict[str, str]:
-    """Lower-cased name -> name of every task in mteb's registry (its task classes, read offline), renamed ones
-    included."""
-    registry = importlib.import_module("mteb.get_tasks")  # the module; ``mteb.get_tasks`` is its function
-    names = [cls.metadata.name for cls in registry.TASK_LIST]
-    names += list(getattr(registry, "_TASK_RENAMES", {}))  # old names mteb still answers to
-    return {name.lower(): name for name in names}
+    """Lower-cased name -> name of every task mteb knows, including old names it still answers to."""
+    renames = getattr(importlib.import_module("mteb.get_tasks"), "_TASK_RENAMES", {})
+    return {name.lower(): name for name in [*mteb_registry(), *renames]}
 
 
 def check_local_task_name(name: str, what: str = "local task name") -> str:

@@ -22,11 +22,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mteb.models.model_meta import ModelMeta, ScoringFunction
+from mteb.models.model_meta import ModelMeta
 
 from ..io import short_hash
 from ..llm2vec import read_llm2vec_config
-from .mteb_wrapper import default_model_name, load_encoder, path_or_id
+from .mteb_wrapper import default_model_name, load_encoder, model_meta, path_or_id
 
 
 def register(
@@ -37,15 +37,10 @@ def register(
     instructions: Mapping[str, str] | str | os.PathLike | None = None,
     **settings: Any,
 ) -> ModelMeta:
-    """Register ``model`` (+ adapter) with mteb and return its ``ModelMeta``.
-
-    ``name``: the mteb ``org/name`` (default :func:`~llm2vec.evaluation.mteb_wrapper.default_model_name`, e.g.
-    ``st/anchor-1b``). ``instructions``: ``task -> instruction`` or a JSON file of them (default: the model's task
-    prompts). ``settings``: further keyword arguments of ``LLM2VecMTEBEncoder.from_pretrained`` (``dtype``,
-    ``max_length``, ``batch_size``, ...), as ``loader_kwargs``; ``mteb.get_model(..., **kwargs)`` overrides them.
-    The revision is a hash of ``loader_kwargs`` (mteb gives the loaded model this ``ModelMeta``, so its results go
-    to ``results/<name as path>/<revision>/``).
-    """
+    """Register ``model`` (+ adapter) with mteb under ``name`` (default: :func:`default_model_name`) and return its
+    ``ModelMeta``. ``instructions`` default to the model's task prompts; ``settings`` are further keyword arguments of
+    ``LLM2VecMTEBEncoder.from_pretrained``, as ``loader_kwargs`` (``mteb.get_model(..., **kwargs)`` overrides them),
+    whose hash is the revision."""
     from mteb.models.model_implementations import MODEL_REGISTRY
 
     base, peft = path_or_id(model), path_or_id(peft_model_name_or_path)
@@ -55,19 +50,12 @@ def register(
             os.path.abspath(instructions) if isinstance(instructions, (str, os.PathLike)) else dict(instructions)
         )
     config = _read_json(Path(base) / "config.json") if os.path.isdir(base) else {}
-    meta = ModelMeta.create_empty(
-        overwrites=dict(
-            loader=load_encoder,
-            loader_kwargs=loader_kwargs,
-            name=name or default_model_name(base, peft),
-            revision=short_hash(loader_kwargs, n=10),
-            max_tokens=(read_llm2vec_config(base) if os.path.isdir(base) else {}).get("max_length"),
-            embed_dim=config.get("hidden_size"),
-            open_weights=True,
-            framework=["PyTorch", "LLM2Vec"],
-            similarity_fn_name=ScoringFunction.COSINE,
-            use_instructions=True,
-        )
+    meta = model_meta(
+        loader_kwargs=loader_kwargs,
+        name=name or default_model_name(base, peft),
+        revision=short_hash(loader_kwargs, n=10),
+        max_tokens=(read_llm2vec_config(base) if os.path.isdir(base) else {}).get("max_length"),
+        embed_dim=config.get("hidden_size"),
     )
     keys = {meta.name, os.fspath(model), base}
     if peft_model_name_or_path is not None:

@@ -63,13 +63,6 @@ def load_instructions(path: str | os.PathLike) -> dict[str, str]:
     return data
 
 
-def batch_texts(batch: Mapping[str, Any]) -> list[str]:
-    """The texts of one mteb batch: its ``text`` field (mteb has joined a corpus entry's title and body)."""
-    if "text" not in batch:
-        raise ValueError(f"mteb batch without a 'text' field (fields: {sorted(batch)}); only text tasks are supported")
-    return [str(t) for t in batch["text"]]
-
-
 def task_own_instruction(task_metadata) -> str | None:
     """The instruction a task carries itself: its metadata's ``prompt`` when a string, else that dict's ``"query"``
     entry (``""`` when the task says it has none); None when it carries none."""
@@ -96,6 +89,18 @@ def default_model_name(base_model_name_or_path: str, peft_model_name_or_path: st
     elif "/" not in label:
         label = "local/" + label
     return label
+
+
+def model_meta(**fields: Any) -> ModelMeta:
+    """mteb's ``ModelMeta`` of an :class:`LLM2VecMTEBEncoder` (loaded by :func:`load_encoder`) with ``fields``."""
+    shared = dict(
+        loader=load_encoder,
+        open_weights=True,
+        framework=["PyTorch", "LLM2Vec"],
+        similarity_fn_name=ScoringFunction.COSINE,
+        use_instructions=True,
+    )
+    return ModelMeta.create_empty(overwrites={**shared, **fields})
 
 
 class LLM2VecMTEBEncoder(AbsEncoder):
@@ -161,20 +166,13 @@ class LLM2VecMTEBEncoder(AbsEncoder):
         check_name(revision, "revision")
         body = self.model.model
         config = getattr(body, "config", None)
-        self.mteb_model_meta = ModelMeta.create_empty(
-            overwrites=dict(
-                loader=load_encoder,
-                loader_kwargs={**settings, "instructions": loadable_instructions},
-                name=model_name,
-                revision=revision,
-                n_parameters=sum(p.numel() for p in body.parameters()),
-                max_tokens=self.model.max_length,
-                embed_dim=getattr(config, "hidden_size", None),
-                open_weights=True,
-                framework=["PyTorch", "LLM2Vec"],
-                similarity_fn_name=ScoringFunction.COSINE,
-                use_instructions=True,
-            )
+        self.mteb_model_meta = model_meta(
+            loader_kwargs={**settings, "instructions": loadable_instructions},
+            name=model_name,
+            revision=revision,
+            n_parameters=sum(p.numel() for p in body.parameters()),
+            max_tokens=self.model.max_length,
+            embed_dim=getattr(config, "hidden_size", None),
         )
 
     # ------------------------------------------------------------------ loading
@@ -299,8 +297,12 @@ class LLM2VecMTEBEncoder(AbsEncoder):
     ) -> np.ndarray:
         """Embed every text of ``inputs`` (a DataLoader of mteb batches) as float32, in input order."""
         instruction = self.instruction_for(task_metadata, prompt_type)
-        texts = [text for batch in inputs for text in batch_texts(batch)]
-        items = [[instruction, text] for text in texts]
+        items = []
+        for batch in inputs:  # mteb has joined a corpus entry's title and body into its text
+            if "text" not in batch:
+                fields = sorted(batch)
+                raise ValueError(f"mteb batch without a 'text' field (fields: {fields}); only text tasks are supported")
+            items += [[instruction, str(text)] for text in batch["text"]]
         batch_size = int(kwargs.get("batch_size") or self.batch_size)
         show = bool(kwargs.get("show_progress_bar", True))
         return self.encode_items(items, batch_size=batch_size, show_progress_bar=show)

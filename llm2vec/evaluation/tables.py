@@ -222,10 +222,8 @@ def _fmt_diff(ours: Average, paper: float | None) -> str:
 
 
 def _table(header: Sequence[str], rows: Iterable[Sequence[str]], align_left: int = 1) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |"]
-    lines.append("|" + "|".join(":---" if i < align_left else "---:" for i in range(len(header))) + "|")
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return lines
+    align = "|" + "|".join(":---" if i < align_left else "---:" for i in range(len(header))) + "|"
+    return ["| " + " | ".join(header) + " |", align, *("| " + " | ".join(row) + " |" for row in rows)]
 
 
 def _missing_note(avg: Average, what: str) -> str:
@@ -238,11 +236,7 @@ def render_category_table(runs: Sequence[Run], benchmark: Benchmark, paper: Pape
     labels = [c.label for c in benchmark.categories] + ["Avg"]
     rows = [["# of datasets"] + [str(len(c.tasks)) for c in benchmark.categories] + [str(len(benchmark.tasks))]]
     if paper is not None:
-        cells = []
-        for key in keys:
-            cell = _fmt(paper.averages.get(key))
-            cells.append(cell + ("†" if key in paper.disputed else ""))
-        rows.append([paper.label] + cells)
+        rows.append([paper.label] + [_fmt(paper.averages.get(k)) + ("†" if k in paper.disputed else "") for k in keys])
     notes = []
     for run in runs:
         averages = run.averages(benchmark)
