@@ -32,12 +32,9 @@ member n // 2 places further in its source's members of the batch (n of them, in
 candidates are those members (at most R of them, from itself on). Pairs alone in their source in a batch are
 left out of these (``pairs_in_source`` counts the others).
 
-Shuffle the held-out pairs (:func:`llm2vec.dataset.hold_out` does) so that the other pairs of a batch are not
-near twins of the same topic. Every pass is the model's own forward (through whatever wraps the model: DDP,
-FSDP) with ``anchor_shifts``: the batch is embedded once and reconstructed once per shift, without gradients,
-in eval mode (no dropout) and with autocast off (float32 for a float32 model). A measured batch costs one
-encoding and max(R, s + 1) reconstruction passes (R = 8: 8 at batches of up to 8 pairs, 9 at 16 pairs).
-The losses are in the units of the training log's ``loss_q2d`` / ``loss_d2q``.
+Shuffle the held-out pairs (:func:`llm2vec.dataset.hold_out` does) so that a batch's other pairs are not near twins.
+Every pass is the model's own forward with ``anchor_shifts`` (:func:`llm2vec.retrieval.measuring`): one encoding and
+max(R, s + 1) reconstruction passes per batch. The losses are in the units of the log's ``loss_q2d`` / ``loss_d2q``.
 """
 
 from __future__ import annotations
@@ -45,6 +42,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import torch
+
+from .retrieval import measuring
 
 RANK_CANDIDATES = 8
 FIRST_TOKENS = 4
@@ -71,15 +70,14 @@ def _rank_credit(totals: dict[int, float], own: int) -> float:
 
 
 class _Tally:
-    """Sums of one direction's measures over batches."""
+    """One direction's measures over batches: each pair's ``terms`` (in batch order) and the within-source sums."""
 
     def __init__(self):
-        self.sums = {"loss": 0.0, "rolled": 0.0, "first_loss": 0.0, "first_rolled": 0.0}
-        self.tokens = self.first_tokens = 0
-        self.hits = self.chance = 0.0
-        self.pairs = 0
         self.source = {"loss": 0.0, "rolled": 0.0, "hits": 0.0, "chance": 0.0, "tokens": 0, "pairs": 0}
-        self.terms: list[dict[str, float]] = []  # each pair's sums, in batch order (pair_terms)
+        self.terms: list[dict[str, float]] = []
+
+    def total(self, key: str) -> float:
+        return sum(term[key] for term in self.terms)
 
     def add(self, cross, mask, first, shift, candidates, groups):
         """One batch: ``cross`` (B, B, M) holds c_t(i, j) (NaN where not computed), ``mask`` (B, M) the targets,
@@ -95,13 +93,6 @@ class _Tally:
             term.update(first_loss=firsts[i][i], first_rolled=firsts[i][partner], first_tokens=first_counts[i])
             term.update(hit=hit, chance=1.0 / candidates)
             self.terms.append(term)
-            for key in self.sums:
-                self.sums[key] += term[key]
-            self.hits += hit
-            self.chance += 1.0 / candidates
-        self.tokens += int(mask.sum())
-        self.first_tokens += int(first.sum())
-        self.pairs += size
         for members in groups:
             n = len(members)
             for p, i in enumerate(members):
@@ -142,17 +133,20 @@ def anchor_gain(
     """
     tallies = _tally(model, batches, device, sources, first_tokens, rank_candidates)
     first = next(iter(tallies.values()))
-    result: dict[str, float] = {"pairs": float(first.pairs), "rank_chance": first.chance / first.pairs}
+    result: dict[str, float] = {
+        "pairs": float(len(first.terms)),
+        "rank_chance": first.total("chance") / len(first.terms),
+    }
     for direction, t in tallies.items():
-        loss, rolled = t.sums["loss"] / t.tokens, t.sums["rolled"] / t.tokens
-        first_gain = (t.sums["first_rolled"] - t.sums["first_loss"]) / max(1, t.first_tokens)
+        loss, rolled = t.total("loss") / t.total("tokens"), t.total("rolled") / t.total("tokens")
+        first_gain = (t.total("first_rolled") - t.total("first_loss")) / max(1, t.total("first_tokens"))
         result.update(
             {
                 f"loss_{direction}": loss,
                 f"rolled_{direction}": rolled,
                 f"anchor_gain_{direction}": rolled - loss,
                 f"anchor_gain_first{first_tokens}_{direction}": first_gain,
-                f"rank_accuracy_{direction}": t.hits / t.pairs,
+                f"rank_accuracy_{direction}": t.total("hit") / len(t.terms),
             }
         )
         if sources is not None:
@@ -189,30 +183,25 @@ def _tally(model, batches, device, sources, first_tokens, rank_candidates) -> di
     if first_tokens < 1 or rank_candidates < 2:
         raise ValueError(f"first_tokens must be >= 1 and rank_candidates >= 2, got {first_tokens}, {rank_candidates}")
     device = device or next(model.parameters()).device
-    was_training = model.training
-    model.eval()
     tallies: dict[str, _Tally] = {}
-    try:
-        with torch.autocast(device_type=device.type, enabled=False):
-            for b, batch in enumerate(batches):
-                batch = _on({k: v for k, v in batch.items() if k != "target_counts"}, device)
-                size = batch["query"]["input_ids"].shape[0]
-                if size < 2:
-                    raise ValueError(f"the anchor gain needs batches of at least 2 pairs, got one of {size}")
-                shift, candidates = size // 2, min(size, rank_candidates)
-                shifts = sorted(set(range(candidates)) | {shift})
-                groups = _source_groups(sources[b], size) if sources is not None else []
-                if groups:  # the in-source partners and candidates need every shift
-                    shifts = list(range(size))
-                out = model(**batch, anchor_shifts=tuple(shifts))
-                targets = {"q2d": batch["positive_targets"], "d2q": batch["query_targets"]}
-                for direction, per_shift in out.items():
-                    mask = targets[direction]["attention_mask"].float()
-                    cross = _as_matrix(per_shift, shifts)
-                    tally = tallies.setdefault(direction, _Tally())
-                    tally.add(cross, mask, _first(mask, first_tokens), shift, candidates, groups)
-    finally:
-        model.train(was_training)
+    with measuring(model, device):
+        for b, batch in enumerate(batches):
+            batch = _on({k: v for k, v in batch.items() if k != "target_counts"}, device)
+            size = batch["query"]["input_ids"].shape[0]
+            if size < 2:
+                raise ValueError(f"the anchor gain needs batches of at least 2 pairs, got one of {size}")
+            shift, candidates = size // 2, min(size, rank_candidates)
+            shifts = sorted(set(range(candidates)) | {shift})
+            groups = _source_groups(sources[b], size) if sources is not None else []
+            if groups:  # the in-source partners and candidates need every shift
+                shifts = list(range(size))
+            out = model(**batch, anchor_shifts=tuple(shifts))
+            targets = {"q2d": batch["positive_targets"], "d2q": batch["query_targets"]}
+            for direction, per_shift in out.items():
+                mask = targets[direction]["attention_mask"].float()
+                cross = _as_matrix(per_shift, shifts)
+                tally = tallies.setdefault(direction, _Tally())
+                tally.add(cross, mask, _first(mask, first_tokens), shift, candidates, groups)
     if not tallies:
         raise ValueError("the anchor gain needs held-out pairs; got no batches")
     return tallies

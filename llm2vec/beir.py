@@ -7,19 +7,12 @@ The folder holds three JSON-lines files (the layout of BEIR and NanoBEIR, one sp
 - ``qrels.jsonl``: ``{"query-id", "corpus-id", "score"}`` (``score``: a whole-number relevance grade, 0 = judged
   not relevant).
 
-:func:`read_beir_folder` reads one into a :class:`BeirFolder`. mteb scores it as a retrieval task
-(:mod:`llm2vec.evaluation.local_task`) and so does a training run at every evaluation (:mod:`llm2vec.retrieval`).
-Whatever would make a score meaningless is refused with a ``ValueError`` naming ``file:line``: a line that is not a
-JSON object or lacks a field, an id given twice in the corpus or the queries (``7`` and ``"7"`` are one id, as mteb
-keys them), an id that is neither a string nor an integer, a text that is not a string, a qrels line naming an
-unknown query or document or grading a (query, document) pair a second time, a grade that is not a whole number
->= 0, and a folder in which no query has a relevant document (grade > 0); a missing file is a
-``FileNotFoundError``. A query with nothing to find (no qrels line, or every grade 0) is left out with a warning
-that counts them (``queries_without_relevant="leave_out"``, mteb's evaluation) or refused naming its line of
-``queries.jsonl`` (``"refuse"``, a training run's: a folder whose qrels miss its queries is more likely the wrong
-split than a choice).
-
-This module imports neither mteb nor datasets, so a training run reads folders without them.
+:func:`read_beir_folder` reads one into a :class:`BeirFolder`, for mteb (:mod:`llm2vec.evaluation.local_task`) and
+for a training run's evaluation (:mod:`llm2vec.retrieval`). Whatever would make a score meaningless (a malformed
+line, an id given twice, ``7`` and ``"7"`` being one id as mteb keys them, an unknown or repeated qrels pair, a grade
+that is not a whole number >= 0, no relevant document at all) is a ``ValueError`` naming ``file:line``. A query with
+nothing to find is left out with a warning (``"leave_out"``, mteb's evaluation) or refused (``"refuse"``, a training
+run's: qrels that miss its queries are more likely the wrong split than a choice). No mteb or datasets import here.
 """
 
 from __future__ import annotations
@@ -42,13 +35,9 @@ UNJUDGED = ("leave_out", "refuse")
 
 @dataclass(frozen=True)
 class BeirFolder:
-    """One BEIR-layout folder as read by :func:`read_beir_folder`, every dict in file order.
-
-    ``corpus``: document id -> ``(title, text)`` (title ``""`` when absent); ``queries``: id -> text of the queries
-    that are scored (each has a relevant document); ``relevant``: query id -> {document id: grade} of those queries;
-    ``file_sha256``: the SHA-256 of each of the three files, of the very bytes parsed (each file read once);
-    ``digest``: a short hash of the three (12 hex digits of the SHA-256 of their names and hashes).
-    """
+    """One BEIR-layout folder, every dict in file order: ``corpus`` (id -> ``(title, text)``), the scored ``queries``
+    (id -> text) and their ``relevant`` documents (id -> grade); ``file_sha256`` of the very bytes parsed and a
+    12-digit ``digest`` of the three."""
 
     path: Path
     corpus: dict[str, tuple[str, str]]

@@ -13,19 +13,11 @@ value into its field's type before any argument class sees it, and refuses what 
 - ``null`` (JSON) or ``null`` / ``none`` (a flag) only where the field may be unset;
 - any other flag given with no value, or with several values where one belongs, is an error.
 
-Fields whose type is none of these (dicts, lists of options, unions such as ``report_to``) are read
-loosely: a flag's value is parsed as JSON where it parses, else kept as a string. NaN and infinity are refused
-anywhere in a value, at any depth (``lr_scheduler_kwargs``' ``min_lr``, a list inside ``fsdp_config``), named by
-their path (``lr_scheduler_kwargs.min_lr``): JSON's ``NaN``, ``Infinity`` and ``1e999`` all parse.
-
-:data:`TRAINING_RANGES` gives the allowed range of every numeric field of transformers' ``TrainingArguments``
-this project uses (the project's own argument classes check theirs in ``__post_init__``); :func:`check_ranges`
-names the field, the value and the range. No number of any field lies beyond :data:`NUMBER_LIMIT` either way
-(``2**31 - 1``: a count of steps, tokens, examples or threads beyond it cannot make a run).
-
-The Python API holds its booleans to the same rule: :func:`strict_booleans` makes every parameter annotated
-``bool`` (or ``bool | None``) of a public function take ``True`` or ``False`` (or ``None``) only, so
-``trust_remote_code="false"``, which Python reads as true, is one ``TypeError`` line instead of a yes.
+Other fields (dicts, lists of options, unions such as ``report_to``) take a flag's value as JSON where it parses,
+else as a string. NaN and infinity (JSON's ``NaN``, ``Infinity``, ``1e999``) are refused at any depth, named by
+their path (``lr_scheduler_kwargs.min_lr``). :func:`check_ranges` holds transformers' numeric fields to
+:data:`TRAINING_RANGES` and every number to :data:`NUMBER_LIMIT` either way. :func:`strict_booleans` holds the
+Python API's ``bool`` parameters to ``True`` / ``False``: ``trust_remote_code="false"`` is a ``TypeError``, not a yes.
 """
 
 from __future__ import annotations
@@ -159,16 +151,20 @@ def _as_bool(name: str, value: Any) -> bool:
     raise ValueProblem(f"{name}={value!r}: a true/false field takes true or false (or 1 / 0)")
 
 
-def _as_int(name: str, value: Any) -> int:
-    if isinstance(value, str):
-        text = value.strip()
+def _parsed(name: str, value: Any, expected: str) -> Any:
+    """A string read as an int, else as a float (:class:`ValueProblem` saying what was ``expected``); else ``value``."""
+    if not isinstance(value, str):
+        return value
+    for parse in (int, float):
         try:
-            return int(text)
+            return parse(value.strip())
         except ValueError:
-            try:
-                value = float(text)
-            except ValueError:
-                raise ValueProblem(f"{name}={value!r}: expected a whole number") from None
+            pass
+    raise ValueProblem(f"{name}={value!r}: expected {expected}")
+
+
+def _as_int(name: str, value: Any) -> int:
+    value = _parsed(name, value, "a whole number")
     if isinstance(value, bool):
         raise ValueProblem(f"{name}={value!r}: expected a whole number, not true/false")
     if isinstance(value, int):
@@ -180,15 +176,7 @@ def _as_int(name: str, value: Any) -> int:
 
 def _as_float(name: str, value: Any) -> float | int:
     """A finite number; a whole number stays an int, as JSON reads it (``logging_steps 1``, not ``1.0``)."""
-    if isinstance(value, str):
-        text = value.strip()
-        try:
-            value = int(text)
-        except ValueError:
-            try:
-                value = float(text)
-            except ValueError:
-                raise ValueProblem(f"{name}={value!r}: expected a number") from None
+    value = _parsed(name, value, "a number")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueProblem(f"{name}={value!r}: expected a number")
     if not math.isfinite(value):
@@ -256,17 +244,6 @@ def coerce_value(name: str, value: Any, hint, choices=()) -> Any:
     return value
 
 
-def field_hints(classes) -> dict[str, tuple[Any, tuple]]:
-    """``name -> (type hint, choices)`` of every init field of ``classes``."""
-    out = {}
-    for cls in classes:
-        hints = typing.get_type_hints(cls)
-        for f in fields(cls):
-            if f.init:
-                out[f.name] = (hints[f.name], tuple(f.metadata.get("choices", ())))
-    return out
-
-
 # Fields read by this project in a looser way than their declared type says.
 HINT_OVERRIDES: dict[str, Any] = {
     "resume_from_checkpoint": str | bool | None,  # true / false / a checkpoint folder (llm2vec.run.plan)
@@ -277,7 +254,10 @@ HINT_OVERRIDES: dict[str, Any] = {
 def coerce_config(config: dict[str, Any], classes) -> dict[str, Any]:
     """Every value of ``config`` read as its field's type (see the module docstring), with no NaN or infinity at
     any depth; unknown keys are left as they are (the caller reports them)."""
-    hints = field_hints(classes)
+    hints = {}  # name -> (type hint, choices) of every init field
+    for cls in classes:
+        types_of = typing.get_type_hints(cls)
+        hints.update({f.name: (types_of[f.name], tuple(f.metadata.get("choices", ()))) for f in fields(cls) if f.init})
     out = {}
     for name, value in config.items():
         if name not in hints:
@@ -321,11 +301,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def strict_booleans(function: F) -> F:
-    """Decorate a public function (or method): each parameter annotated ``bool`` takes ``True`` or ``False`` only,
-    one annotated ``bool | None`` also ``None``; anything else (``"false"``, ``0``, ``numpy.True_``) raises one
-    ``TypeError`` line naming the keyword, before the function runs. Python reads ``"false"`` as true, and a library
-    called with it (transformers' ``trust_remote_code``) would too. The annotations are read at the first call
-    (a method's may name its class, which does not exist yet when the decorator runs)."""
+    """Each parameter of ``function`` annotated ``bool`` takes ``True`` or ``False`` only (``bool | None`` also
+    ``None``); anything else (``"false"``, ``0``, ``numpy.True_``) is one ``TypeError`` line naming the keyword,
+    before the function runs. The annotations are read at the first call (a method's may name its own class)."""
     parameters = inspect.signature(function).parameters
     by_position = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     position = {name: i for i, (name, p) in enumerate(parameters.items()) if p.kind in by_position}

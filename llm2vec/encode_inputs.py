@@ -10,15 +10,9 @@
 Each item is a text (``str``, numpy's ``str_`` included), embedded without an instruction, or an
 ``[instruction, text]`` pair: a list, tuple or numpy array of exactly two strings.
 
-Refused with one ``TypeError`` line naming what was given (and, for an item, its index) because they would
-be read as something else, or fail deep inside the tokenizer:
-
-- a mapping (``dict``): iterating it gives its keys, not its texts;
-- a set: it has no order, so rows could not be matched to inputs;
-- ``bytes``: not text (iterating gives integers); decode it first;
-- ``None``, a number, or a numpy array of numbers;
-- an item that is ``None``, ``bytes``, a number, or any other object; a pair that does not hold exactly two
-  strings.
+Refused with one ``TypeError`` line naming what was given (and an item's index), because they would be misread or
+fail deep inside the tokenizer: a mapping (iterating gives its keys), a set (no order), ``bytes`` (not text),
+``None``, a number or a numpy array of numbers; an item that is none of the above, or a pair not of two strings.
 """
 
 from __future__ import annotations
@@ -43,7 +37,7 @@ def read_item(x: Any, index: int = 0) -> Item:
         raise TypeError(f"{where} is None; give a text or an [instruction, text] pair")
     if isinstance(x, (bytes, bytearray)):
         raise TypeError(f"{where} is {type(x).__name__}, not text; decode it first (e.g. x.decode('utf-8'))")
-    if _is_pair_container(x):
+    if isinstance(x, (list, tuple)) or (type(x).__module__ == "numpy" and getattr(x, "ndim", None) == 1):
         parts = list(x)
         if len(parts) != 2:
             raise TypeError(
@@ -54,12 +48,6 @@ def read_item(x: Any, index: int = 0) -> Item:
                 raise TypeError(f"{where}: the pair's {name} must be a string, got {_describe(part)}")
         return str(parts[0]), str(parts[1])
     raise TypeError(f"{where}: expected a text or an [instruction, text] pair of strings, got {_describe(x)}")
-
-
-def _is_pair_container(x: Any) -> bool:
-    if isinstance(x, (list, tuple)):
-        return True
-    return type(x).__module__ == "numpy" and getattr(x, "ndim", None) == 1
 
 
 def read_inputs(sentences: Any) -> tuple[list[Item], bool]:

@@ -1,10 +1,8 @@
 """The run's log as it is written: every logged entry appended to a JSON-lines file (``metrics_file``).
 
-The Trainer keeps its log (``state.log_history``) in memory and writes it only with a checkpoint or the final
-model (``trainer_state.json``); a run killed between them loses its curve. :class:`MetricsFile` appends each
-entry the moment it is logged (training loss, learning rate, each evaluation's measures), on the main process,
-as ``{"step": <optimizer step>, **entry}`` on one line, flushed before the next step. A resumed run appends
-to the same file, so a step evaluated again on resume appears twice.
+The Trainer writes its log only with a checkpoint or the final model, so a run killed between them loses its curve;
+:class:`MetricsFile` appends each entry as it is logged, ``{"step": <optimizer step>, **entry}`` on one line. A
+resumed run appends to the same file, so a step evaluated again on resume appears twice.
 """
 
 from __future__ import annotations

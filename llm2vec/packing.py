@@ -7,21 +7,14 @@ with position ids that restart at 0 at the start of each sequence and no attenti
              [b1 b2 b3 b4]       pos      0  1  2  0  1  2  3  0
              [c1 _  _  _ ]
 
-Each call also passes the sequences' boundaries as transformers' variable-length keyword arguments
-(:func:`varlen_kwargs`): ``cu_seq_lens_q = cu_seq_lens_k = [0, n_1, n_1 + n_2, ..., N]`` (int32) and
-``max_length_q = max_length_k = max_i n_i`` (a Python int), computed once per call from the restarting
-position ids. ``flash_attention_2`` then runs its variable-length kernel over the sequences directly, so
-no padding is computed at all and no layer has to rederive the boundaries (without them transformers finds
-them again from the position ids in every layer, a device sync each time). Where the installed transformers
-or the decoder does not take these arguments (:func:`accepts_varlen_kwargs`), the call falls back to the
-position ids alone, from which transformers recognises the packed form (``masking_utils.
-find_packed_sequence_indices``, used when the attention mask is ``None``). ``sdpa`` and ``eager`` ignore
-the keyword arguments and get a block-diagonal causal mask from the position ids, which gives the same numbers but computes attention over the whole row and
-masks it, at a cost that grows with the square of the row's length. For Stage I chunks of about a
-thousand tokens that is still cheaper than padding (the README's benchmark table), but an
-``encode`` batch of 32 texts of 512 tokens would be one row of 16k; so ``ModelArguments.packing`` turns
-packing on by default only with ``flash_attention_2``. The CPU tests use it with ``sdpa`` to check
-that a packed call equals the padded one.
+Each call also passes the boundaries as transformers' variable-length keyword arguments (:func:`varlen_kwargs`):
+``cu_seq_lens_q = cu_seq_lens_k = [0, n_1, n_1 + n_2, ..., N]`` (int32) and ``max_length_q = max_length_k =
+max_i n_i``, computed once per call, so that ``flash_attention_2`` runs its variable-length kernel without
+rederiving them in every layer (a device sync each time). Where they are not taken (:func:`accepts_varlen_kwargs`)
+transformers finds the packed form from the position ids alone. ``sdpa`` and ``eager`` get a block-diagonal causal
+mask: the same numbers, at a cost quadratic in the row's length (cheaper than padding for Stage I's chunks, not for
+an ``encode`` batch), so ``ModelArguments.packing`` is on by default only with ``flash_attention_2``; the CPU tests
+use ``sdpa`` to check that a packed call equals the padded one.
 
 Exactness has two conditions. The model's attention must read the position ids (a family declares it:
 ``TemplateSpec.packing_exact``; true for the shipped Llama, Qwen2 and Mistral families, false for OPT or

@@ -13,31 +13,26 @@ each averaged over the folder's queries: ``pytrec_eval``'s ``ndcg_cut_10`` and `
 and ``mteb``'s ``mrr_at_10``, which mteb reports as ``ndcg_at_10``, ``mrr_at_10`` and ``recall_at_k``
 (:func:`ranking_metrics`; ``tests/test_retrieval.py`` compares them with mteb's own scoring).
 
-**The embeddings.** Queries are embedded as ``[instruction, text]``, documents as ``["", title + " " + text]``, as
-the mteb evaluation of a local retrieval folder (:mod:`llm2vec.evaluation`) embeds them through ``LLM2Vec.encode`` (the family's chat
-template with the evaluation separator ``": "``, the anchor appended after truncation to ``max_length``), in the
-batches ``encode`` makes (:meth:`llm2vec.LLM2Vec.length_sorted_batches`), each embedded by
-``model(features=...)``: the encoder's own ``embed``, called through the model as the trainer wraps it (DDP,
-FSDP), so that a sharded model gathers its weights.
+**The embeddings.** Queries as ``[instruction, text]``, documents as ``["", title + " " + text]``, in the batches
+``LLM2Vec.encode`` makes, as the mteb evaluation embeds them, each by ``model(features=...)`` (through the trainer's
+wrapper, so that a sharded model gathers its weights).
 
-**Several processes.** Every process takes part: batch ``b`` is embedded by rank ``b mod W``, every rank runs the
-same number of forward passes (a rank with no batch left embeds batch 0 again and drops it: FSDP and DDP's buffer
-broadcast need the same collective calls everywhere), the embeddings are all-gathered, and every rank computes the
-same scores from the same matrices. No rank waits on another's choice, so the evaluation cannot leave a rank
-behind while the others wait; it can hang only where any collective of the run hangs (a rank that died), until
-``ddp_timeout``.
+**Several processes.** Batch ``b`` is embedded by rank ``b mod W``; every rank runs the same number of forward passes
+(one with no batch left embeds batch 0 again and drops it: FSDP and DDP need the same collective calls everywhere),
+the embeddings are all-gathered and every rank computes the same scores. No rank waits on another's choice, so the
+evaluation can hang only where any collective of the run hangs (a rank that died), until ``ddp_timeout``.
 
-:class:`RetrievalEvaluation` is what a training run calls at every evaluation: each folder's nDCG@10, MRR@10 and
-Recall@100 as ``<folder name>_<metric>`` and their means over the folders as ``beir_mean_<metric>``, measured in
-eval mode (no dropout), without gradients and with autocast off, the model's mode restored after.
+:class:`RetrievalEvaluation` is what a training run calls at every evaluation (:func:`measuring`): each folder's
+nDCG@10, MRR@10 and Recall@100 as ``<folder name>_<metric>``, their means as ``beir_mean_<metric>``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -54,6 +49,18 @@ LOGGED = ("ndcg_at_10", "mrr_at_10", "recall_at_100")
 MEAN = "beir_mean"
 """The name under which the means over the folders are logged (``beir_mean_ndcg_at_10``); no folder may have it."""
 RECALL_AT = (1, 10, 100)
+
+
+@contextlib.contextmanager
+def measuring(model: torch.nn.Module, device: torch.device) -> Iterator[None]:
+    """``model`` in eval mode (no dropout) with autocast off for a measurement, its mode restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.autocast(device_type=device.type, enabled=False):
+            yield
+    finally:
+        model.train(was_training)
 
 
 @dataclass(frozen=True)
@@ -218,16 +225,10 @@ class RetrievalEvaluation:
         (``encoder`` or the trainer's wrapper of it) put in eval mode for the measurement, autocast off."""
         start = time.perf_counter()
         device = torch.device(device)
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.autocast(device_type=device.type, enabled=False):
-                scores = {
-                    f.name: folder_metrics(model, encoder, f.data, f.instruction, batch_size, device)
-                    for f in self.folders
-                }
-        finally:
-            model.train(was_training)
+        with measuring(model, device):
+            scores = {
+                f.name: folder_metrics(model, encoder, f.data, f.instruction, batch_size, device) for f in self.folders
+            }
         out = {f"{name}_{m}": values[m] for name, values in scores.items() for m in LOGGED}
         out.update({f"{MEAN}_{m}": sum(v[m] for v in scores.values()) / len(scores) for m in LOGGED})
         logger.info(

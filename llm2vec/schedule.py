@@ -6,18 +6,13 @@ spans its *horizon*:
     horizon = max_steps                                      when max_steps > 0
     horizon = ceil(num_train_epochs x global batches)        otherwise
 
-where the global batches are those of the data actually loaded (:attr:`TrainDataset.num_global_batches`;
-the Trainer's optimizer steps per epoch are exactly these, whatever the split into processes and
-accumulation). ``stop_after_n_steps`` (:class:`llm2vec.arguments._StageArguments`) ends training at step
-N < horizon and the driver saves the final model there, as LLM2Vec's ``stop_after_n_steps`` does; the
-authors' configs give ``num_train_epochs: 3`` and no ``max_steps``, so their "2000 steps" and "1000 steps"
-models come from part-way down a 3-epoch schedule. Decaying to zero at the stop instead is ``max_steps = N``.
-
-:func:`plan_schedule` computes the horizon and the rate at the stop before training (logged, and saved as
-``lr_schedule`` in ``run_config.json``); :class:`StopAfterNSteps` checks that the Trainer's horizon is the
-planned one and stops the run; :func:`check_resume` refuses to resume a checkpoint whose run had another
-horizon. ``stop_after_minutes`` stops on the wall clock instead (:class:`StopAtTimeBudget`), at whatever step
-that is; the schedule is the same.
+with the global batches of the data actually loaded (:attr:`TrainDataset.num_global_batches`).
+``stop_after_n_steps`` ends training at step N < horizon, as LLM2Vec's does: the authors' configs give
+``num_train_epochs: 3`` and no ``max_steps``, so their "2000 steps" models come from part-way down a 3-epoch
+schedule (decaying to zero at the stop instead is ``max_steps = N``). :func:`plan_schedule` computes the plan
+before training (saved as ``lr_schedule`` in ``run_config.json``), :class:`StopAfterNSteps` checks the Trainer's
+horizon and stops, :func:`check_resume` refuses a checkpoint planned with another schedule;
+:class:`StopAtTimeBudget` stops on the wall clock (``stop_after_minutes``) with the same schedule.
 """
 
 from __future__ import annotations
@@ -84,13 +79,6 @@ class SchedulePlan:
         return text
 
 
-def horizon_steps(args, global_batches: int) -> int:
-    """The Trainer's number of scheduled steps for ``global_batches`` optimizer steps per epoch."""
-    if args.max_steps > 0:
-        return int(args.max_steps)
-    return math.ceil(args.num_train_epochs * global_batches)
-
-
 def learning_rate_at(args, horizon: int, step: int) -> float | None:
     """The rate of optimizer step ``step`` (1-based) of a ``horizon``-step schedule for ``args``: transformers'
     scheduler after ``step - 1`` steps, built by the same ``get_scheduler`` call as the Trainer's, on a
@@ -110,7 +98,8 @@ def learning_rate_at(args, horizon: int, step: int) -> float | None:
 
 def plan_schedule(args, global_batches: int, stop_after_n_steps: int | None, source: str = "config") -> SchedulePlan:
     """The horizon, the stop and the rate at the stop; a stop beyond the horizon is a :class:`ConfigError`."""
-    horizon = horizon_steps(args, global_batches)
+    # the Trainer's number of scheduled steps for ``global_batches`` optimizer steps per epoch
+    horizon = int(args.max_steps) if args.max_steps > 0 else math.ceil(args.num_train_epochs * global_batches)
     stop = horizon if stop_after_n_steps is None else int(stop_after_n_steps)
     if stop > horizon:
         where = (
@@ -173,7 +162,7 @@ class StopAfterNSteps(TrainerCallback):
         if state.max_steps != self.plan.horizon_steps:
             raise RuntimeError(
                 f"the Trainer schedules {state.max_steps} steps but the plan says "
-                f"{self.plan.horizon_steps}; llm2vec.schedule.horizon_steps no longer matches the "
+                f"{self.plan.horizon_steps}; llm2vec.schedule.plan_schedule's horizon no longer matches the "
                 "Trainer's computation"
             )
 

@@ -88,20 +88,11 @@ _FAMILIES = {
         "<|endoftext|>",
         QWEN2_CHAT_TEMPLATE,
     ),
-    "mistral": (
-        "mistral",
-        ["<unk>", "<s>", "</s>"],
-        "<s>",
-        "</s>",
-        "</s>",
-        MISTRAL_CHAT_TEMPLATE,
-    ),
+    "mistral": ("mistral", ["<unk>", "<s>", "</s>"], "<s>", "</s>", "</s>", MISTRAL_CHAT_TEMPLATE),
 }
 
 FAMILIES = tuple(_FAMILIES)
-SENTENCEPIECE_FAMILIES = ("mistral",)
-"""Families whose tokenizer is sentencepiece-style: a BPE over "▁"-marked words, with "▁" prepended to
-every text (the dummy prefix), as Mistral-7B-Instruct-v0.2's and Llama-2's tokenizer.json files do."""
+SENTENCEPIECE_FAMILIES = ("mistral",)  # the legacy sentencepiece layout of :func:`_word_start_bpe`
 
 _ALPHABET = sorted(
     set("".join(_CORPUS))
@@ -126,51 +117,32 @@ def _byte_level_bpe(specials, vocab_size):
     return tok
 
 
-def _sentencepiece_bpe(specials, bos, vocab_size):
-    """A BPE laid out like Mistral-7B-Instruct-v0.2's tokenizer.json: normalizer Prepend("▁") + Replace(" ", "▁")
-    on every text segment between special tokens, no pre-tokenizer, a "<s> $A" post-processor."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True))
-    # Merges are learnt within "▁"-started words (as sentencepiece does), then the pipeline is switched to the
-    # normalizer form, under which those merges give the same pieces.
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=specials, initial_alphabet=_ALPHABET + ["▁"], show_progress=False
-    )
-    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
-    tok.pre_tokenizer = None
-    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
-    tok.decoder = decoders.Sequence(
-        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
-    )
-    tok.post_processor = processors.TemplateProcessing(
-        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))]
-    )
-    return tok
-
-
 def _word_start_bpe(specials, bos, vocab_size, style):
-    """A BPE over "▁"-marked words laid out as transformers 5 builds two sentencepiece-derived tokenizers:
-    ``llama`` (``LlamaTokenizer``, as Mistral-7B-Instruct-v0.3's and Phi-3's: a Metaspace pre-tokenizer that marks
-    the start of the input only, ``prepend_scheme="first"``) or ``gemma`` (``GemmaTokenizer``: spaces become "▁",
-    nothing is prepended). Newlines are single tokens."""
+    """A BPE over "▁"-marked words (merges learnt within words, as sentencepiece does), laid out as ``sentencepiece``
+    (Mistral-7B-Instruct-v0.2's tokenizer.json: normalizer Prepend("▁") + Replace(" ", "▁") on every text segment
+    between special tokens), ``llama`` (transformers 5's ``LlamaTokenizer``, as Mistral-7B-Instruct-v0.3's and
+    Phi-3's: a Metaspace pre-tokenizer that marks the start of the input only) or ``gemma`` (``GemmaTokenizer``:
+    spaces become "▁", nothing is prepended), with a "<bos> $A" post-processor where there is a bos token. Outside
+    the legacy ``sentencepiece`` layout, newlines are single tokens."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE(unk_token="<unk>" if "<unk>" in map(str, specials) else None, fuse_unk=True))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+    alphabet = _ALPHABET + (["▁"] if style == "sentencepiece" else ["▁", "\n"])
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=specials, initial_alphabet=_ALPHABET + ["▁", "\n"], show_progress=False
+        vocab_size=vocab_size, special_tokens=specials, initial_alphabet=alphabet, show_progress=False
     )
     tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
     decoding = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    tok.decoder = decoders.Sequence(decoding if style == "gemma" else [*decoding, decoders.Strip(" ", 1, 0)])
     if style == "llama":
         tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
-        tok.decoder = decoders.Sequence([*decoding, decoders.Strip(" ", 1, 0)])
     else:
         tok.pre_tokenizer = None
-        tok.normalizer = normalizers.Replace(" ", "▁")
-        tok.decoder = decoders.Sequence(decoding)
+        spaces = normalizers.Replace(" ", "▁")
+        tok.normalizer = (
+            normalizers.Sequence([normalizers.Prepend("▁"), spaces]) if style == "sentencepiece" else spaces
+        )
     if bos is not None:
         tok.post_processor = processors.TemplateProcessing(
             single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))]
@@ -178,10 +150,7 @@ def _word_start_bpe(specials, bos, vocab_size, style):
     return tok
 
 
-TOKENIZER_STYLES = ("byte_level", "sentencepiece", "llama", "gemma")
-"""Tokenizer pipelines :func:`build_chat_tokenizer` builds: byte-level BPE (Llama-3, Qwen, SmolLM2, Phi-4-mini), the
-legacy sentencepiece layout that marks every text segment as a word start (Mistral-7B-Instruct-v0.2), and the
-``llama`` and ``gemma`` layouts of :func:`_word_start_bpe`."""
+TOKENIZER_STYLES = ("byte_level", "sentencepiece", "llama", "gemma")  # byte-level BPE, or :func:`_word_start_bpe`'s
 
 
 def build_chat_tokenizer(
@@ -193,9 +162,7 @@ def build_chat_tokenizer(
 
     if style == "byte_level":
         tok = _byte_level_bpe(specials, vocab_size)
-    elif style == "sentencepiece":
-        tok = _sentencepiece_bpe(specials, bos, vocab_size)
-    elif style in ("llama", "gemma"):
+    elif style in ("sentencepiece", "llama", "gemma"):
         tok = _word_start_bpe(specials, bos, vocab_size, style)
     else:
         raise ValueError(f"unknown tokenizer style {style!r}; one of {TOKENIZER_STYLES}")
@@ -207,8 +174,7 @@ def build_chat_tokenizer(
 
 
 def build_tokenizer(family: str, vocab_size: int = 320):
-    """A tokenizer with ``family``'s special tokens and chat template: byte-level BPE, or sentencepiece-style
-    BPE for :data:`SENTENCEPIECE_FAMILIES`."""
+    """A tokenizer with ``family``'s special tokens and chat template."""
     _, specials, bos, eos, pad, chat_template = _FAMILIES[family]
     style = "sentencepiece" if family in SENTENCEPIECE_FAMILIES else "byte_level"
     unk = "<unk>" if "<unk>" in specials else None

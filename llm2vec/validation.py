@@ -1,20 +1,14 @@
 """Stage II's measures on held-out pairs while it trains: the validation InfoNCE loss and retrieval quality.
 
-For N held-out (query, positive[, hard negative]) triples, every text is embedded once, in eval mode
-(no dropout), without gradients and with autocast off, through the training model's own embedding path
-(``forward(features=...)``: the anchor embedding of Eq. 1 that evaluation uses). Under several
-processes each embeds a shard (triples r, r + W, ...; every process runs the same number of forward
-passes, as FSDP needs) and the embeddings are gathered, so every process computes the same numbers from
-the same N x H matrices, and any number of processes gives the one-process numbers.
+For N held-out (query, positive[, hard negative]) triples, every text is embedded once through the training model's
+own ``forward(features=...)`` (:func:`llm2vec.retrieval.measuring`); under several processes each embeds a shard
+(triples r, r + W, ...; the same number of forward passes everywhere, as FSDP needs) and the embeddings are
+gathered, so any number of processes gives the one-process numbers.
 
-- ``loss``: InfoNCE as in training (Eq. 6-7: cosine scores times ``scale``, float32; each query against
-  the positives and hard negatives of its batch), over consecutive batches of ``contrastive_batch``
-  triples (the training run's per-device batch x processes: what one training loss sees), averaged over
-  all queries.
-- retrieval of every query against all distinct validation positives (the corpus; a document that is
-  the positive of several queries appears once and is relevant to each of them), by cosine similarity.
-  With one relevant document per query and its rank r (1 + the number of documents scored strictly
-  higher):
+- ``loss``: InfoNCE as in training (Eq. 6-7, float32) over consecutive batches of ``contrastive_batch`` triples
+  (what one training loss sees), averaged over all queries.
+- retrieval of every query against all distinct validation positives by cosine similarity. With one relevant
+  document per query and its rank r (1 + the number of documents scored strictly higher):
 
       nDCG@10 = 1 / log2(r + 1) if r <= 10 else 0      (the ideal DCG is 1)
       Recall@k = 1 if r <= k else 0                     (k = 1, 10)
@@ -35,6 +29,7 @@ import torch.nn.functional as F
 
 from .distributed import world
 from .loss.infonce import InfoNCELoss
+from .retrieval import measuring
 
 SIDES = ("query", "positive", "negative")
 
@@ -114,13 +109,8 @@ def contrastive_validation(
 ) -> dict[str, float]:
     """The validation InfoNCE loss and the retrieval metrics of ``triples`` (module docstring); ``model`` is the
     Stage II model as the trainer wraps it, put in eval mode (and autocast off) for the measurement."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.autocast(device_type=device.type, enabled=False):
-            e = embed_triples(model, triples, collate, batch_size, device)
-    finally:
-        model.train(was_training)
+    with measuring(model, device):
+        e = embed_triples(model, triples, collate, batch_size, device)
     n = len(triples)
     infonce = InfoNCELoss(scale)  # Eq. 6-7 in float32; the embeddings are gathered already: gather=False
     losses = [

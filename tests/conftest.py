@@ -28,6 +28,12 @@ def tiny_checkpoints(tmp_path_factory):
     return {family: save_tiny_model(family, root / family) for family in FAMILIES}
 
 
+@pytest.fixture(scope="session")
+def llama_checkpoint(tiny_checkpoints):
+    """The tiny Llama-3 checkpoint's folder, as a string."""
+    return str(tiny_checkpoints["llama3"])
+
+
 @pytest.fixture(params=FAMILIES)
 def family(request):
     return request.param

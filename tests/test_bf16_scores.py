@@ -1,4 +1,4 @@
-"""Stage II under bf16 mixed precision: InfoNCE's scores and softmax stay float32 in every path (issue #19, point 1).
+"""Stage II under bf16 mixed precision: InfoNCE's scores and softmax stay float32 in every path.
 
 The Trainer's bf16 autocast wraps the model's ``forward``. The plain step computes the loss inside ``forward``, the
 gradient-cached step outside it; both must give the float32 loss. The reference is Eq. 6-7 in float64, one query
@@ -17,11 +17,6 @@ from llm2vec.loss.infonce import InfoNCELoss
 
 LENGTHS = ([11, 17, 6, 14], [30, 22, 25, 19], [12, 24, 8, 20])  # query, positive, negative rows
 SCALE = 20.0
-
-
-@pytest.fixture(scope="module")
-def llama_checkpoint(tiny_checkpoints):
-    return str(tiny_checkpoints["llama3"])
 
 
 def float64_reference(query, positive, negative, ranks: int = 1, scale: float = SCALE):

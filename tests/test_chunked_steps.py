@@ -55,11 +55,6 @@ def spawn(stage, how, checkpoint, batch_file, budget, tmp_path):
     return [torch.load(tmp_path / f"{stage}{how}{r}.pt") for r in range(WORLD)]
 
 
-@pytest.fixture(scope="module")
-def llama_checkpoint(tiny_checkpoints):
-    return str(tiny_checkpoints["llama3"])
-
-
 def stage_I_reference(model, collate, counts):
     """Sum over every pair of the global batch run alone (plain forward, step-wide counts): loss and gradients."""
     model.train()

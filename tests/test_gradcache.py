@@ -23,11 +23,6 @@ from llm2vec.testing import write_tiny_e5
 SIDES = ("query", "positive", "negative")
 
 
-@pytest.fixture(scope="module")
-def llama_checkpoint(tiny_checkpoints):
-    return str(tiny_checkpoints["llama3"])
-
-
 def random_features(lengths, pad_token_id, generator, padding_side="right", prefix=2):
     """A padded batch of random token ids with these real lengths; ``text_mask`` leaves out ``prefix`` tokens (as an
     instruction would be) so that mean pooling depends on it."""

@@ -51,14 +51,11 @@ class Spy:
         return [tuple(x) for call in self.calls for x in call]
 
 
-@pytest.fixture(scope="module")
-def llama_path(tiny_checkpoints):
-    return str(tiny_checkpoints["llama3"])
-
-
 @pytest.fixture
-def encoder(llama_path):
-    return LLM2VecMTEBEncoder.from_pretrained(llama_path, instructions=dict(INSTRUCTIONS), devices="cpu", batch_size=4)
+def encoder(llama_checkpoint):
+    return LLM2VecMTEBEncoder.from_pretrained(
+        llama_checkpoint, instructions=dict(INSTRUCTIONS), devices="cpu", batch_size=4
+    )
 
 
 # ---------------------------------------------------------------------------------------- mock tasks
@@ -97,12 +94,14 @@ def test_mock_tasks_write_results_and_cache_is_reused(encoder, tmp_path, monkeyp
     assert len(spy.calls) == first_calls + 2  # both sides of the STS pairs
 
 
-def test_settings_change_the_revision_folder(llama_path):
-    a = LLM2VecMTEBEncoder.from_pretrained(llama_path, instructions=INSTRUCTIONS, devices="cpu")
-    b = LLM2VecMTEBEncoder.from_pretrained(llama_path, instructions=INSTRUCTIONS, devices="cpu", max_length=64)
-    c = LLM2VecMTEBEncoder.from_pretrained(llama_path, instructions=INSTRUCTIONS, devices="cpu")
+def test_settings_change_the_revision_folder(llama_checkpoint):
+    a = LLM2VecMTEBEncoder.from_pretrained(llama_checkpoint, instructions=INSTRUCTIONS, devices="cpu")
+    b = LLM2VecMTEBEncoder.from_pretrained(llama_checkpoint, instructions=INSTRUCTIONS, devices="cpu", max_length=64)
+    c = LLM2VecMTEBEncoder.from_pretrained(llama_checkpoint, instructions=INSTRUCTIONS, devices="cpu")
     assert a.mteb_model_meta.revision == c.mteb_model_meta.revision != b.mteb_model_meta.revision
-    d = LLM2VecMTEBEncoder.from_pretrained(llama_path, instructions=INSTRUCTIONS, devices="cpu", doc_max_length=400)
+    d = LLM2VecMTEBEncoder.from_pretrained(
+        llama_checkpoint, instructions=INSTRUCTIONS, devices="cpu", doc_max_length=400
+    )
     assert d.model.doc_max_length == 400 and d.mteb_model_meta.loader_kwargs["doc_max_length"] == 400
     assert d.mteb_model_meta.revision not in (a.mteb_model_meta.revision, b.mteb_model_meta.revision)
     assert a.mteb_model_meta.name.endswith("/llama3")
@@ -156,17 +155,17 @@ def test_wrapper_output_is_llm2vec_encode_of_the_pairs(encoder):
     assert not np.allclose(doc, got)
 
 
-def test_missing_instruction_is_a_clear_error_or_an_explicit_fallback(llama_path, tmp_path, caplog):
+def test_missing_instruction_is_a_clear_error_or_an_explicit_fallback(llama_checkpoint, tmp_path, caplog):
     fp = tmp_path / "instr.json"
     fp.write_text(json.dumps({"SomethingElse": "x"}))
-    strict = LLM2VecMTEBEncoder.from_pretrained(llama_path, instructions=str(fp), devices="cpu")
+    strict = LLM2VecMTEBEncoder.from_pretrained(llama_checkpoint, instructions=str(fp), devices="cpu")
     meta = MockSTSTask().metadata
     with pytest.raises(MissingInstructionError) as err:
         strict.encode([{"text": ["a"]}], task_metadata=meta, hf_split="test", hf_subset="default")
     assert "MockSTSTask" in str(err.value) and str(fp) in str(err.value) and "instructions={" in str(err.value)
 
     lenient = LLM2VecMTEBEncoder.from_pretrained(
-        llama_path, instructions=str(fp), devices="cpu", allow_missing_instructions=True
+        llama_checkpoint, instructions=str(fp), devices="cpu", allow_missing_instructions=True
     )
     with caplog.at_level("WARNING"):
         out = lenient.encode([{"text": ["a"]}], task_metadata=meta, hf_split="test", hf_subset="default")
@@ -174,9 +173,9 @@ def test_missing_instruction_is_a_clear_error_or_an_explicit_fallback(llama_path
     assert any("MockSTSTask" in r.getMessage() for r in caplog.records)
 
 
-def test_several_replicas_give_the_same_embeddings_in_input_order(llama_path):
-    single = LLM2VecMTEBEncoder.from_pretrained(llama_path, instructions=INSTRUCTIONS, devices="cpu")
-    multi = LLM2VecMTEBEncoder.from_pretrained(llama_path, instructions=INSTRUCTIONS, devices=["cpu", "cpu"])
+def test_several_replicas_give_the_same_embeddings_in_input_order(llama_checkpoint):
+    single = LLM2VecMTEBEncoder.from_pretrained(llama_checkpoint, instructions=INSTRUCTIONS, devices="cpu")
+    multi = LLM2VecMTEBEncoder.from_pretrained(llama_checkpoint, instructions=INSTRUCTIONS, devices=["cpu", "cpu"])
     multi.chunk_size = 3
     assert len(multi.replicas) == 2 and multi.replicas[0] is not multi.replicas[1]
     items = [["Classify the sentence" if i % 3 else "", "word " * (1 + (7 * i) % 11) + str(i)] for i in range(23)]
@@ -253,6 +252,24 @@ TEXTS = [
 QRELS = {"qa": "d3", "qb": "d0", "qc": "d5", "qd": "d1"}
 
 
+def cli_argv(model, out, *extra, data=None, instruction=""):
+    local = ["--local_retrieval_dir", str(data), "--local_instruction", instruction] if data is not None else []
+    return [
+        "--base_model_name_or_path",
+        str(model),
+        *local,
+        "--output_dir",
+        str(out),
+        "--device",
+        "cpu",
+        "--batch_size",
+        "2",
+        "--model_name",
+        "tiny/llama3",
+        *extra,
+    ]
+
+
 def test_local_retrieval_task_scores_ndcg_one_for_identical_texts(encoder, tmp_path):
     data = tmp_path / "eval"
     write_beir(data, TEXTS, QRELS)
@@ -279,7 +296,7 @@ def test_local_retrieval_task_scores_ndcg_one_for_identical_texts(encoder, tmp_p
 
 
 def test_a_local_tasks_own_instruction_reaches_its_queries(encoder, tmp_path, monkeypatch):
-    """A local task's instruction is used with no add_instruction and no entry in the mapping (issue #30): its queries
+    """A local task's instruction is used with no add_instruction and no entry in the mapping: its queries
     get it, its documents none; a task with no instruction anywhere fails with a message that says what to pass."""
     data = tmp_path / "eval"
     write_beir(data, TEXTS, QRELS)
@@ -376,8 +393,8 @@ def test_local_retrieval_task_reads_the_folder_and_hashes_its_files(tmp_path):
         ([], "no task"),
     ],
 )
-def test_cli_bad_input_is_a_one_line_error(extra, expected, llama_path, tmp_path, capsys):
-    rc = main(["--base_model_name_or_path", llama_path, "--output_dir", str(tmp_path), *extra])
+def test_cli_bad_input_is_a_one_line_error(extra, expected, llama_checkpoint, tmp_path, capsys):
+    rc = main(["--base_model_name_or_path", llama_checkpoint, "--output_dir", str(tmp_path), *extra])
     assert rc == 2
     err = capsys.readouterr().err.strip()
     assert expected in err and "error" in err and "Traceback" not in err and len(err.splitlines()) == 1
@@ -405,7 +422,7 @@ def test_cli_unloadable_model_is_a_one_line_error(tmp_path, capsys):
     assert rc == 2 and "cannot load the model" in err and "no-model" in err and len(err.splitlines()) == 1
 
 
-def test_cli_task_in_the_tasks_file_that_mteb_lacks_names_the_file(llama_path, tmp_path, capsys):
+def test_cli_task_in_the_tasks_file_that_mteb_lacks_names_the_file(llama_checkpoint, tmp_path, capsys):
     tasks = json.loads(mteb_eval_custom.DEFAULT_TASKS_FILE.read_text())
     tasks["tasks"]["NoSuchTaskXYZ"] = dict(tasks["tasks"]["STSBenchmark"])
     fp = tmp_path / "tasks.json"
@@ -413,7 +430,7 @@ def test_cli_task_in_the_tasks_file_that_mteb_lacks_names_the_file(llama_path, t
     rc = main(
         [
             "--base_model_name_or_path",
-            llama_path,
+            llama_checkpoint,
             "--tasks_fp",
             str(fp),
             "--task_set",
@@ -426,13 +443,13 @@ def test_cli_task_in_the_tasks_file_that_mteb_lacks_names_the_file(llama_path, t
     assert rc == 2 and f"--tasks_fp {fp}" in err and "'NoSuchTaskXYZ' is not an mteb" in err
 
 
-def test_cli_missing_instruction_names_the_task_and_file(llama_path, tmp_path, capsys):
+def test_cli_missing_instruction_names_the_task_and_file(llama_checkpoint, tmp_path, capsys):
     fp = tmp_path / "instr.json"
     fp.write_text(json.dumps({"STSBenchmark": "x"}))
     rc = main(
         [
             "--base_model_name_or_path",
-            llama_path,
+            llama_checkpoint,
             "--task_name",
             "STSBenchmark,SICK-R",
             "--task_to_instructions_fp",
@@ -496,40 +513,24 @@ def test_load_instructions_rejects_malformed_files(tmp_path, content, message):
         load_instructions(fp)
 
 
-def test_cli_evaluates_a_local_folder(llama_path, tmp_path, capsys):
+def test_cli_evaluates_a_local_folder(llama_checkpoint, tmp_path, capsys):
     data = tmp_path / "eval"
     write_beir(data, TEXTS, QRELS)
-    argv = [
-        "--base_model_name_or_path",
-        llama_path,
-        "--local_retrieval_dir",
-        str(data),
-        "--local_instruction",
-        "",
-        "--output_dir",
-        str(tmp_path / "out"),
-        "--device",
-        "cpu",
-        "--batch_size",
-        "2",
-        "--model_name",
-        "tiny/llama3",
-    ]
-    assert main(argv) == 0
+    assert main(cli_argv(llama_checkpoint, tmp_path / "out", data=data)) == 0
     out = capsys.readouterr().out
     assert "StdlibDocRetrieval\t1.0000" in out
     saved = list((tmp_path / "out" / "results" / "tiny__llama3").glob("*/StdlibDocRetrieval.json"))
     assert len(saved) == 1
 
 
-def test_cli_authors_command_with_a_lora_adapter(llama_path, tmp_path, capsys):
+def test_cli_authors_command_with_a_lora_adapter(llama_checkpoint, tmp_path, capsys):
     """The authors' flags (base + adapter + instructions file + output dir), on a local task; the adapter is
     merged, names the results folder, and changes the embeddings."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModel
 
-    body = AutoModel.from_pretrained(llama_path)
+    body = AutoModel.from_pretrained(llama_checkpoint)
     lora = get_peft_model(
         body, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
     )
@@ -543,7 +544,7 @@ def test_cli_authors_command_with_a_lora_adapter(llama_path, tmp_path, capsys):
     out = tmp_path / "out"
     argv = [
         "--base_model_name_or_path",
-        llama_path,
+        llama_checkpoint,
         "--peft_model_name_or_path",
         str(adapter),
         "--local_retrieval_dir",
@@ -561,8 +562,8 @@ def test_cli_authors_command_with_a_lora_adapter(llama_path, tmp_path, capsys):
     meta = json.loads((folder / "model_meta.json").read_text())
     assert meta["loader_kwargs"]["peft_model_name_or_path"] == str(adapter.resolve())
 
-    merged = LLM2VecMTEBEncoder.from_pretrained(llama_path, str(adapter), instructions={}, devices="cpu")
-    plain = LLM2VecMTEBEncoder.from_pretrained(llama_path, instructions={}, devices="cpu")
+    merged = LLM2VecMTEBEncoder.from_pretrained(llama_checkpoint, str(adapter), instructions={}, devices="cpu")
+    plain = LLM2VecMTEBEncoder.from_pretrained(llama_checkpoint, instructions={}, devices="cpu")
     with torch.no_grad():
         a = merged.encode_items([["", TEXTS[0]]], show_progress_bar=False)
         b = plain.encode_items([["", TEXTS[0]]], show_progress_bar=False)

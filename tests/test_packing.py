@@ -1,4 +1,4 @@
-"""Packed decoder calls (#11, llm2vec.packing): the same embeddings, losses and gradients as padded calls,
+"""Packed decoder calls (llm2vec.packing): the same embeddings, losses and gradients as padded calls,
 in fewer calls and with no padding. On CPU the packed row runs under sdpa's block-diagonal mask; with
 flash_attention_2 transformers takes the variable-length kernel from the same position ids (GPU only).
 
@@ -196,7 +196,7 @@ def test_packing_setting():
         args(packing="sometimes")
 
 
-# ---------------------------------------------------------------- which families may pack (#19, point 3)
+# ---------------------------------------------------------------- which families may pack
 
 
 def hidden_alone_and_packed(decoder, lengths, vocab, seed=0):
@@ -285,7 +285,7 @@ def test_driver_refuses_packing_for_such_a_family_in_one_line(tiny_checkpoints, 
     assert error.startswith("error: command line: packing: the 'llama3_unverified' family")
 
 
-# ---------------------------------------------------------------- the variable-length arguments (#32, point 5)
+# ---------------------------------------------------------------- the variable-length arguments
 
 
 def probe_attention(name: str, use_boundaries: bool, seen: list):

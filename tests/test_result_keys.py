@@ -14,7 +14,7 @@ from pathlib import Path
 
 import mteb_eval_custom
 import pytest
-from test_mteb_eval import QRELS, TEXTS  # the local task tests' corpus and queries
+from test_mteb_eval import QRELS, TEXTS, cli_argv  # the local task tests' corpus, queries and command line
 
 main = mteb_eval_custom.main
 
@@ -39,24 +39,6 @@ def model(tiny_checkpoints):
     return str(tiny_checkpoints["llama3"])
 
 
-def argv(model, out, *extra, data=None, instruction=""):
-    local = ["--local_retrieval_dir", str(data), "--local_instruction", instruction] if data is not None else []
-    return [
-        "--base_model_name_or_path",
-        str(model),
-        *local,
-        "--output_dir",
-        str(out),
-        "--device",
-        "cpu",
-        "--batch_size",
-        "2",
-        "--model_name",
-        "tiny/llama3",
-        *extra,
-    ]
-
-
 def printed_scores(out: str) -> dict[str, float]:
     return {line.split("\t")[0]: float(line.split("\t")[1]) for line in out.splitlines() if "\t" in line}
 
@@ -74,7 +56,7 @@ def one_line(err: str) -> str:
 def test_a_local_task_never_takes_the_name_of_an_mteb_task(model, tmp_path, capsys, name):
     data = write_beir(tmp_path / "data")
     out = tmp_path / "out"
-    assert main(argv(model, out, "--local_task_name", name, data=data)) == 2
+    assert main(cli_argv(model, out, "--local_task_name", name, data=data)) == 2
     line = one_line(capsys.readouterr().err)
     assert f"--local_task_name {name!r}" in line and "mteb task" in line and "choose another name" in line, line
     assert not out.exists()
@@ -89,14 +71,14 @@ def test_a_stored_result_of_a_local_folder_is_never_served_for_the_mteb_task_of_
     offline and without its dataset fails, naming the stored file that was not reused."""
     data = write_beir(tmp_path / "data")
     out = tmp_path / "out"
-    assert main(argv(model, out, "--local_task_name", "LocalCopy", data=data)) == 0
+    assert main(cli_argv(model, out, "--local_task_name", "LocalCopy", data=data)) == 0
     assert printed_scores(capsys.readouterr().out) == {"LocalCopy": 1.0}
     (folder,) = (out / "results" / "tiny__llama3").iterdir()
     stored = json.loads((folder / "LocalCopy.json").read_text())
     stored["task_name"] = "SciFact"
     (folder / "SciFact.json").write_text(json.dumps(stored))
 
-    rc = main(argv(model, out, "--task_name", "SciFact"))
+    rc = main(cli_argv(model, out, "--task_name", "SciFact"))
     captured = capsys.readouterr()
     assert "SciFact" not in printed_scores(captured.out), captured.out
     assert rc == 1
@@ -109,15 +91,15 @@ def test_an_edited_local_folder_is_scored_again(model, tmp_path, capsys):
     into an empty folder), not the stored one."""
     data = write_beir(tmp_path / "data")
     out = tmp_path / "out"
-    assert main(argv(model, out, data=data)) == 0
+    assert main(cli_argv(model, out, data=data)) == 0
     assert printed_scores(capsys.readouterr().out) == {"StdlibDocRetrieval": 1.0}
 
     edited = list(TEXTS)
     edited[3], edited[0] = "A completely different sentence about rivers.", "Nothing about containers here."
     write_beir(data, texts=edited)
-    assert main(argv(model, out, data=data)) == 0
+    assert main(cli_argv(model, out, data=data)) == 0
     again = printed_scores(capsys.readouterr().out)
-    assert main(argv(model, tmp_path / "fresh", data=data)) == 0
+    assert main(cli_argv(model, tmp_path / "fresh", data=data)) == 0
     fresh = printed_scores(capsys.readouterr().out)
     assert fresh["StdlibDocRetrieval"] < 1.0
     assert again == fresh
@@ -159,7 +141,7 @@ def test_an_unchanged_evaluation_is_served_and_its_file_records_what_it_was_comp
     data = write_beir(tmp_path / "data")
     out = tmp_path / "out"
     instruction = "Given a sentence, retrieve the same sentence"
-    assert main(argv(model, out, data=data, instruction=instruction)) == 0
+    assert main(cli_argv(model, out, data=data, instruction=instruction)) == 0
     score = printed_scores(capsys.readouterr().out)
     assert encode_calls
     path = stored_file(out)
@@ -192,7 +174,7 @@ def test_an_unchanged_evaluation_is_served_and_its_file_records_what_it_was_comp
     assert TaskResult.from_disk(path).get_score() == pytest.approx(score["StdlibDocRetrieval"], abs=1e-4)
 
     before, calls = path.read_bytes(), len(encode_calls)
-    again = argv(model, out, data=data, instruction=instruction)
+    again = cli_argv(model, out, data=data, instruction=instruction)
     again[again.index("--batch_size") + 1] = "3"
     assert main(again) == 0
     assert printed_scores(capsys.readouterr().out) == score
@@ -228,7 +210,7 @@ def test_a_changed_instruction_model_setting_or_file_is_computed_again(
     out = tmp_path / "out"
     flags = ["--revision", "v1"]
     instruction = "Given a sentence, retrieve the same sentence"
-    assert main(argv(model, out, *flags, data=data, instruction=instruction)) == 0
+    assert main(cli_argv(model, out, *flags, data=data, instruction=instruction)) == 0
     capsys.readouterr()
 
     if change == "instruction":
@@ -243,11 +225,11 @@ def test_a_changed_instruction_model_setting_or_file_is_computed_again(
             "".join(json.dumps({"query-id": q, "corpus-id": d, "score": 1}) + "\n" for q, d in qrels.items())
         )
     calls = len(encode_calls)
-    assert main(argv(model, out, *flags, data=data, instruction=instruction)) == 0
+    assert main(cli_argv(model, out, *flags, data=data, instruction=instruction)) == 0
     again = printed_scores(capsys.readouterr().out)
     assert len(encode_calls) > calls
     assert message in caplog.text and "is not reused" in caplog.text, caplog.text
-    assert main(argv(model, tmp_path / "fresh", *flags, data=data, instruction=instruction)) == 0
+    assert main(cli_argv(model, tmp_path / "fresh", *flags, data=data, instruction=instruction)) == 0
     assert again == printed_scores(capsys.readouterr().out)
 
 

@@ -8,10 +8,9 @@ A *tasks file* is a JSON object::
                "CQADupstackRetrieval": {..., "subtasks": ["CQADupstackAndroidRetrieval", ...]}, ...},
      "subsets": {"15": {"tasks": ["ArguAna", ...]}}}
 
-:func:`load_benchmark` reads it once into a :class:`Benchmark` (all tasks; :meth:`Benchmark.subset` gives a
-named subset). The evaluation uses it to resolve mteb tasks restricted to the paper's split and subset
-(:func:`mteb_tasks`); the tables use it to group scores into the paper's categories. A task with
-``subtasks`` (CQADupstackRetrieval) is evaluated as those mteb tasks, and its score is their mean.
+:func:`load_benchmark` reads it into a :class:`Benchmark`; :func:`mteb_tasks` restricts mteb's tasks to the paper's
+split and subset, the tables group scores by its categories. A task with ``subtasks`` (CQADupstackRetrieval) is
+evaluated as those mteb tasks, and scores their mean.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..io import JsonFileError, read_json_file
+from .paths import read_input_json
 
 FULL_BENCHMARK = "mteb56"
 """Name of the benchmark of all tasks of a tasks file; a subset ``"15"`` is named ``"subset15"``."""
@@ -61,10 +60,7 @@ class Category:
 
 @dataclass(frozen=True)
 class Benchmark:
-    """A list of tasks grouped into the paper's categories (empty categories are dropped).
-
-    ``subsets`` maps a subset key of the tasks file (``"15"``) to its task names; :meth:`subset` builds it.
-    """
+    """Tasks grouped into the paper's categories (empty ones dropped); ``subsets``: subset key -> task names."""
 
     name: str
     categories: tuple[Category, ...]
@@ -109,15 +105,8 @@ class Benchmark:
 def load_benchmark(tasks_file: str | os.PathLike, subset: str | None = None) -> Benchmark:
     """The tasks of ``tasks_file`` (see the module docstring), or its subset ``subset`` (``"15"``)."""
     path = Path(tasks_file)
-    if not path.exists():
-        raise BenchmarkError(
-            f"tasks file {str(path)!r} not found; it lists the tasks, their categories, "
-            "and the split and subset each is scored on"
-        )
-    try:
-        config = read_json_file(path, "tasks file")
-    except JsonFileError as e:
-        raise BenchmarkError(str(e)) from None
+    holds = "it lists the tasks, their categories, and the split and subset each is scored on"
+    config = read_input_json(path, "tasks file", holds, BenchmarkError)
     try:
         tasks = [
             Task(
@@ -152,11 +141,8 @@ def load_benchmark(tasks_file: str | os.PathLike, subset: str | None = None) -> 
 
 
 def mteb_tasks(names: Iterable[str], benchmark: Benchmark | None = None) -> list:
-    """mteb task objects for mteb task ``names``, restricted to the split and hf_subset ``benchmark`` gives.
-
-    A sub-task (a CQADupstack sub-forum) takes its parent's split and subset. A task the benchmark does
-    not list keeps mteb's own splits and subsets. An unknown name raises :class:`UnknownTaskError`.
-    """
+    """mteb task objects for ``names``, restricted to the split and hf_subset ``benchmark`` gives (a sub-task takes its
+    parent's; an unlisted task keeps mteb's own); an unknown name raises :class:`UnknownTaskError`."""
     import mteb  # imported late: slow to import
 
     files = benchmark.result_files() if benchmark is not None else {}

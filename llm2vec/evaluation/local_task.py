@@ -1,30 +1,14 @@
-"""A local BEIR-style retrieval dataset as an mteb 2.x retrieval task (no hub access).
+"""A local BEIR-style retrieval folder (``corpus.jsonl``, ``queries.jsonl``, ``qrels.jsonl``; read and checked by
+:func:`llm2vec.beir.read_beir_folder`) as an mteb 2.x retrieval task: one ``default`` subset, one ``test`` split,
+main score nDCG@10, no hub access. Queries with nothing to find are left out with a warning; whatever would make
+the score meaningless is an error naming ``file:line``.
 
-The folder holds three JSON-lines files:
-
-- ``corpus.jsonl``: ``{"_id", "title", "text"}`` (``title`` optional);
-- ``queries.jsonl``: ``{"_id", "text"}``;
-- ``qrels.jsonl``: ``{"query-id", "corpus-id", "score"}``.
-
-:func:`local_retrieval_task` reads them into the ``RetrievalSplitData`` that mteb's own retrieval tasks
-use (one ``default`` subset, one ``test`` split), so ``mteb.evaluate`` scores it like any retrieval task
-(main score nDCG@10) and writes ``<name>.json`` into the results cache. Queries with no qrels line, or
-whose grades are all 0, are left out with a warning (they have nothing to find); a line that is not a JSON
-object or lacks a field, and whatever would make the score meaningless (an id given twice, a qrels line
-naming an unknown query or document or repeating a pair, a grade that is not a whole number >= 0, no
-relevant document at all) is an error naming ``file:line`` (the reader: :func:`llm2vec.beir.read_beir_folder`). The dataset "revision" in the task
-metadata is a hash of the three files, so the results file records which version of the data was scored.
-
-The task keeps the SHA-256 of each of the three files as they were read when it was made (``task.file_sha256``,
-hashed from the very bytes parsed), and loading its data refuses files that changed since: what a stored result
-records as its input (:mod:`llm2vec.evaluation.result_keys`) is what was scored.
-
-Its name becomes the results file's name (``<name>.json``), where mteb looks for a task's stored result by name
-alone, so it may not be the name of a task mteb knows (:func:`check_local_task_name`).
-
-The task's instruction (for its queries; documents get none) is ``task.instruction``, kept in the task's
-metadata as mteb keeps a task's own prompt (``metadata.prompt = {"query": instruction}``), where
-``LLM2VecMTEBEncoder`` reads it when its instructions mapping has no entry for the task.
+The task's dataset "revision" is a hash of the three files, and the task keeps each file's SHA-256 as read when
+it was made (``task.file_sha256``): loading its data refuses files that changed since, so what a stored result
+records as its input (:mod:`llm2vec.evaluation.result_keys`) is what was scored. Its name becomes the results
+file's name, where mteb finds a stored result by name alone, so it may not be an mteb task's
+(:func:`check_local_task_name`). Its instruction (``task.instruction``) is kept as mteb keeps a task's own prompt,
+``metadata.prompt = {"query": instruction}``, where ``LLM2VecMTEBEncoder`` reads it.
 """
 
 from __future__ import annotations
@@ -51,13 +35,16 @@ class TaskNameError(ValueError):
 
 
 @functools.lru_cache(maxsize=1)
+def mteb_registry() -> dict[str, type]:
+    """Name -> class of every task in mteb's registry (read offline)."""
+    return {cls.metadata.name: cls for cls in importlib.import_module("mteb.get_tasks").TASK_LIST}
+
+
+@functools.lru_cache(maxsize=1)
 def _mteb_task_names() -> dict[str, str]:
-    """Lower-cased name -> name of every task in mteb's registry (its task classes, read offline), renamed ones
-    included."""
-    registry = importlib.import_module("mteb.get_tasks")  # the module; ``mteb.get_tasks`` is its function
-    names = [cls.metadata.name for cls in registry.TASK_LIST]
-    names += list(getattr(registry, "_TASK_RENAMES", {}))  # old names mteb still answers to
-    return {name.lower(): name for name in names}
+    """Lower-cased name -> name of every task mteb knows, including old names it still answers to."""
+    renames = getattr(importlib.import_module("mteb.get_tasks"), "_TASK_RENAMES", {})
+    return {name.lower(): name for name in [*mteb_registry(), *renames]}
 
 
 def check_local_task_name(name: str, what: str = "local task name") -> str:
@@ -74,20 +61,9 @@ def check_local_task_name(name: str, what: str = "local task name") -> str:
     return name
 
 
-def read_beir_folder(data_dir: str | Path) -> tuple[RetrievalSplitData, str]:
-    """The split data of a BEIR-style folder and a short hash of its files (:func:`read_beir_files`)."""
-    split, _, revision = read_beir_files(data_dir)
-    return split, revision
-
-
 def read_beir_files(data_dir: str | Path) -> tuple[RetrievalSplitData, dict[str, str], str]:
-    """The split data of a BEIR-style folder, the SHA-256 of each of its three files (of the bytes parsed, each file
-    read once) and a short hash of the three (12 hex digits of the SHA-256 of their names and hashes).
-
-    Read and checked by :func:`llm2vec.beir.read_beir_folder`: what cannot give a meaningful score is a ``ValueError``
-    naming ``file:line``; queries with no qrels line, or whose grades are all 0, have nothing to find and are left
-    out, with a warning that counts them.
-    """
+    """The split data of a BEIR-style folder, the SHA-256 of each of its three files (of the bytes parsed) and a
+    short hash of the three (:func:`llm2vec.beir.read_beir_folder`, queries with nothing to find left out)."""
     folder = beir.read_beir_folder(data_dir, queries_without_relevant="leave_out")
     split = RetrievalSplitData(
         corpus=Dataset.from_list(
@@ -149,16 +125,10 @@ def local_retrieval_task(
     *,
     allow_mteb_name: bool = False,
 ) -> LocalRetrievalTask:
-    """An mteb retrieval task over ``data_dir`` (BEIR layout), evaluated on split ``test``, score nDCG@10.
-
-    The files are checked (and hashed) here, so a bad folder fails before any model is loaded. ``name``
-    becomes the results file's name (``<name>.json``): it must be a plain file name
-    (:func:`llm2vec.evaluation.paths.check_name`) and not the name of a task mteb knows
-    (:func:`check_local_task_name`). ``allow_mteb_name=True`` lifts the latter for a local copy that stands in
-    for an mteb task in mteb's own tools (mteb's sentence-transformers wrapper takes prompts by mteb task name
-    only); its results are still keyed as this folder's (:mod:`llm2vec.evaluation.result_keys`), so they are
-    never served for the mteb task.
-    """
+    """An mteb retrieval task over ``data_dir`` (BEIR layout); the files are checked and hashed here, so a bad folder
+    fails before any model loads. ``name`` must be a plain file name (:func:`~llm2vec.evaluation.paths.check_name`)
+    and, unless ``allow_mteb_name`` (a local copy standing in for an mteb task in mteb's own tools, which take
+    prompts by task name), not an mteb task's; its results are keyed as this folder's either way."""
     check_name(name, "task name")
     if not allow_mteb_name:
         check_local_task_name(name, "task name")

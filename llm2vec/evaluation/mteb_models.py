@@ -9,12 +9,9 @@ the model's mteb name and under the folder (as given and absolute), so that::
     model = mteb.get_model("output/st/anchor-1b")  # an LLM2VecMTEBEncoder
     mteb.evaluate(model, tasks)
 
-evaluates with each task's instruction: the export's task prompts (its ``llm2vec_config.json``), else
-``instructions=`` (given to ``register`` or ``mteb.get_model``), else the task's own
-(:func:`~llm2vec.evaluation.mteb_wrapper.task_own_instruction`); retrieval documents get none. The registered
-``ModelMeta`` also makes ``model_meta.json`` files that name ``load_encoder`` (the ones mteb writes beside this
-package's results) readable with ``ModelMeta.model_validate_json_resolved``, which resolves a loader by name
-among the registered ones; :func:`register_results` registers such a file's model by its name.
+evaluates with each task's instruction (the export's task prompts, else ``instructions=``, else the task's own;
+documents get none). :func:`register_results` registers the model of a ``model_meta.json`` mteb wrote beside this
+package's results, so that ``ModelMeta.model_validate_json_resolved`` can resolve its loader by name.
 """
 
 from __future__ import annotations
@@ -25,11 +22,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mteb.models.model_meta import ModelMeta, ScoringFunction
+from mteb.models.model_meta import ModelMeta
 
 from ..io import short_hash
 from ..llm2vec import read_llm2vec_config
-from .mteb_wrapper import default_model_name, load_encoder
+from .mteb_wrapper import default_model_name, load_encoder, model_meta, path_or_id
 
 
 def register(
@@ -40,38 +37,25 @@ def register(
     instructions: Mapping[str, str] | str | os.PathLike | None = None,
     **settings: Any,
 ) -> ModelMeta:
-    """Register ``model`` (+ adapter) with mteb and return its ``ModelMeta``.
-
-    ``name``: the mteb ``org/name`` (default :func:`~llm2vec.evaluation.mteb_wrapper.default_model_name`, e.g.
-    ``st/anchor-1b``). ``instructions``: ``task -> instruction`` or a JSON file of them (default: the model's task
-    prompts). ``settings``: further keyword arguments of ``LLM2VecMTEBEncoder.from_pretrained`` (``dtype``,
-    ``max_length``, ``batch_size``, ...), as ``loader_kwargs``; ``mteb.get_model(..., **kwargs)`` overrides them.
-    The revision is a hash of ``loader_kwargs`` (mteb gives the loaded model this ``ModelMeta``, so its results go
-    to ``results/<name as path>/<revision>/``).
-    """
+    """Register ``model`` (+ adapter) with mteb under ``name`` (default: :func:`default_model_name`) and return its
+    ``ModelMeta``. ``instructions`` default to the model's task prompts; ``settings`` are further keyword arguments of
+    ``LLM2VecMTEBEncoder.from_pretrained``, as ``loader_kwargs`` (``mteb.get_model(..., **kwargs)`` overrides them),
+    whose hash is the revision."""
     from mteb.models.model_implementations import MODEL_REGISTRY
 
-    base = _absolute(model)
-    peft = _absolute(peft_model_name_or_path) if peft_model_name_or_path is not None else None
+    base, peft = path_or_id(model), path_or_id(peft_model_name_or_path)
     loader_kwargs: dict[str, Any] = {"base_model_name_or_path": base, "peft_model_name_or_path": peft, **settings}
     if instructions is not None:
         loader_kwargs["instructions"] = (
             os.path.abspath(instructions) if isinstance(instructions, (str, os.PathLike)) else dict(instructions)
         )
     config = _read_json(Path(base) / "config.json") if os.path.isdir(base) else {}
-    meta = ModelMeta.create_empty(
-        overwrites=dict(
-            loader=load_encoder,
-            loader_kwargs=loader_kwargs,
-            name=name or default_model_name(base, peft),
-            revision=short_hash(loader_kwargs, n=10),
-            max_tokens=(read_llm2vec_config(base) if os.path.isdir(base) else {}).get("max_length"),
-            embed_dim=config.get("hidden_size"),
-            open_weights=True,
-            framework=["PyTorch", "LLM2Vec"],
-            similarity_fn_name=ScoringFunction.COSINE,
-            use_instructions=True,
-        )
+    meta = model_meta(
+        loader_kwargs=loader_kwargs,
+        name=name or default_model_name(base, peft),
+        revision=short_hash(loader_kwargs, n=10),
+        max_tokens=(read_llm2vec_config(base) if os.path.isdir(base) else {}).get("max_length"),
+        embed_dim=config.get("hidden_size"),
     )
     keys = {meta.name, os.fspath(model), base}
     if peft_model_name_or_path is not None:
@@ -95,11 +79,6 @@ def register_results(model_meta_file: str | os.PathLike) -> ModelMeta:
     meta = ModelMeta.model_validate({**data, "loader": load_encoder})
     MODEL_REGISTRY[meta.name] = meta
     return meta
-
-
-def _absolute(path: str | os.PathLike) -> str:
-    """A local folder made absolute; a hub id unchanged."""
-    return os.path.abspath(path) if os.path.exists(path) else os.fspath(path)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

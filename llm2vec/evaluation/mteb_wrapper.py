@@ -1,43 +1,17 @@
 """An mteb 2.x encoder around :class:`llm2vec.LLM2Vec`, with the paper's instruction routing.
 
-mteb calls ``encode(inputs, *, task_metadata, hf_split, hf_subset, prompt_type, **encode_kwargs)`` with a
-``DataLoader`` of batched inputs (dicts with a ``text`` list). This wrapper turns every text into an
-``[instruction, text]`` pair and embeds the pairs with :meth:`LLM2Vec.encode`, so the family's template
-function (the one training used) builds the prompt and appends the anchor token.
+Every text becomes an ``[instruction, text]`` pair embedded with :meth:`LLM2Vec.encode`, so the family's template
+(the one training used) builds the prompt and appends the anchor token. Routing (paper, Table 13; LLM2Vec's
+convention): a *document* (``prompt_type == PromptType.document``: a retrieval or reranking corpus) gets **no**
+instruction; every other input (queries, both sides of symmetric tasks) gets the task's instruction: its entry in
+the ``task name -> instruction`` mapping, else the task's own query prompt (``task_metadata.prompt``), else
+:class:`MissingInstructionError` (or, with ``allow_missing_instructions``, none and a warning). The text is mteb's
+own ``text`` field (a corpus entry's title and body already joined).
 
-Instruction routing (paper, Appendix / Table 13; the LLM2Vec convention):
-
-- an input that mteb marks as a *document* (``prompt_type == PromptType.document``: the corpus of
-  retrieval and reranking tasks) gets **no** instruction;
-- every other input gets the task's instruction: retrieval/reranking queries (``prompt_type == query``)
-  and both sides of symmetric tasks (STS, clustering, classification, pair classification,
-  summarization, bitext mining), for which mteb passes ``prompt_type=None``.
-
-The instruction is looked up by the task's mteb name (``task_metadata.name``) in a ``task name ->
-instruction`` mapping (a dict, or a JSON file read with :func:`load_instructions`); a task that is not in
-the mapping gets its own instruction, the query prompt of its metadata (``task_metadata.prompt``: a string, or
-its ``"query"`` entry; a local task's ``instruction``, :mod:`llm2vec.evaluation.local_task`, and many of mteb's
-own tasks carry one). A task with neither is an error that names the task, the source and what to pass
-(:class:`MissingInstructionError`), unless ``allow_missing_instructions=True``, in which case the task is
-encoded without an instruction and a warning is logged once per task.
-
-Text that reaches the model is mteb's own ``text`` field: for a retrieval corpus entry mteb 2.x has
-already joined title and body as ``f"{title} {text}".strip()`` (``mteb._create_dataloaders._corpus_to_dict``);
-for the queries of instruction-retrieval tasks it has appended the per-query instruction to the text.
-
-mteb's model metadata: the encoder's ``ModelMeta`` names :func:`load_encoder` as its loader, with the settings
-(and the instructions' source) as ``loader_kwargs``, so the ``model_meta.json`` mteb writes beside the results
-records how to load the model again; :mod:`llm2vec.evaluation.mteb_models` registers a model folder with mteb so
-that ``mteb.get_model`` / ``mteb.get_model_meta`` find it.
-
-Several GPUs: :meth:`LLM2VecMTEBEncoder.from_pretrained` with ``devices="auto"`` loads one replica per
-visible CUDA device, and ``encode`` spreads the inputs over them (:mod:`llm2vec.evaluation.replicas`). On
-CPU or one GPU there is a single replica and the plain ``LLM2Vec.encode`` path.
-
-:func:`evaluate` runs ``mteb.evaluate`` with a results cache in a given folder; the results of a model go
-to :meth:`LLM2VecMTEBEncoder.results_folder`. A stored result is served again only when it records the key of
-what would be computed now (the task's content, its instruction, the model's files and the settings:
-:mod:`llm2vec.evaluation.result_keys`); each result file written records that key.
+The encoder's ``ModelMeta`` names :func:`load_encoder` as its loader with the settings as ``loader_kwargs``, so the
+``model_meta.json`` mteb writes records how to load the model again. ``devices="auto"`` loads one replica per CUDA
+device (:mod:`llm2vec.evaluation.replicas`). :func:`evaluate` serves a stored result only when it records the key
+of what would be computed now (:mod:`llm2vec.evaluation.result_keys`).
 """
 
 from __future__ import annotations
@@ -51,15 +25,15 @@ from typing import Any
 import numpy as np
 import torch
 from mteb.models.abs_encoder import AbsEncoder
-from mteb.models.model_meta import ModelMeta
+from mteb.models.model_meta import ModelMeta, ScoringFunction
 from mteb.types import PromptType
 
 from ..config_values import strict_booleans
 from ..devices import resolve_dtype
 from ..fingerprints import model_content
-from ..io import JsonFileError, read_json_file, short_hash
+from ..io import short_hash
 from ..llm2vec import LLM2Vec, read_llm2vec_config
-from .paths import check_name, model_folder_name, results_folder
+from .paths import check_name, model_folder_name, read_input_json, results_folder
 from .replicas import encode_on_replicas, replicate, resolve_devices
 from .result_keys import computed_from, why_not_reused, write_record
 
@@ -80,32 +54,13 @@ class InstructionsFileError(ValueError):
 def load_instructions(path: str | os.PathLike) -> dict[str, str]:
     """Read a ``task name -> instruction`` JSON object; one-line errors for a missing file, a folder, a file
     that is not UTF-8 or not JSON, a task given twice, or values that are not strings."""
-    path = Path(path)
-    if not path.exists():
-        raise InstructionsFileError(
-            f"instructions file {str(path)!r} not found; it must be a JSON object that maps mteb task names to "
-            "instructions"
-        )
-    try:
-        data = read_json_file(path, "instructions file")
-    except JsonFileError as e:
-        raise InstructionsFileError(str(e)) from None
+    holds = "it must be a JSON object that maps mteb task names to instructions"
+    data = read_input_json(path, "instructions file", holds, InstructionsFileError)
     if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
         raise InstructionsFileError(
             f"instructions file {str(path)!r} must be a JSON object mapping task names to instruction strings"
         )
     return data
-
-
-def _is_document(prompt_type: PromptType | str | None) -> bool:
-    return prompt_type is not None and PromptType(prompt_type) == PromptType.document
-
-
-def batch_texts(batch: Mapping[str, Any]) -> list[str]:
-    """The texts of one mteb batch: its ``text`` field (mteb has joined a corpus entry's title and body)."""
-    if "text" not in batch:
-        raise ValueError(f"mteb batch without a 'text' field (fields: {sorted(batch)}); only text tasks are supported")
-    return [str(t) for t in batch["text"]]
 
 
 def task_own_instruction(task_metadata) -> str | None:
@@ -117,19 +72,16 @@ def task_own_instruction(task_metadata) -> str | None:
     return prompt.strip() if isinstance(prompt, str) else None
 
 
-def _path_or_id(name: str | None) -> str | None:
+def path_or_id(name: str | os.PathLike | None) -> str | None:
     """A local path made absolute (so the same folder always gives the same identity); a hub id unchanged."""
     if name is None:
         return None
-    return os.path.abspath(name) if os.path.exists(name) else name
+    return os.path.abspath(name) if os.path.exists(name) else os.fspath(name)
 
 
 def default_model_name(base_model_name_or_path: str, peft_model_name_or_path: str | None = None) -> str:
-    """``org/model`` for mteb's results folder: a hub id as it is, a local folder as ``parent/folder``.
-
-    The adapter names the model when there is one (the base is recorded in the revision and in
-    ``model_meta.json``).
-    """
+    """``org/model`` for mteb's results folder: a hub id as it is, a local folder as ``parent/folder``; the
+    adapter names the model when there is one."""
     label = peft_model_name_or_path or base_model_name_or_path
     if os.path.exists(label):
         parts = Path(os.path.abspath(label)).parts
@@ -139,6 +91,18 @@ def default_model_name(base_model_name_or_path: str, peft_model_name_or_path: st
     return label
 
 
+def model_meta(**fields: Any) -> ModelMeta:
+    """mteb's ``ModelMeta`` of an :class:`LLM2VecMTEBEncoder` (loaded by :func:`load_encoder`) with ``fields``."""
+    shared = dict(
+        loader=load_encoder,
+        open_weights=True,
+        framework=["PyTorch", "LLM2Vec"],
+        similarity_fn_name=ScoringFunction.COSINE,
+        use_instructions=True,
+    )
+    return ModelMeta.create_empty(overwrites={**shared, **fields})
+
+
 class LLM2VecMTEBEncoder(AbsEncoder):
     """mteb encoder (``EncoderProtocol``) over one or more :class:`LLM2Vec` replicas.
 
@@ -146,16 +110,12 @@ class LLM2VecMTEBEncoder(AbsEncoder):
         model: an ``LLM2Vec``, or a list of replicas of it (one per device) for multi-GPU encoding.
         instructions: ``task name -> instruction``, or the path of such a JSON file.
         model_name: the ``org/model`` name of the results folder (default: from the model's config path).
-        revision: the revision folder (default: a hash of the settings that change the embeddings).
-            Both become folder names (:mod:`llm2vec.evaluation.paths`): a name with ``..``, a path separator or
-            a control character raises :class:`~llm2vec.evaluation.paths.PathNameError`.
-        allow_missing_instructions: encode tasks absent from ``instructions`` without an instruction
-            (a warning) instead of raising :class:`MissingInstructionError`.
+        revision: the revision folder (default: a hash of the settings that change the embeddings). Both names
+            must be plain folder names (:class:`~llm2vec.evaluation.paths.PathNameError`).
+        allow_missing_instructions: encode a task with no instruction without one (a warning) instead of raising.
         batch_size: default batch size when mteb's ``encode_kwargs`` give none.
-        identity: what defines this model's embeddings (base, adapter, pooling, dtype, ...); hashed into
-            the default revision and recorded in ``model_meta.json`` (ModelMeta ``loader_kwargs``). The files of
-            its base and adapter folders are fingerprinted here (``model_files``,
-            :func:`llm2vec.fingerprints.model_content`): part of the key of every result (:func:`evaluate`).
+        identity: what defines this model's embeddings (base, adapter, pooling, dtype, ...): hashed into the default
+            revision, recorded as ``loader_kwargs``; its folders' files are fingerprinted into every result's key.
         chunk_size: inputs per work item of the multi-replica path (default ``4 * batch_size``).
     """
 
@@ -196,41 +156,23 @@ class LLM2VecMTEBEncoder(AbsEncoder):
         settings.setdefault("template", self.model.template.name)
         settings.setdefault("dtype", str(next(self.model.model.parameters()).dtype).replace("torch.", ""))
         self.identity = settings
-        base = settings.get("base_model_name_or_path")
+        base, peft = settings.get("base_model_name_or_path"), settings.get("peft_model_name_or_path")
         # None: a model in memory, known by no folder; its stored results are never served again
-        self.model_files: dict[str, Any] | None = (
-            {"base": model_content(base), "adapter": model_content(settings.get("peft_model_name_or_path"))}
-            if base
-            else None
-        )
+        self.model_files = {"base": model_content(base), "adapter": model_content(peft)} if base else None
         if model_name is None:
-            base = settings.get("base_model_name_or_path")
-            model_name = default_model_name(base, settings.get("peft_model_name_or_path")) if base else "local/llm2vec"
-        if revision is None:
-            revision = short_hash(settings, n=10)
+            model_name = default_model_name(base, peft) if base else "local/llm2vec"
+        revision = revision if revision is not None else short_hash(settings, n=10)
         model_folder_name(model_name, "model_name")  # both become folder names of the results cache
         check_name(revision, "revision")
         body = self.model.model
         config = getattr(body, "config", None)
-        self.mteb_model_meta = ModelMeta(
-            loader=load_encoder,
+        self.mteb_model_meta = model_meta(
             loader_kwargs={**settings, "instructions": loadable_instructions},
             name=model_name,
             revision=revision,
-            release_date=None,
-            languages=None,
             n_parameters=sum(p.numel() for p in body.parameters()),
-            memory_usage_mb=None,
             max_tokens=self.model.max_length,
             embed_dim=getattr(config, "hidden_size", None),
-            license=None,
-            open_weights=True,
-            public_training_code=None,
-            public_training_data=None,
-            framework=["PyTorch", "LLM2Vec"],
-            similarity_fn_name="cosine",
-            use_instructions=True,
-            training_datasets=None,
         )
 
     # ------------------------------------------------------------------ loading
@@ -257,17 +199,9 @@ class LLM2VecMTEBEncoder(AbsEncoder):
         trust_remote_code: bool = False,
         accept_other_base: bool = False,
     ) -> LLM2VecMTEBEncoder:
-        """Load the model (LoRA adapter merged) and wrap it.
-
-        ``trust_remote_code``: let the model folder's own code run (:mod:`llm2vec.model_files`; refused by default).
-        ``accept_other_base``: load an adapter whose ``run_config.json`` records another base model, with a warning
-        (:func:`llm2vec.model_files.check_adapter`; refused by default).
-
-        ``doc_max_length``: cut every text to this many tokens before the prompt is added (see
-        :class:`llm2vec.LLM2Vec`); recorded in the model identity (and so in the revision) when set.
-        ``devices``: ``"auto"`` = every visible CUDA device (one replica each), else the CPU; a single device
-        string (``"cuda:1"``, ``"cpu"``); or a list of devices (one replica per entry).
-        """
+        """Load the model (LoRA adapter merged; the loading keywords are :meth:`LLM2Vec.from_pretrained`'s) and wrap
+        it. ``doc_max_length`` enters the identity (and so the revision) only when set. ``devices``: ``"auto"`` (one
+        replica per visible CUDA device, else the CPU), one device, or a list of devices (one replica each)."""
         device_list = resolve_devices(devices)
         torch_dtype = resolve_dtype(dtype, device_list[0])
         # several replicas: load once on the CPU, then copy to each device
@@ -288,8 +222,8 @@ class LLM2VecMTEBEncoder(AbsEncoder):
         )
         replicas = [first] if len(device_list) == 1 else replicate(first, device_list)
         identity = {
-            "base_model_name_or_path": _path_or_id(base_model_name_or_path),
-            "peft_model_name_or_path": _path_or_id(peft_model_name_or_path),
+            "base_model_name_or_path": path_or_id(base_model_name_or_path),
+            "peft_model_name_or_path": path_or_id(peft_model_name_or_path),
             "pooling_mode": first.pooling_mode,
             "max_length": first.max_length,
             "template": first.template.name,
@@ -318,30 +252,24 @@ class LLM2VecMTEBEncoder(AbsEncoder):
         if task_name in self.instructions:
             return self.instructions[task_name]
         own = task_own_instruction(task_metadata)
-        if own is not None:
-            return own
-        return "" if self.allow_missing_instructions else None
+        return own if own is not None else "" if self.allow_missing_instructions else None
 
     def task_instruction(self, task_name: str, task_metadata=None) -> str:
         """The instruction of a task's queries (and of both sides of a symmetric task): the mapping's entry, else
         the task's own (:func:`task_own_instruction`), else :class:`MissingInstructionError` saying what to pass."""
-        if task_name in self.instructions:
-            return self.instructions[task_name]
-        own = task_own_instruction(task_metadata)
-        if own is not None:
-            if task_name not in self._warned:
+        instruction = self.resolve_instruction(task_name, task_metadata)
+        if instruction is not None and task_name not in self.instructions and task_name not in self._warned:
+            self._warned.add(task_name)
+            if task_own_instruction(task_metadata) is not None:
                 logger.info(
-                    "task %r: not in %s; using its own instruction %r", task_name, self.instructions_source, own
+                    "task %r: not in %s; using its own instruction %r", task_name, self.instructions_source, instruction
                 )
-                self._warned.add(task_name)
-            return own
-        if self.allow_missing_instructions:
-            if task_name not in self._warned:
+            else:
                 logger.warning(
                     "task %r has no instruction in %s; encoding it without one", task_name, self.instructions_source
                 )
-                self._warned.add(task_name)
-            return ""
+        if instruction is not None:
+            return instruction
         raise MissingInstructionError(
             f"task {task_name!r} has no instruction in {self.instructions_source} and none of its own (its "
             f"metadata's query prompt); add it there, pass instructions={{{task_name!r}: '<instruction>'}} (to "
@@ -351,7 +279,7 @@ class LLM2VecMTEBEncoder(AbsEncoder):
 
     def instruction_for(self, task_metadata, prompt_type: PromptType | str | None) -> str:
         """The routing rule: documents get no instruction, everything else the task's instruction."""
-        if _is_document(prompt_type):
+        if prompt_type is not None and PromptType(prompt_type) == PromptType.document:
             return ""
         return self.task_instruction(task_metadata.name, task_metadata)
 
@@ -369,8 +297,12 @@ class LLM2VecMTEBEncoder(AbsEncoder):
     ) -> np.ndarray:
         """Embed every text of ``inputs`` (a DataLoader of mteb batches) as float32, in input order."""
         instruction = self.instruction_for(task_metadata, prompt_type)
-        texts = [text for batch in inputs for text in batch_texts(batch)]
-        items = [[instruction, text] for text in texts]
+        items = []
+        for batch in inputs:  # mteb has joined a corpus entry's title and body into its text
+            if "text" not in batch:
+                fields = sorted(batch)
+                raise ValueError(f"mteb batch without a 'text' field (fields: {fields}); only text tasks are supported")
+            items += [[instruction, str(text)] for text in batch["text"]]
         batch_size = int(kwargs.get("batch_size") or self.batch_size)
         show = bool(kwargs.get("show_progress_bar", True))
         return self.encode_items(items, batch_size=batch_size, show_progress_bar=show)
@@ -406,13 +338,12 @@ def load_encoder(
     hub id) and ``peft_model_name_or_path``, named ``model_name``, with the other keyword arguments of
     ``from_pretrained``. ``instructions`` default: the task prompts of the model's ``llm2vec_config.json`` (an
     export's, :func:`prompt_instructions`); tasks without one use their own instruction."""
-    kwargs = dict(kwargs)
     base = kwargs.pop("base_model_name_or_path", None) or model_name
     peft = kwargs.pop("peft_model_name_or_path", None)
     instructions = kwargs.pop("instructions", None)
     if instructions is None:
         instructions = {**prompt_instructions(base), **prompt_instructions(peft)}
-    devices = device if device is not None else kwargs.pop("devices", "auto")
+    devices = kwargs.pop("devices", "auto") if device is None else device
     kwargs.pop("devices", None)
     return LLM2VecMTEBEncoder.from_pretrained(
         base, peft, instructions=instructions, devices=devices, model_name=model_name, revision=revision, **kwargs
@@ -423,11 +354,7 @@ def prompt_instructions(folder: str | None) -> dict[str, str]:
     """``task -> instruction`` of the prompts in ``folder``'s ``llm2vec_config.json`` (an export writes them): every
     prompt but ``document``, ``query`` and the ``<task>-document`` ones; ``{}`` without any."""
     prompts = read_llm2vec_config(folder).get("prompts") or {}
-    return {
-        name: text
-        for name, text in prompts.items()
-        if name not in ("document", "query") and not name.endswith("-document")
-    }
+    return {k: v for k, v in prompts.items() if k not in ("document", "query") and not k.endswith("-document")}
 
 
 @strict_booleans
@@ -443,12 +370,10 @@ def evaluate(
 ):
     """``mteb.evaluate`` of each task with the results cache in ``output_dir``.
 
-    A stored result is loaded, not recomputed (mteb's ``only-missing``: only splits and subsets it lacks are
-    computed), when it records the key of what would be computed now: the task's content, its instruction, the
-    model's files and the settings (:mod:`llm2vec.evaluation.result_keys`). A stored result with another key, or
-    none, is computed again and written over (mteb's ``always``), with a warning saying why; so is every task with
-    ``overwrite``. Each result file written records its key. When a task whose stored result was not reused
-    fails, its error says so and why.
+    A stored result is served (mteb's ``only-missing``) only when it records the key of what would be computed now
+    (:mod:`llm2vec.evaluation.result_keys`); otherwise, or with ``overwrite``, it is computed again and written over
+    (mteb's ``always``) with a warning saying why, and a failure then says why it was not reused. Each result file
+    written records its key.
 
     Returns mteb's ``ModelResult`` (``task_results`` in the order of ``tasks``, and ``exceptions`` of failed tasks
     unless ``raise_error``); the files are in :meth:`LLM2VecMTEBEncoder.results_folder`.

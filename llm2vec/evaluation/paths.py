@@ -1,26 +1,19 @@
-"""Where evaluation writes: names that become path components, and the results folder checked before a model loads.
+"""Where evaluation reads and writes: the input files, the names that become path components, the results folder.
 
-mteb writes a task's results to ``<output_dir>/results/<model name>/<revision>/<task name>.json`` (beside
-``model_meta.json`` and ``run_settings.jsonl``). Each of the three names is one path component, so each must
-be a plain file name; otherwise ``..``, a ``/`` or an absolute name would put the files outside
-``output_dir`` while the printed path says they are inside. :func:`check_name` accepts a name when it is
-
-- a non-empty string, not ``.`` or ``..``;
-- free of ``/``, ``\\``, NUL and other control characters;
-- at most :data:`MAX_NAME_BYTES` bytes in UTF-8 (a file name holds 255, and ``.json`` is appended);
-
-and raises :class:`PathNameError` naming the option otherwise. The model name is the exception that mteb
-escapes itself: ``org/name`` becomes ``org__name`` (:func:`model_folder_name`), and that escaped form must
-pass :func:`check_name`.
-
-:func:`check_output_folder` checks, before anything is loaded, that the results folder can be read (mteb
-reads earlier results to skip their tasks) and written, without creating anything.
+mteb writes ``<output_dir>/results/<model name>/<revision>/<task name>.json``: each name is one path component,
+or ``..``, a ``/`` or an absolute name would put the files outside ``output_dir``. :func:`check_name` accepts a
+non-empty string, not ``.`` or ``..``, free of ``/``, ``\\`` and control characters, of at most
+:data:`MAX_NAME_BYTES` bytes in UTF-8; the model name's ``org/name`` is escaped by mteb (:func:`model_folder_name`).
+:func:`check_output_folder` checks, creating nothing, that the results folder can be read and written.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
+
+from ..io import JsonFileError, read_json_file
 
 MAX_NAME_BYTES = 200
 """The longest name (UTF-8 bytes) used as one path component; leaves room for ``.json`` and temporary suffixes."""
@@ -67,6 +60,17 @@ def model_folder_name(model_name: object, what: str = "--model_name") -> str:
 def results_folder(output_dir: str | os.PathLike, model_name: str, revision: str) -> Path:
     """``<output_dir>/results/<model folder>/<revision>``, the names checked; always inside ``output_dir``."""
     return Path(output_dir) / "results" / model_folder_name(model_name) / check_name(revision, "--revision")
+
+
+def read_input_json(path: str | os.PathLike, what: str, holds: str, error: type[Exception]) -> Any:
+    """The JSON value of the input file ``path`` (:func:`llm2vec.io.read_json_file`); ``error`` (one line naming
+    ``what`` and the path) where it is missing, saying what it ``holds``, or unreadable."""
+    if not Path(path).exists():
+        raise error(f"{what} {str(path)!r} not found; {holds}")
+    try:
+        return read_json_file(path, what)
+    except JsonFileError as e:
+        raise error(str(e)) from None
 
 
 def check_output_folder(folder: str | os.PathLike, what: str | None = None) -> None:

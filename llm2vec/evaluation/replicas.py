@@ -1,13 +1,8 @@
-"""Encoding on several devices: one model replica per device, fed by threads from a shared queue.
+"""Encoding on several devices: one model replica per device (:func:`replicate`), fed by threads from a shared queue.
 
-:func:`resolve_devices` turns a device request (``"auto"``, one device, a list) into devices;
-:func:`replicate` puts one copy of an :class:`~llm2vec.LLM2Vec` on each of them; :func:`encode_on_replicas`
-embeds a list of ``[instruction, text]`` items on all replicas at once.
-
-The items are sorted by length (longest first) and cut into contiguous chunks; one worker thread per
-replica takes chunks from a queue until it is empty, so long and short chunks balance out across devices,
-and the embeddings are written back to the items' positions. Threads share the process, so nothing is
-pickled, and PyTorch releases the GIL inside its kernels.
+:func:`encode_on_replicas` sorts the items by length, cuts them into contiguous chunks, and has one thread per replica
+take chunks until none is left (long and short chunks balance out; threads share the process, so nothing is pickled,
+and PyTorch releases the GIL in its kernels); the embeddings are written back to the items' positions.
 """
 
 from __future__ import annotations

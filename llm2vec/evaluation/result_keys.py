@@ -5,31 +5,21 @@ task's name and the folder names alone, and its ``only-missing`` strategy serves
 its instruction or the model's files are now. :func:`llm2vec.evaluation.mteb_wrapper.evaluate` serves a stored
 result only when it records the key of what would be computed now, made of four parts (:func:`computed_from`):
 
-- ``task``: a local folder's (:mod:`~llm2vec.evaluation.local_task`) name and the SHA-256 of each of its three files;
-  a task of mteb's registry, its name and dataset (hub path and revision); any other task class (mteb's mocks, a
-  class of your own), its name, class and dataset;
-- ``instruction``: the one its queries (and both sides of a symmetric task) get from this encoder now;
-- ``model``: the content fingerprint of the base model's folder and of the adapter's
-  (:func:`llm2vec.fingerprints.model_content`: size and SHA-256 of the first MiB of each file);
-- ``settings``: what changes the embeddings besides the weights: pooling, max length, template, dtype and the text
-  cap (``doc_max_length``), as the encoder's ``identity`` holds them.
+``task`` (a local folder's name and file hashes; an mteb task's name and dataset revision; another class's name,
+class and dataset), ``instruction`` (what its queries get now), ``model`` (the content fingerprint of the base and
+adapter folders, :func:`llm2vec.fingerprints.model_content`) and ``settings`` (pooling, max length, template, dtype,
+``doc_max_length``: the encoder's ``identity`` without paths).
 
-Each result file the package writes records them beside mteb's own fields, under :data:`FIELD` (mteb's reader
-ignores fields it does not know): ``key`` (the SHA-256 of the four parts as canonical JSON), ``compared`` (the
-parts) and ``recorded`` (what is kept for the reader but not compared: the folder and model paths, the batch size,
-the mteb version). Paths are not compared, since a copy of a folder is the same input (and the model's path already
-names its results folder); nor is the batch size, since padding is masked and batches change the embeddings by
-rounding only (at most 4.8e-7 between batch sizes 1 and 24 on the tiny test model in float32).
-
-A stored result without a record (written by mteb itself, or by an earlier version of this package), with an
-unreadable one or with another key is computed again (:func:`why_not_reused` says why, in one line) and written
-over. An encoder made from a model in memory (no folder in its ``identity``) has no model fingerprint: its stored
-results are never served.
+Each result file the package writes records, under :data:`FIELD`, the ``key`` (SHA-256 of the four parts as
+canonical JSON), the ``compared`` parts and what is ``recorded`` but not compared: paths (a copied folder is the same
+input) and the batch size (padding is masked: batches change embeddings by rounding only, at most 4.8e-7 between
+batch sizes 1 and 24 on the tiny test model in float32), and the mteb version. A stored result without a record,
+with an unreadable one or another key is computed again (:func:`why_not_reused` says why); an encoder made from a
+model in memory has no model fingerprint, so its stored results are never served.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 from collections.abc import Mapping
@@ -46,7 +36,7 @@ _PATHS = ("base_model_name_or_path", "peft_model_name_or_path")
 
 def task_source(task) -> dict[str, Any]:
     """The ``task`` part of the key (module docstring)."""
-    from .local_task import LocalRetrievalTask, read_beir_files
+    from .local_task import LocalRetrievalTask, mteb_registry, read_beir_files
 
     name = task.metadata.name
     if isinstance(task, LocalRetrievalTask):
@@ -55,17 +45,10 @@ def task_source(task) -> dict[str, Any]:
         return {"name": name, "source": "local folder", "files": dict(task.file_sha256)}
     dataset = task.metadata.dataset or {}
     source = {"name": name, "dataset": {"path": dataset.get("path"), "revision": dataset.get("revision")}}
-    if type(task) is _mteb_registry().get(name):
+    if type(task) is mteb_registry().get(name):
         return {**source, "source": "mteb"}
     cls = type(task)
     return {**source, "source": f"class {cls.__module__}.{cls.__qualname__}"}
-
-
-@functools.lru_cache(maxsize=1)
-def _mteb_registry() -> dict[str, type]:
-    from mteb.get_tasks import TASK_LIST  # the module's (``mteb.get_tasks`` is also a function)
-
-    return {cls.metadata.name: cls for cls in TASK_LIST}
 
 
 def computed_from(encoder, task, batch_size: int) -> dict[str, Any]:
@@ -82,11 +65,7 @@ def computed_from(encoder, task, batch_size: int) -> dict[str, Any]:
     if compared["task"]["source"] == "local folder":
         recorded["folder"] = os.path.abspath(task.data_dir)
     recorded.update(batch_size=int(batch_size), mteb_version=mteb.__version__)
-    return {"key": _sha256(compared), "compared": compared, "recorded": recorded}
-
-
-def _sha256(obj: Any) -> str:
-    return json_sha256(obj)
+    return {"key": json_sha256(compared), "compared": compared, "recorded": recorded}
 
 
 def why_not_reused(path: str | os.PathLike, record: Mapping[str, Any]) -> str | None:
@@ -103,7 +82,7 @@ def why_not_reused(path: str | os.PathLike, record: Mapping[str, Any]) -> str | 
         return f"it cannot be read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
     if not isinstance(stored, Mapping) or not isinstance(stored.get("compared"), Mapping):
         return "it records nothing of what it was computed from (written by mteb itself or an earlier version)"
-    if stored.get("key") == record["key"] and _sha256(stored["compared"]) == record["key"]:
+    if stored.get("key") == record["key"] and json_sha256(stored["compared"]) == record["key"]:
         return None
     return "it was computed from other inputs: " + "; ".join(differences(stored["compared"], record["compared"]))
 

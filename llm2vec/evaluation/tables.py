@@ -1,20 +1,11 @@
-"""The paper's MTEB tables, printed from mteb result folders.
+"""The paper's MTEB tables, printed from mteb result folders (``<TaskName>.json``, scores in 0-1).
 
-mteb 2.x saves one JSON file per task, ``<cache>/results/<model>/<revision>/<TaskName>.json``
-(a serialised :class:`mteb.TaskResult`; scores are in 0-1). This module reads such folders, picks the
-split and hf_subset the paper's numbers use (from a :class:`~llm2vec.evaluation.benchmark.Benchmark`),
-scales to 0-100 and renders Markdown:
-
-(a) the layout of the paper's Table 1: one average per category (Retrieval 15, Reranking 4, Clustering 11,
-    PairClassification 3, Classification 12, STS 10, Summarization 1) and the mean over all 56 tasks
-    (the paper's "Avg" is the mean over tasks, not over categories);
-(b) one row per task.
-
-Each run is shown beside a row of the paper (read from a paper-results file with
-:func:`load_paper_results`, looked up with :func:`paper_reference`) and the difference. An average over
-fewer tasks than the category holds is shown with ``*`` and a footnote giving n/total; it is never
-compared with the paper. The paper's ``CQADupstackRetrieval`` is the mean of mteb's 12 sub-forum tasks
-and counts as missing unless all 12 are there.
+The split and hf_subset of each task come from a :class:`~llm2vec.evaluation.benchmark.Benchmark`; scores are
+scaled to 0-100 and rendered as Markdown in the layout of the paper's Table 1 (one average per category and the
+mean over all tasks: the paper's "Avg" is over tasks, not categories) and one row per task, beside a row of the
+paper (:func:`paper_reference`) and the difference. An average over fewer tasks than the category holds is marked
+``*`` with a footnote giving n/total, and never compared with the paper. ``CQADupstackRetrieval`` is the mean of
+mteb's 12 sub-forum tasks and counts as missing unless all 12 are there.
 
 A paper-results file is a JSON object ``{"models": [...], "tables": {"table1": {"models": {model: {row:
 {category: score}}}}, "table14": {"models": {model: {row: {task: score}}}}, ...}, "known_inconsistencies":
@@ -23,7 +14,6 @@ A paper-results file is a JSON object ``{"models": [...], "tables": {"table1": {
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -31,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .benchmark import FULL_BENCHMARK, Benchmark, Task
+from .paths import read_input_json
 
 AVERAGE = "Average"
 """Key of the all-task mean, in the paper's tables and in :meth:`Run.averages`."""
@@ -42,11 +33,6 @@ PER_TASK_TABLES = ("table14", "table15")
 
 class TableError(ValueError):
     """Bad input; the message names the path or field and says what to do."""
-
-
-# --------------------------------------------------------------------------------------------------
-# Reading mteb result folders
-# --------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -82,21 +68,15 @@ class Run:
     """mteb task name -> why a result file that exists gave no score."""
 
     def task_score(self, task: Task) -> Average:
-        """The paper task's score; for CQADupstackRetrieval the mean over its sub-forums.
-
-        A single aggregated ``CQADupstackRetrieval.json`` (mteb 2.x's aggregate task) is used only
-        when no sub-forum file was found.
-        """
+        """The paper task's score; for CQADupstackRetrieval the mean over its sub-forums (mteb's aggregate
+        ``CQADupstackRetrieval.json`` only when no sub-forum file was found)."""
         parts = task.subtasks
         if not parts or (task.name in self.scores and not any(p in self.scores for p in parts)):
             parts = (task.name,)
         return Average.of({p: self.scores.get(p) for p in parts})
 
     def averages(self, benchmark: Benchmark) -> dict[str, Average]:
-        """Category name (and :data:`AVERAGE`) -> mean over that category's tasks.
-
-        A task counts only if it is complete (all 12 CQADupstack sub-forums, for that one).
-        """
+        """Category name (and :data:`AVERAGE`) -> mean over that category's complete tasks."""
         per_task = {}
         for task in benchmark.tasks:
             score = self.task_score(task)
@@ -107,11 +87,8 @@ class Run:
 
 
 def read_run(folder: str | Path, benchmark: Benchmark, label: str | None = None) -> Run:
-    """Read every ``<TaskName>.json`` of the benchmark found anywhere under ``folder``.
-
-    Files are loaded with mteb's own :meth:`mteb.TaskResult.from_disk` (which also converts the
-    layouts of older mteb versions). The score is ``main_score`` of the task's split and hf_subset.
-    """
+    """The ``main_score`` of the task's split and hf_subset of every ``<TaskName>.json`` of the benchmark under
+    ``folder``, read with :meth:`mteb.TaskResult.from_disk` (which converts older mteb layouts)."""
     folder = Path(folder)
     label = label or str(folder)
     if not folder.is_dir():
@@ -153,11 +130,6 @@ def read_run(folder: str | Path, benchmark: Benchmark, label: str | None = None)
     return run
 
 
-# --------------------------------------------------------------------------------------------------
-# The paper's numbers
-# --------------------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class PaperReference:
     """The paper's numbers for one model and row, restricted to one benchmark."""
@@ -174,12 +146,7 @@ class PaperReference:
 def load_paper_results(paper_file: str | os.PathLike) -> dict:
     """The paper's numbers from a paper-results JSON file (see the module docstring)."""
     path = Path(paper_file)
-    if not path.is_file():
-        raise TableError(f"paper results file {str(path)!r} not found; it holds the paper's numbers to compare with")
-    try:
-        paper = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise TableError(f"paper results file {str(path)!r} is not valid JSON ({e})") from None
+    paper = read_input_json(path, "paper results file", "it holds the paper's numbers to compare with", TableError)
     if not isinstance(paper, dict) or not {"models", "tables", "known_inconsistencies"} <= set(paper):
         raise TableError(
             f"paper results file {str(path)!r} must be a JSON object with 'models', 'tables' "
@@ -189,12 +156,9 @@ def load_paper_results(paper_file: str | os.PathLike) -> dict:
 
 
 def paper_reference(paper: Mapping, model: str, row: str, benchmark: Benchmark) -> PaperReference:
-    """Look up ``row`` (e.g. ``"anchor"``, ``"baseline"``) of ``model`` in the paper's tables.
-
-    ``paper`` is what :func:`load_paper_results` returns. For the full benchmark the category averages
-    come from Table 1 (or Table 3 for the Stage I ablations); for the 15-task subset only the overall
-    average exists (Table 10). Per-task scores come from Tables 14/15 (the paper has none for Mistral-7B).
-    """
+    """``row`` (``"anchor"``, ``"baseline"``, ...) of ``model`` in the paper's tables (:func:`load_paper_results`):
+    category averages from Table 1 (Table 3 for the Stage I ablations; only the overall average, Table 10, on the
+    15-task subset), per-task scores from Tables 14/15 (none for Mistral-7B)."""
     tables = paper["tables"]
     models = {m.lower(): m for m in paper["models"]}
     if model.lower() not in models:
@@ -237,10 +201,6 @@ def paper_reference(paper: Mapping, model: str, row: str, benchmark: Benchmark) 
     return PaperReference(f"Paper ({tables_used}): {model}, {row}", averages, tasks, disputed)
 
 
-# --------------------------------------------------------------------------------------------------
-# Markdown
-# --------------------------------------------------------------------------------------------------
-
 NOT_AVAILABLE = "–"
 
 
@@ -262,10 +222,8 @@ def _fmt_diff(ours: Average, paper: float | None) -> str:
 
 
 def _table(header: Sequence[str], rows: Iterable[Sequence[str]], align_left: int = 1) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |"]
-    lines.append("|" + "|".join(":---" if i < align_left else "---:" for i in range(len(header))) + "|")
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return lines
+    align = "|" + "|".join(":---" if i < align_left else "---:" for i in range(len(header))) + "|"
+    return ["| " + " | ".join(header) + " |", align, *("| " + " | ".join(row) + " |" for row in rows)]
 
 
 def _missing_note(avg: Average, what: str) -> str:
@@ -278,11 +236,7 @@ def render_category_table(runs: Sequence[Run], benchmark: Benchmark, paper: Pape
     labels = [c.label for c in benchmark.categories] + ["Avg"]
     rows = [["# of datasets"] + [str(len(c.tasks)) for c in benchmark.categories] + [str(len(benchmark.tasks))]]
     if paper is not None:
-        cells = []
-        for key in keys:
-            cell = _fmt(paper.averages.get(key))
-            cells.append(cell + ("†" if key in paper.disputed else ""))
-        rows.append([paper.label] + cells)
+        rows.append([paper.label] + [_fmt(paper.averages.get(k)) + ("†" if k in paper.disputed else "") for k in keys])
     notes = []
     for run in runs:
         averages = run.averages(benchmark)

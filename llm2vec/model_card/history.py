@@ -1,10 +1,6 @@
-"""A run's history as a model card shows it: the stages that made a model, read from the ``run_config.json`` and
-``trainer_state.json`` each run leaves beside its model, followed back through ``model_name_or_path`` and
-``peft_model_name_or_path`` (:func:`history_of`); a summary of a stage's logged losses (:func:`loss_curve`);
-and :class:`ModelCardInputs`, everything one card prints, gathered for a training save or an export.
-
-Missing or unreadable files leave their stage (or its curve) out with a note; they never raise.
-"""
+"""What a model card shows (:class:`ModelCardInputs`): the stages that made a model, read from each run's
+``run_config.json`` and ``trainer_state.json`` (:func:`history_of`), and a summary of their losses (:func:`loss_curve`).
+Missing or unreadable files leave their stage (or its curve) out with a note; they never raise."""
 
 from __future__ import annotations
 
@@ -95,8 +91,7 @@ class ModelCardInputs:
         output_dir: str | os.PathLike | None = None,
         query_source: str = "",
     ) -> ModelCardInputs:
-        """The card of a sentence-transformers export of ``base`` (+ ``peft``); ``text_marker`` and ``mteb_table``
-        (the rendered scores of ``mteb_results``) are the export's."""
+        """The card of a sentence-transformers export of ``base`` (+ ``peft``)."""
         notes: list[str] = []
         history = history_of([p for p in (base_model_name_or_path, peft_model_name_or_path) if p], notes)
         embedding = dict(
@@ -136,8 +131,8 @@ def read_stage(folder: str | os.PathLike, notes: list[str] | None = None) -> Sta
             notes.append(f"{config_path} could not be read ({e}); that stage is left out.")
         return None
     log_history, step = [], None
-    state_path = _trainer_state(folder)
-    if state_path is not None:
+    state_path = folder / TRAINER_STATE_NAME
+    if state_path.is_file():
         try:
             state = json.loads(state_path.read_text(encoding="utf-8"))
             log_history, step = list(state.get("log_history", [])), state.get("global_step")
@@ -145,12 +140,6 @@ def read_stage(folder: str | os.PathLike, notes: list[str] | None = None) -> Sta
             if notes is not None:
                 notes.append(f"{state_path} could not be read ({e}); no loss curve for that stage.")
     return StageRecord(run_config, log_history, str(folder), step)
-
-
-def _trainer_state(folder: Path) -> Path | None:
-    """``trainer_state.json`` of a final save (beside the model) or a checkpoint folder."""
-    path = folder / TRAINER_STATE_NAME
-    return path if path.is_file() else None
 
 
 def _upstream(record: StageRecord, notes: list[str], depth: int = 0) -> list[StageRecord]:
@@ -192,11 +181,8 @@ def _root_model(history: Sequence[StageRecord]) -> str | None:
 
 
 def loss_curve(log_history: Sequence[Mapping[str, Any]], points: int = CURVE_POINTS) -> dict[str, Any] | None:
-    """The logged training losses: ``rows`` (evenly spaced points, first and last included), ``min``, ``last``.
-
-    Each row is ``{"step", "loss", <loss parts>..., "learning_rate"}``; parts are the logged keys that start
-    with ``loss_``. None when nothing was logged.
-    """
+    """The logged training losses (None without any): ``rows`` (evenly spaced points, first and last included) of
+    ``columns`` (step, loss, the ``loss_*`` parts, learning rate), ``min``, ``last``, ``n`` and ``train_loss``."""
     logged = [e for e in log_history if "loss" in e and "step" in e]
     if not logged:
         return None

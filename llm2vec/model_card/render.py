@@ -1,9 +1,5 @@
-"""A model card rendered as Markdown (:func:`render_model_card`) from :class:`~llm2vec.model_card.history.ModelCardInputs`,
-and written into a training save (:func:`write_training_card`, which never raises).
-
-The YAML header follows the hub's model-card metadata; the body names no machine path (:func:`shown_path`,
-:func:`without_machine_paths`).
-"""
+"""A model card as Markdown (:func:`render_model_card`), written into a training save by :func:`write_training_card`
+(which never raises); the body names no machine path (:func:`without_machine_paths`)."""
 
 from __future__ import annotations
 
@@ -51,6 +47,13 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], text_columns: int = 0) -> list[str]:
+    """A Markdown table: the first ``text_columns`` columns as they are, the others numbers (:func:`_fmt`), right-aligned."""
+    shown = [[str(v) if i < text_columns else _fmt(v) for i, v in enumerate(row)] for row in rows]
+    align = "|" + "---|" * text_columns + "---:|" * (len(header) - text_columns)
+    return ["| " + " | ".join(header) + " |", align, *("| " + " | ".join(row) + " |" for row in shown)]
+
+
 def render_loss_curve(log_history: Sequence[Mapping[str, Any]]) -> list[str]:
     curve = loss_curve(log_history)
     if curve is None:
@@ -60,10 +63,8 @@ def render_loss_curve(log_history: Sequence[Mapping[str, Any]]) -> list[str]:
         f"last {_fmt(curve['last'][1])} at step {curve['last'][0]}"
         + (f"; mean training loss {_fmt(curve['train_loss'])}." if curve["train_loss"] is not None else "."),
         "",
-        "| " + " | ".join(curve["columns"]) + " |",
-        "|" + "---:|" * len(curve["columns"]),
+        *_table(curve["columns"], [[row[c] for c in curve["columns"]] for row in curve["rows"]]),
     ]
-    lines += ["| " + " | ".join(_fmt(row[c]) for c in curve["columns"]) + " |" for row in curve["rows"]]
     return lines
 
 
@@ -82,9 +83,9 @@ def render_validation_curve(log_history: Sequence[Mapping[str, Any]]) -> list[st
     return [
         "Validation (held-out pairs, every `eval_steps`):",
         "",
-        "| step | " + " | ".join(c.removeprefix("eval_") for c in columns) + " |",
-        "|" + "---:|" * (len(columns) + 1),
-        *("| " + " | ".join(_fmt(v) for v in [e["step"], *(e.get(c) for c in columns)]) + " |" for e in evals),
+        *_table(
+            ["step", *(c.removeprefix("eval_") for c in columns)], [[e["step"], *map(e.get, columns)] for e in evals]
+        ),
         "",
     ]
 
@@ -97,38 +98,24 @@ def render_retrieval_scores(log_history: Sequence[Mapping[str, Any]]) -> list[st
         return []
     last = evals[-1]
     folders = list(dict.fromkeys(p[0] for k in last if (p := split_log_key(k)) and p[0] != MEAN))
-    header = "| " + " | ".join(LOGGED) + " |"
     return [
         f"Retrieval on the BEIR folders (`retrieval_eval_dirs`), mean over {len(folders)} folder(s) at every evaluation:",
         "",
-        "| step " + header,
-        "|" + "---:|" * (len(LOGGED) + 1),
-        *(
-            "| " + " | ".join(_fmt(v) for v in [e["step"], *(e.get(f"eval_{MEAN}_{m}") for m in LOGGED)]) + " |"
-            for e in evals
-        ),
+        *_table(["step", *LOGGED], [[e["step"], *(e.get(f"eval_{MEAN}_{m}") for m in LOGGED)] for e in evals]),
         "",
         f"Each folder at step {last['step']}:",
         "",
-        "| folder " + header,
-        "|---|" + "---:|" * len(LOGGED),
-        *("| " + " | ".join([f, *(_fmt(last.get(f"eval_{f}_{m}")) for m in LOGGED)]) + " |" for f in folders),
+        *_table(["folder", *LOGGED], [[f, *(last.get(f"eval_{f}_{m}") for m in LOGGED)] for f in folders], 1),
         "",
     ]
 
 
 def _stage_settings(config: Mapping[str, Any]) -> list[str]:
     get = config.get
-    per_device, world, accumulation = (
-        get("per_device_train_batch_size"),
-        get("world_size"),
-        get("gradient_accumulation_steps"),
-    )
-    batch = (
-        per_device * world * accumulation
-        if all(isinstance(x, int) for x in (per_device, world, accumulation))
-        else None
-    )
+    sizes = per_device, world, accumulation = [
+        get(k) for k in ("per_device_train_batch_size", "world_size", "gradient_accumulation_steps")
+    ]
+    batch = per_device * world * accumulation if all(isinstance(x, int) for x in sizes) else None
     length = f"{get('max_steps')} steps" if (get("max_steps") or -1) > 0 else f"{get('num_train_epochs')} epochs"
     lines = [
         f"- base: `{get('model_name_or_path')}`"
@@ -145,8 +132,10 @@ def _stage_settings(config: Mapping[str, Any]) -> list[str]:
             f"reconstruction targets {get('reconstruction_targets')}"
         )
     elif get("stage") == "II":
+        scale = get("loss_scale")
+        tau = f"{1 / scale:.3g}" if isinstance(scale, (int, float)) and scale else "–"
         lines.append(
-            f"- loss: InfoNCE, scale {get('loss_scale')} (tau = {_tau(get('loss_scale'))}); LoRA r "
+            f"- loss: InfoNCE, scale {get('loss_scale')} (tau = {tau}); LoRA r "
             f"{get('lora_r')}, alpha {get('lora_alpha')}, dropout {get('lora_dropout')} on "
             f"{', '.join(get('lora_target_modules') or [])}; hard negatives: {get('require_negative')}"
         )
@@ -175,20 +164,26 @@ def _stage_settings(config: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _tau(scale: Any) -> str:
-    return f"{1 / scale:.3g}" if isinstance(scale, (int, float)) and scale else "–"
+# kind -> (what the card calls it, library_name, pipeline_tag, tags)
+KINDS = {
+    "export": (
+        "a sentence-transformers export of a text embedding model",
+        "sentence-transformers",
+        "sentence-similarity",
+        ["sentence-transformers", "sentence-similarity", "feature-extraction"],
+    ),
+    "model": ("a text embedding model", "transformers", "feature-extraction", ["feature-extraction"]),
+    "adapter": (
+        "a LoRA adapter of a text embedding model",
+        "peft",
+        "feature-extraction",
+        ["feature-extraction", "lora"],
+    ),
+}
 
 
 def _front_matter(inputs: ModelCardInputs) -> list[str]:
-    library, pipeline, tags = {
-        "export": (
-            "sentence-transformers",
-            "sentence-similarity",
-            ["sentence-transformers", "sentence-similarity", "feature-extraction"],
-        ),
-        "model": ("transformers", "feature-extraction", ["feature-extraction"]),
-        "adapter": ("peft", "feature-extraction", ["feature-extraction", "lora"]),
-    }[inputs.kind]
+    _, library, pipeline, tags = KINDS[inputs.kind]
     lines = ["---"]
     if inputs.base_model:
         lines.append(f"base_model: {inputs.base_model}")
@@ -209,8 +204,8 @@ def _usage(inputs: ModelCardInputs) -> list[str]:
     if inputs.kind == "export":
         if inputs.adhoc_prompts:
             how = (
-                "With sentence-transformers (no custom code; the exported chat template puts the instruction given "
-                "as a prompt into the model's prompt format and ends the input with the anchor token):"
+                "the exported chat template puts the instruction given as a prompt into the model's prompt format "
+                "and ends the input with the anchor token"
             )
             adhoc_line = [
                 "# any instruction works as a prompt, and embeds as LLM2Vec.encode([[instruction, text]]) does:",
@@ -222,10 +217,7 @@ def _usage(inputs: ModelCardInputs) -> list[str]:
                 "text pairs and conversations are refused with an error."
             )
         else:
-            how = (
-                "With sentence-transformers (no custom code; the prompts hold the chat template and the instruction, "
-                "the tokenizer appends the anchor token after truncation):"
-            )
+            how = "the prompts hold the chat template and the instruction, the tokenizer appends the anchor token after truncation"
             adhoc_line = []
             prompt_note = (
                 f"Each prompt ends with `{inputs.text_marker}`, where the tokenizer splits prompt from text (and drops the "
@@ -234,7 +226,7 @@ def _usage(inputs: ModelCardInputs) -> list[str]:
             )
         query = inputs.prompts.get("query", "")
         lines += [
-            how,
+            f"With sentence-transformers (no custom code; {how}):",
             "",
             "```python",
             "from sentence_transformers import SentenceTransformer",
@@ -283,41 +275,26 @@ def _usage(inputs: ModelCardInputs) -> list[str]:
             "scores = model.similarity(queries, documents)",
             "```",
         ]
-    elif inputs.kind == "adapter":
-        base = shown_path(inputs.base_for_adapter or "path/to/base")
-        lines += [
-            "This folder holds a LoRA adapter; load it on its base model with this package:",
-            "",
-            "```python",
-            "from llm2vec import LLM2Vec",
-            "",
-            f'model = LLM2Vec.from_pretrained("{base}", peft_model_name_or_path="{path}")',
-            'embeddings = model.encode([["an instruction", "a query"], "a document"])',
-            "```",
-            "",
-            "For sentence-transformers, export it (the adapter is merged):",
-            "",
-            "```python",
-            "from llm2vec.export import export_sentence_transformers",
-            "",
-            f'export_sentence_transformers("{base}", "{path}-st", peft_model_name_or_path="{path}")',
-            "```",
-        ]
     else:
+        adapter = inputs.kind == "adapter"
+        source = f'"{shown_path(inputs.base_for_adapter or "path/to/base")}"' if adapter else f'"{path}"'
+        peft = f', peft_model_name_or_path="{path}"' if adapter else ""
+        if adapter:
+            lines += ["This folder holds a LoRA adapter; load it on its base model with this package:", ""]
         lines += [
             "```python",
             "from llm2vec import LLM2Vec",
             "",
-            f'model = LLM2Vec.from_pretrained("{path}")',
+            f"model = LLM2Vec.from_pretrained({source}{peft})",
             'embeddings = model.encode([["an instruction", "a query"], "a document"])',
             "```",
             "",
-            "For sentence-transformers, export it:",
+            f"For sentence-transformers, export it{' (the adapter is merged)' if adapter else ''}:",
             "",
             "```python",
             "from llm2vec.export import export_sentence_transformers",
             "",
-            f'export_sentence_transformers("{path}", "{path}-st")',
+            f'export_sentence_transformers({source}, "{path}-st"{peft})',
             "```",
         ]
     return lines
@@ -327,11 +304,7 @@ def render_model_card(inputs: ModelCardInputs) -> str:
     """The card as Markdown (see the module docstring)."""
     emb = inputs.embedding
     title = Path(inputs.path).name or "model"
-    what = {
-        "export": "a sentence-transformers export of a text embedding model",
-        "model": "a text embedding model",
-        "adapter": "a LoRA adapter of a text embedding model",
-    }[inputs.kind]
+    what = KINDS[inputs.kind][0]
     lines = _front_matter(inputs) + [
         "",
         f"# {title}",
@@ -344,12 +317,10 @@ def render_model_card(inputs: ModelCardInputs) -> str:
     ]
     if inputs.base_model:
         base = f"`{inputs.base_model}`"
+    elif inputs.base_path:
+        base = f"`{shown_path(inputs.base_path)}`, a local folder whose hub id was not recorded (`base_model_hub_id`)"
     else:
-        base = (
-            f"`{shown_path(inputs.base_path)}`, a local folder whose hub id was not recorded (`base_model_hub_id`)"
-            if inputs.base_path
-            else "unknown"
-        )
+        base = "unknown"
     lines += ["## Model", "", f"- base model: {base}"]
     stages = [STAGE_TITLES.get(r.run_config.get("stage"), f"stage {r.run_config.get('stage')}") for r in inputs.history]
     lines.append(f"- stages run: {' -> '.join(stages) if stages else 'none recorded (no run_config.json found)'}")
