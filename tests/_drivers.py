@@ -1,6 +1,6 @@
 """Run the stage drivers one after another in this process, optionally stopping hard at a chosen point.
 
-The kill-and-resume tests (tests/test_reliability.py) launch this alone or under torch.distributed.run:
+The kill-and-resume tests (tests/test_resume.py) launch this alone or under torch.distributed.run:
 
     python tests/_drivers.py SPEC.json
 
@@ -12,9 +12,12 @@ the chosen point, writes ``FOLDER/rank<r>.pid`` and sleeps; the test then SIGKIL
 - ``during_save``: checkpoint-N is being written: its weights are on disk, its optimizer state is not.
 
 The helpers the tests share to start runs live here too: :func:`tiny_run_flags` (the flags of a tiny CPU run),
-:func:`launcher` (this interpreter, or ``torch.distributed.run`` over N local processes on a free port) and
-:func:`subprocess_env` (offline, one thread per process, the checkout importable) , :func:`lock_held_elsewhere`
-(another process holding a folder's run lock) and :func:`assert_same_weights` (two saved models, bit for bit).
+:func:`run_flags` and :func:`six_step_flags` (the two run lengths of the run-folder, checkpoint and resume tests),
+:func:`launcher` (this interpreter, or ``torch.distributed.run`` over N local processes on a free port),
+:func:`subprocess_env` (offline, one thread per process, the checkout importable), :func:`lock_held_elsewhere`
+(another process holding a folder's run lock), :func:`assert_same_weights` (two saved models, bit for bit), the
+file listings compared before and after a refusal (:func:`files`, :func:`tree`, :func:`snapshot`) and a BEIR-layout
+retrieval folder (:func:`write_beir`).
 """
 
 from __future__ import annotations
@@ -53,6 +56,92 @@ def tiny_run_flags(model, data, out, **fields) -> list[str]:
     return [item for key, value in args.items() if value is not None for item in (f"--{key}", str(value))]
 
 
+RESUME = ["--resume_from_checkpoint", "true"]
+OVERWRITE = ["--overwrite_output_dir", "true"]
+
+
+def run_flags(assets, out, stage="I", **fields) -> list[str]:
+    """A 4-step run of ``assets`` (model folder, E5 data folder) into ``out``, saving checkpoints 2 and 4."""
+    model, data = assets
+    settings = dict(learning_rate=1e-3, max_steps=4, save_steps=2, num_threads=1, disable_tqdm="true")
+    settings.update(max_seq_length=64)
+    if stage == "II":
+        settings.update(stage="II", lora_r=4, lora_alpha=8)
+    settings.update(fields)
+    return tiny_run_flags(model, data, out, **settings)
+
+
+def quick(assets, out, stage="I", **fields) -> list[str]:
+    """A 2-step run that saves no checkpoint."""
+    return run_flags(assets, out, stage, max_steps=2, save_strategy="no", **fields)
+
+
+def six_step_flags(assets, out, stage="I", **overrides) -> list[str]:
+    """A 6-step run saving every 2 steps; Stage II has LoRA dropout (0.05), so its RNG state matters."""
+    model, data = assets
+    fields = {"learning_rate": 1e-3, "max_steps": 6, "save_steps": 2, "num_threads": 1, "disable_tqdm": "true"}
+    if stage == "II":
+        fields.update(stage="II", learning_rate=1e-2, lora_r=4, lora_alpha=8)
+    return tiny_run_flags(model, data, out, **{"max_seq_length": 96, **fields, **overrides})
+
+
+def export_argv(model, out, *extra) -> list[str]:
+    """The flags of a quick sentence-transformers export of ``model`` into ``out`` (no embedding check)."""
+    return [
+        *("--base_model_name_or_path", str(model), "--output_dir", str(out)),
+        *("--max_length", "64", "--query_instruction", "", "--no_verify_embeddings", *extra),
+    ]
+
+
+def files(folder) -> dict[str, bytes]:
+    """Every file under ``folder`` with its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(Path(folder).rglob("*")) if p.is_file()}
+
+
+def tree(root: Path) -> dict[str, bytes | None]:
+    """Every path under ``root`` with its bytes (None for a folder): what a test compares before and after."""
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(Path(root).rglob("*"))}
+
+
+def snapshot(folder) -> dict[str, tuple]:
+    """Every file under ``folder`` (hidden ones too) with its size, modification time and SHA-256."""
+    import hashlib
+
+    return {
+        str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).digest())
+        for p in sorted(Path(folder).rglob("*"))
+        if p.is_file()
+    }
+
+
+def marker(folder) -> dict:
+    """The completion marker of a finished run in ``folder``."""
+    from llm2vec.run.folder import COMPLETE_MARKER
+
+    return json.loads((Path(folder) / COMPLETE_MARKER).read_text())
+
+
+def write_beir(folder: Path, corpus, queries, qrels) -> Path:
+    """corpus / queries: ``[(id, text)]``; qrels: ``[(query id, corpus id, score)]``, written as given."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = {
+        "corpus.jsonl": [{"_id": i, "title": "", "text": t} for i, t in corpus],
+        "queries.jsonl": [{"_id": i, "text": t} for i, t in queries],
+        "qrels.jsonl": [{"query-id": q, "corpus-id": d, "score": s} for q, d, s in qrels],
+    }
+    for name, records in rows.items():
+        (folder / name).write_text("".join(json.dumps(r) + "\n" for r in records))
+    return folder
+
+
+TEXTS = ["Return the length of a list.", "Open a file for reading.", "Sort items in place.", "Join path parts."]
+GOOD = {
+    "corpus": [(f"d{i}", t) for i, t in enumerate(TEXTS)],
+    "queries": [(f"q{i}", t) for i, t in enumerate(TEXTS)],
+    "qrels": [(f"q{i}", f"d{i}", 1) for i in range(len(TEXTS))],
+}
+
+
 def unfinished_copy(reference: Path, dest: Path) -> Path:
     """A finished 4-step run ``reference`` as a kill after checkpoint-4 would leave it: checkpoints 2 and 4 only."""
     import shutil
@@ -66,6 +155,14 @@ def unfinished_copy(reference: Path, dest: Path) -> Path:
 def one_line(err: str, prefix: str = "error") -> str:
     """The one line of ``err`` holding ``<prefix>:``, with no traceback anywhere."""
     lines = [line for line in err.splitlines() if f"{prefix}:" in line]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def one_line_error(capsys) -> str:
+    """The one ``error:`` line on stderr (progress bars of weight loading aside), with no traceback."""
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error")]
     assert len(lines) == 1 and "Traceback" not in err, err
     return lines[0]
 

@@ -10,7 +10,7 @@ other rank, release the group and leave. Two things here are about leaving, not 
   torch's native state. That teardown aborted a finished worker now and then ("terminate called without an
   active exception", SIGABRT; two CI runs, once after a DDP test, once after an FSDP2 one), failing a test whose
   results were all correct. How a *driver* process exits is a property of the package and is tested where it
-  belongs (tests/test_reliability.py); a failing ``body`` still raises, so mp.spawn reports its traceback.
+  belongs (tests/test_distributed.py); a failing ``body`` still raises, so mp.spawn reports its traceback.
 """
 
 from __future__ import annotations

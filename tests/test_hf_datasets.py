@@ -443,7 +443,7 @@ def test_the_driver_reads_hf_data_with_its_column_map_from_the_command_line(tmp_
 
 
 def test_an_instruction_tokenization_rejects_is_found_while_loading(tmp_path, monkeypatch, capsys):
-    """As for JSON-lines files (tests/test_run_safety.py): a row whose instruction leaves no room for text stops the
+    """As for JSON-lines files (tests/test_hostile_input.py): a row whose instruction leaves no room for text stops the
     run before the weights load, naming the dataset and row."""
     from llm2vec import training
     from llm2vec.testing import save_tiny_model

@@ -1,21 +1,23 @@
-"""Hostile input: every case is refused in one line, or read as documented.
+"""Configs, values, files and names a user gives: every hostile or mistaken case is refused in one line naming the
+file, field or flag (before anything is written or loaded), or read as documented.
 
-4. names that become path components (``--local_task_name``, ``--revision``, ``--model_name``) cannot put a
-   file outside ``--output_dir``, and the printed results path is where the files are;
-7. a model folder's code never runs unless ``trust_remote_code`` says so (training, evaluation, export);
-8. one line, naming the file or flag, for: a config, instructions or tasks file in another encoding, an
-   unreadable, unwritable or misplaced evaluation output folder (before the model loads), a pickled
-   adapter, a data path that is a folder where a file belongs or the reverse;
-9. input that parses but means something else: a config or instructions file that gives one key twice, a
-   retrieval folder whose ids or grades cannot give a meaningful score, an ``encode`` input that is not a
-   list of texts or pairs.
-
-And for the Python API: every keyword annotated ``bool`` takes ``True`` or ``False`` only (``trust_remote_code="false"``
-ran a folder's code), and a ``prompt`` that is not a string or a ``truncate_dim`` beyond the embedding is refused.
+- config values: true/false fields take true or false only, every type is read strictly, numbers have ranges and
+  NaN or infinity is refused anywhere in a config;
+- files: a config, instructions or tasks file in another encoding or giving one key twice, a data line that
+  tokenization rejects or that gives a field twice, a path that is a folder where a file belongs or the reverse, a
+  model that cannot be loaded, a pickled adapter, a retrieval folder whose ids or grades cannot give a meaningful
+  score;
+- names that become path components (``--local_task_name``, ``--revision``, ``--model_name``) cannot put a file
+  outside ``--output_dir``, and an unreadable, unwritable or misplaced evaluation output folder is refused before
+  the model loads;
+- a model folder's code never runs unless ``trust_remote_code`` says so (training, evaluation, export);
+- the Python API: every keyword annotated ``bool`` takes ``True`` or ``False`` only (``trust_remote_code="false"``
+  ran a folder's code), ``encode`` takes a list of texts or pairs, a ``prompt`` is a string and ``truncate_dim`` is
+  not beyond the embedding.
 
 References are independent of the code under test: file trees listed before and after, marker files that the
-hostile code writes, scores of a folder with the meaningless queries removed by hand, embeddings of the same
-texts given as a plain list.
+hostile code writes, values and line numbers written literally here, scores of a folder with the meaningless
+queries removed by hand, embeddings of the same texts given as a plain list.
 """
 
 import inspect
@@ -32,23 +34,30 @@ from pathlib import Path
 import mteb_eval_custom
 import numpy as np
 import pytest
-from _drivers import subprocess_env, tiny_run_flags
+from _drivers import GOOD, one_line_error, subprocess_env, tiny_run_flags, write_beir
+from _drivers import run_flags as flags
 
 import llm2vec.dataset
 import llm2vec.export
 import llm2vec.model_files
-from llm2vec import LLM2Vec
+from llm2vec import LLM2Vec, training
 from llm2vec.arguments import ConfigError, parse_config
 from llm2vec.evaluation import mteb_wrapper
 from llm2vec.evaluation.benchmark import BenchmarkError, load_benchmark
 from llm2vec.evaluation.local_task import local_retrieval_task
 from llm2vec.evaluation.mteb_wrapper import InstructionsFileError, LLM2VecMTEBEncoder, evaluate, load_instructions
 from llm2vec.model_files import ModelFilesError
-from llm2vec.testing import write_tiny_e5
+from llm2vec.testing import build_tokenizer, write_tiny_e5
 from llm2vec.training import main as train_main
+from llm2vec.training import run
 
 ROOT = Path(__file__).resolve().parents[1]
 eval_main = mteb_eval_custom.main
+
+
+@pytest.fixture(autouse=True)
+def _threads(keep_thread_count):
+    """Every test here leaves torch's thread count as it found it."""
 
 
 @pytest.fixture(scope="module")
@@ -56,25 +65,8 @@ def model(tiny_checkpoints):
     return str(tiny_checkpoints["llama3"])
 
 
-def write_beir(folder: Path, corpus, queries, qrels) -> Path:
-    """corpus / queries: ``[(id, text)]``; qrels: ``[(query id, corpus id, score)]``, written as given."""
-    folder.mkdir(parents=True, exist_ok=True)
-    rows = {
-        "corpus.jsonl": [{"_id": i, "title": "", "text": t} for i, t in corpus],
-        "queries.jsonl": [{"_id": i, "text": t} for i, t in queries],
-        "qrels.jsonl": [{"query-id": q, "corpus-id": d, "score": s} for q, d, s in qrels],
-    }
-    for name, records in rows.items():
-        (folder / name).write_text("".join(json.dumps(r) + "\n" for r in records))
-    return folder
-
-
-TEXTS = ["Return the length of a list.", "Open a file for reading.", "Sort items in place.", "Join path parts."]
-GOOD = {
-    "corpus": [(f"d{i}", t) for i, t in enumerate(TEXTS)],
-    "queries": [(f"q{i}", t) for i, t in enumerate(TEXTS)],
-    "qrels": [(f"q{i}", f"d{i}", 1) for i in range(len(TEXTS))],
-}
+def tree(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
 
 
 def one_line(err: str) -> str:
@@ -82,10 +74,6 @@ def one_line(err: str) -> str:
     lines = [line for line in err.splitlines() if "error:" in line]
     assert len(lines) == 1 and "Traceback" not in err, err
     return lines[0]
-
-
-def tree(root: Path) -> set[str]:
-    return {str(p.relative_to(root)) for p in root.rglob("*")}
 
 
 def eval_argv(model, data, out, *extra) -> list[str]:
@@ -106,7 +94,266 @@ def eval_argv(model, data, out, *extra) -> list[str]:
     ]
 
 
-# ---------------------------------------------------------------------------------------------- 4. paths
+# ---------------------------------------------------------------------------------------------- config values
+
+
+BASE = ["--model_name_or_path", "m", "--output_dir", "o"]
+
+
+def test_booleans_take_true_or_false_only(tmp_path):
+    read = {
+        "False": False,
+        "false": False,
+        "FALSE": False,
+        "0": False,
+        "True": True,
+        "true": True,
+        "1": True,
+    }
+    for text, value in read.items():
+        config = parse_config("I", BASE + ["--overwrite_output_dir", text, "--query_instructions", text])
+        assert config.stage.overwrite_output_dir is value and config.data.query_instructions is value, text
+    assert parse_config("I", BASE + ["--disable_tqdm"]).training.disable_tqdm is True  # a flag alone means true
+    path = tmp_path / "c.json"
+    for raw, value in (("false", False), (False, False), (0, False), ("true", True)):
+        path.write_text(json.dumps({"model_name_or_path": "m", "output_dir": "o", "query_instructions": raw}))
+        assert parse_config("I", [str(path)]).data.query_instructions is value, raw
+    for raw in ("no", "yes", "", 2, None, [True]):
+        path.write_text(json.dumps({"model_name_or_path": "m", "output_dir": "o", "query_instructions": raw}))
+        with pytest.raises(ConfigError, match=f"{path}: query_instructions"):
+            parse_config("I", [str(path)])
+    with pytest.raises(ConfigError, match="overwrite_output_dir='nope': a true/false field takes true or false"):
+        parse_config("I", BASE + ["--overwrite_output_dir", "nope"])
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--max_steps", "6.7"], "max_steps=6.7: expected a whole number"),
+        (["--max_steps", "ten"], "max_steps='ten': expected a whole number"),
+        (["--max_steps", "true"], "max_steps='true': expected a whole number"),
+        (["--learning_rate", "fast"], "learning_rate='fast': expected a number"),
+        (["--learning_rate", "nan"], "learning_rate=nan: expected a finite number"),
+        (["--max_seq_length", "null"], "max_seq_length='null': expected a whole number"),
+        (["--max_steps"], "--max_steps is given without a value"),
+        (["--seed", "1", "2"], "--seed is given 2 values"),
+        (["--template", "5", "--alpha", "0.5"], None),  # a string field keeps "5" as text
+    ],
+)
+def test_every_type_is_read_strictly(argv, message):
+    if message is None:
+        config = parse_config("I", BASE + argv)
+        assert config.model.template == "5" and config.stage.alpha == 0.5
+        return
+    with pytest.raises(ConfigError) as caught:
+        parse_config("I", BASE + argv)
+    assert str(caught.value).startswith(f"command line: {message}"), caught.value
+
+
+@pytest.mark.parametrize(
+    "field, value", [("max_steps", 6.7), ("learning_rate", "fast"), ("max_seq_length", None), ("template", 5)]
+)
+def test_a_json_value_of_the_wrong_type_is_refused(tmp_path, field, value):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_name_or_path": "m", "output_dir": "o", field: value}))
+    with pytest.raises(ConfigError, match=f"^{path}: {field}"):
+        parse_config("I", [str(path)])
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("num_train_epochs", -1, "num_train_epochs=-1: must be > 0"),
+        ("num_train_epochs", 0, "num_train_epochs=0: must be > 0"),
+        ("max_steps", 0, "max_steps=0: must be >= 1, or -1"),
+        ("max_steps", -5, "max_steps=-5: must be >= 1, or -1"),
+        ("per_device_train_batch_size", 0, "per_device_train_batch_size=0: must be >= 1"),
+        ("per_device_train_batch_size", -4, "per_device_train_batch_size=-4: must be >= 1"),
+        ("gradient_accumulation_steps", 0, "gradient_accumulation_steps=0: must be >= 1"),
+        ("learning_rate", -0.001, "learning_rate=-0.001: must be > 0"),
+        ("save_steps", 0, "save_steps=0: must be > 0"),
+        ("adam_beta2", 1, "adam_beta2=1: must be >= 0 and < 1"),
+        ("warmup_steps", -3, "warmup_steps=-3: must be >= 0"),
+    ],
+)
+def test_a_value_out_of_range_is_one_line_before_anything_is_written(assets, tmp_path, capsys, field, value, message):
+    out = tmp_path / "run"
+    assert train_main("I", flags(assets, out, **{"num_train_epochs": 1, field: value})) == 2
+    assert one_line_error(capsys) == f"error: command line: {message}"
+    assert not out.exists()
+
+
+BIG = 10**30
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("per_device_train_batch_size", BIG, f"per_device_train_batch_size={BIG}: must be >= 1 and <= 2147483647"),
+        ("max_steps", BIG, f"max_steps={BIG}: must be >= 1 and <= 2147483647, or -1"),
+        (
+            "gradient_accumulation_steps",
+            2**31,
+            "gradient_accumulation_steps=2147483648: must be >= 1 and <= 2147483647",
+        ),
+        ("save_steps", BIG, f"save_steps={BIG}: must be > 0 and <= 2147483647"),
+        ("num_train_epochs", 1e30, "num_train_epochs=1e+30: must be > 0 and <= 2147483647"),
+        ("max_seq_length", BIG, f"max_seq_length={BIG}: must be <= 2147483647"),
+        ("max_seq_length", -BIG, f"max_seq_length={-BIG}: must be >= -2147483647"),
+        ("num_threads", BIG, f"num_threads={BIG}: must be <= 2147483647"),
+    ],
+)
+def test_an_absurd_number_is_refused_by_field_with_its_range(assets, tmp_path, capsys, field, value, message):
+    """Measured before this check: num_threads 10**30 ended in a traceback, max_steps 10**30 was refused by the
+    disk check for 10**21 TB of checkpoints, and max_seq_length 10**30 trained."""
+    out = tmp_path / "run"
+    assert train_main("I", flags(assets, out, **{field: value})) == 2
+    assert one_line_error(capsys) == f"error: command line: {message}"
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("num_threads", 5000, "num_threads=5000: must be from 1 to 1024 (or leave it unset)"),
+        ("dataloader_num_workers", 5000, "dataloader_num_workers=5000: must be >= 0 and <= 1024"),
+    ],
+)
+def test_more_threads_or_workers_than_any_machine_has_are_refused(field, value, message):
+    """Read, not run: without the check, 2**31 - 1 threads abort in the OpenMP runtime (it allocates their stacks)
+    and 5000 workers are 5000 processes."""
+    with pytest.raises(ConfigError) as caught:
+        parse_config("I", BASE + [f"--{field}", str(value)])
+    assert str(caught.value) == f"command line: {message}"
+
+
+@pytest.mark.parametrize(
+    "text, where",
+    [
+        ('"lr_scheduler_kwargs": {"min_lr": NaN}', "lr_scheduler_kwargs.min_lr=nan"),
+        ('"lr_scheduler_kwargs": {"min_lr": -Infinity}', "lr_scheduler_kwargs.min_lr=-inf"),
+        ('"lr_scheduler_kwargs": {"min_lr": 1e999}', "lr_scheduler_kwargs.min_lr=inf"),
+        ('"fsdp_config": {"limits": [1, {"x": NaN}]}', "fsdp_config.limits[1].x=nan"),
+        ('"learning_rate": Infinity', "learning_rate=inf"),
+    ],
+)
+def test_nan_or_infinity_anywhere_in_a_config_is_refused(tmp_path, text, where):
+    path = tmp_path / "config.json"
+    path.write_text('{"model_name_or_path": "m", "output_dir": "o", ' + text + "}")
+    with pytest.raises(ConfigError) as caught:
+        parse_config("I", [str(path)])
+    assert str(caught.value) == f"{path}: {where}: expected a finite number", caught.value
+    key, value = text.split(": ", 1)
+    with pytest.raises(ConfigError) as caught:
+        parse_config("I", BASE + [f"--{json.loads(key)}", value])
+    assert str(caught.value) == f"command line: {where}: expected a finite number", caught.value
+
+
+def test_a_nan_in_the_scheduler_settings_stops_the_run_before_it_trains(assets, tmp_path, capsys):
+    """Measured before this check: the run trained at learning rate 0 (transformers' cosine_with_min_lr rate is
+    ``max(0, nan)``, which is 0) and exited 0 with a finished model."""
+    out = tmp_path / "run"
+    argv = flags(assets, out, lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs='{"min_lr": NaN}')
+    assert train_main("I", argv) == 2
+    assert one_line_error(capsys) == "error: command line: lr_scheduler_kwargs.min_lr=nan: expected a finite number"
+    assert not out.exists()
+
+
+# -------------------------------------------------------------------------------------------- start-up checks
+
+
+def tiny_gpt2(path: Path) -> Path:
+    """A GPT-2 model (no registered family) whose tokenizer has no chat template to derive a family from."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tokenizer = build_tokenizer("llama3")
+    tokenizer.chat_template = None
+    GPT2LMHeadModel(
+        GPT2Config(vocab_size=len(tokenizer), n_embd=16, n_layer=1, n_head=2, n_positions=64)
+    ).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_startup_checks_fail_before_data_and_weights(assets, tmp_path, monkeypatch):
+    from llm2vec import training
+
+    def no_build(stage):
+        raise AssertionError("the model was loaded before the start-up checks")
+
+    monkeypatch.setattr(training, "model_class", no_build)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match="a_file/out: cannot write there"):
+        run("I", flags(assets, blocker / "out"))
+    with pytest.raises(ConfigError, match="'.*missing_model': cannot read its config and tokenizer"):
+        run("I", flags(assets, tmp_path / "o1", model_name_or_path=tmp_path / "missing_model"))
+    with pytest.raises(ConfigError, match="no prompt template for this model: model_type='gpt2'"):
+        run(
+            "I",
+            flags(
+                assets,
+                tmp_path / "o2",
+                model_name_or_path=tiny_gpt2(tmp_path / "gpt2"),
+                dataset_file_path=tmp_path / "no_data",
+            ),
+        )  # before the data is read
+
+
+def test_a_library_error_caused_by_the_user_is_one_line_and_debug_shows_it(assets, tmp_path, capsys):
+    model = tmp_path / "model"
+    shutil.copytree(assets[0], model)
+    os.truncate(model / "model.safetensors", 3000)
+    argv = flags((model, assets[1]), tmp_path / "run")
+    assert train_main("I", argv) == 2
+    err = one_line_error(capsys)
+    assert f"cannot load the model {model}" in err and "traceback: " in err, err
+    trace = Path(err.split("traceback: ")[1].split(";")[0])
+    assert "Traceback" in trace.read_text()
+    with pytest.raises(ConfigError, match="cannot load the model"):
+        train_main("I", argv + ["--debug"])
+
+
+# ------------------------------------------------------------------------------------------------- data lines
+
+
+def write_jsonl(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def good_line(i: int, **extra) -> str:
+    return json.dumps({"query": f"the quick fox {i}", "positive": f"jumps over the dog {i}", **extra})
+
+
+@pytest.mark.parametrize(
+    "bad_line, message",
+    [
+        ('{"query": "a lone \\ud800 half", "positive": "fine text"}', "field \"query\" holds '\\ud800' at character 7"),
+        (good_line(3, instruction=" ".join(["retrieve passages"] * 40)), "leaves no room for text"),
+    ],
+)
+def test_a_line_that_tokenization_rejects_is_found_while_loading(
+    assets, tmp_path, monkeypatch, capsys, bad_line, message
+):
+    """Measured before this check: both lines passed loading and crashed the step that drew them (every resume
+    again), with an 80-line traceback and no file:line."""
+    data = write_jsonl(
+        tmp_path / "mine.jsonl", [good_line(1), good_line(2), bad_line] + [good_line(i) for i in range(4, 9)]
+    )
+
+    def no_model(stage):
+        raise AssertionError("the weights were loaded before the data was checked")
+
+    monkeypatch.setattr(training, "model_class", no_model)
+    argv = flags(assets, tmp_path / "run", dataset_name="jsonl", dataset_file_path=data, max_seq_length=32)
+    argv = [a for a in argv if a not in ("--e5_sources", '["nq","fever"]')]
+    assert train_main("I", argv) == 2
+    err = one_line_error(capsys)
+    assert f"{data}:3: " in err and message in err, err
+
+
+# ------------------------------------------------------------------------------------------------------ paths
 
 
 @pytest.mark.parametrize(
@@ -148,7 +395,7 @@ def test_plain_names_write_inside_output_dir_where_the_printed_path_says(model, 
     assert all(out in p.parents or p == out or p in out.parents for p in new), sorted(new)
 
 
-# ---------------------------------------------------------------------------------------------- 8. output folder
+# ----------------------------------------------------------------------------- the evaluation's output folder
 
 
 def test_an_output_folder_that_is_a_file_is_refused_before_the_model_loads(tmp_path, capsys):
@@ -205,7 +452,7 @@ def test_an_unreadable_or_unwritable_output_folder_is_refused_before_the_model_l
     assert f"--output_dir {tmp_path}/unreadable: cannot read the folder {tmp_path}/unreadable" in lines[1]
 
 
-# ---------------------------------------------------------------------------------------------- 7. remote code
+# ------------------------------------------------------------------------------------------------ remote code
 
 
 EVIL_CODE = """
@@ -386,7 +633,7 @@ def test_the_boolean_keywords_found_include_the_documented_ones():
     } <= found, sorted(found)
 
 
-# ---------------------------------------------------------------------------------------------- 8. pickled adapter
+# -------------------------------------------------------------------------------------------- pickled adapter
 
 
 @pytest.fixture(scope="module")
@@ -420,7 +667,7 @@ def test_a_pickled_adapter_is_refused_in_one_line_wherever_adapters_load(model, 
     assert not (tmp_path / "run").exists()
 
 
-# ---------------------------------------------------------------------------------------------- 8. encodings
+# -------------------------------------------------------------------------------------------------- encodings
 
 
 ENCODINGS = [
@@ -460,7 +707,7 @@ def test_instructions_and_tasks_files_in_another_encoding_are_one_line(model, tm
         load_benchmark(tasks)
 
 
-# ---------------------------------------------------------------------------------------------- 8. path kinds
+# ------------------------------------------------------------------------------------------------- path kinds
 
 
 def test_a_data_path_of_the_wrong_kind_gets_the_right_hint(model, tmp_path, capsys):
@@ -498,7 +745,7 @@ def test_evaluation_paths_of_the_wrong_kind_get_the_right_hint(model, tmp_path, 
         parse_config("I", [str(folder_config)])
 
 
-# ---------------------------------------------------------------------------------------------- 9. duplicate keys
+# --------------------------------------------------------------------------------------------- duplicate keys
 
 
 def test_a_config_that_gives_a_field_twice_is_refused(model, tmp_path):
@@ -530,7 +777,7 @@ def test_a_data_line_that_gives_a_field_twice_is_refused(model, tmp_path, capsys
     assert f"{data / 'nq.jsonl'}:9: the key 'query' is given twice" in one_line(capsys.readouterr().err)
 
 
-# ---------------------------------------------------------------------------------------------- 9. retrieval folders
+# ------------------------------------------------------------------------------------------ retrieval folders
 
 
 def _with(**changes):
@@ -578,7 +825,7 @@ def test_queries_with_nothing_relevant_are_left_out_with_a_warning(model, tmp_pa
     assert "2 of 6 queries are left out: 1 without a qrels line, 1 whose documents are all graded 0" in caplog.text
 
 
-# ---------------------------------------------------------------------------------------------- 9. encode input
+# ----------------------------------------------------------------------------------------------- encode input
 
 
 @pytest.fixture(scope="module")
