@@ -1,6 +1,6 @@
 """A run's output folder, owned by :class:`RunManager`; the rest is what the trainer and the export need."""
 
-from .claim import ExportFolderError, check_export_target, claim_export_folder
+from .checks import ExportFolderError, check_export_target, claim_export_folder
 from .folder import RUN_CONFIG_NAME, CheckpointError, newest_checkpoint
 from .lock import RunLocked
 from .plan import RunManager

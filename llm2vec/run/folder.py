@@ -187,9 +187,13 @@ class RunFolder:
             c.path.name + (f" (incomplete: {c.problem})" if c.problem else "") for c in self.checkpoints[-4:]
         )
         if self.finished:
-            text = f"a finished {stage}run (step {self.marker.get('global_step', '?')}, final model and {COMPLETE_MARKER})"
+            text = (
+                f"a finished {stage}run (step {self.marker.get('global_step', '?')}, final model and {COMPLETE_MARKER})"
+            )
             return text + (f" and checkpoints {names}" if names else "")
-        final = f"a final model not matching its {COMPLETE_MARKER} ({self.damaged})" if self.damaged else "no final model"
+        final = (
+            f"a final model not matching its {COMPLETE_MARKER} ({self.damaged})" if self.damaged else "no final model"
+        )
         if self.checkpoints:
             newest = f"newest complete: step {self.newest.step}" if self.newest else "none complete"
             return f"an unfinished {stage}run: checkpoints {names} ({newest}), {final}"

@@ -202,7 +202,9 @@ def prepare(plan: RunPlan, config: RunConfig, model, num_examples: int) -> RunPl
             f"this config ends at step {end} ({ends_at})"
         )
     if plan.resume_from is not None and start > end:
-        raise ConfigError(f"resume_from_checkpoint {plan.resume_from}: step {start} is past this config's end, {end}")
+        raise ConfigError(
+            f"resume_from_checkpoint {plan.resume_from}: step {start} is past the end of this config ({end})"
+        )
     plan.finalize_only = plan.resume_from is not None and start == end
     folder, clear = plan.folder, []
     if plan.clear:
