@@ -77,10 +77,8 @@ def checkpoint_problem(folder: str | os.PathLike, contents: bool = False) -> str
     if not isinstance(recorded, int) or isinstance(recorded, bool):
         return f"{TRAINER_STATE_NAME} records no global_step"
     match = CHECKPOINT_NAME.match(folder.name)
-    if match and int(match.group(1)) != recorded:
+    if match and int(match.group(1)) != recorded:  # the manifest hashes trainer_state.json: the name is what can differ
         return f"its {TRAINER_STATE_NAME} says step {recorded} but the folder is named {folder.name}"
-    if manifest.get("global_step") != recorded:
-        return f"its {CHECKPOINT_MANIFEST} says step {manifest.get('global_step')}, its {TRAINER_STATE_NAME} {recorded}"
     return None
 
 

@@ -48,22 +48,7 @@ def planned_end_step(values: dict[str, Any], per_epoch: int) -> int:
     return min([end, *caps])
 
 
-@dataclass
-class RunPlan:
-    folder: RunFolder
-    resume_from: str | None = None
-    finished_message: str | None = None  # set when there is nothing to do
-    continue_past: int | None = None  # continuing a finished run: the step it ended at
-    clear: bool = False  # --overwrite_output_dir: delete the old run (after the start-up checks)
-    keep_up_to: int | None = None  # ... but keep the checkpoints up to this step (the one resumed from)
-    finalize_only: bool = False  # the resumed checkpoint is at the end: write the final model from it
-
-    @property
-    def finished(self) -> bool:
-        return self.finished_message is not None
-
-
-def plan_run(config: RunConfig) -> RunPlan:
+def plan_run(config: RunConfig) -> RunManager:
     """What this run does with its ``output_dir``, deciding and writing nothing else; or :class:`ConfigError`."""
     args, stage = config.training, config.stage.stage
     folder, where = RunFolder.inspect(args.output_dir), f"output_dir {args.output_dir}"
@@ -74,7 +59,7 @@ def plan_run(config: RunConfig) -> RunPlan:
     differs = f"its {RUN_CONFIG_NAME} " + (
         f"differs from this config in: {'; '.join(diffs)}" if diffs else "equals this config" if saved else "is missing"
     )
-    plan = RunPlan(folder)
+    plan = RunManager(config, folder)
     foreign = folder.foreign_files()
     if foreign and not overwrite:
         raise ConfigError(
@@ -103,17 +88,13 @@ def plan_run(config: RunConfig) -> RunPlan:
         return _settled(_plan_resume(plan, config, where, overwrite, saved, new, diffs, differs))
 
     # an explicit checkpoint folder
-    problem = checkpoint_problem(resume)
-    if problem:
+    if problem := checkpoint_problem(resume, contents=True):
         newest = RunFolder.inspect(Path(resume).parent).newest
         raise ConfigError(
-            f"resume_from_checkpoint {resume}: {problem}; it is incomplete"
+            f"resume_from_checkpoint {resume}: {problem}; it is incomplete or changed"
             + (f"; newest complete: {newest.path}" if newest else "")
         )
     _check_stage(resume, config)
-    problem = checkpoint_problem(resume, contents=True)
-    if problem:
-        raise ConfigError(f"resume_from_checkpoint {resume}: {problem}")
     plan.resume_from, step = resume, step_of(resume)
     inside = Path(resume).resolve().parent == Path(args.output_dir).resolve()
     later = [c for c in folder.checkpoints if not inside or c.step > step]
@@ -126,7 +107,7 @@ def plan_run(config: RunConfig) -> RunPlan:
     return _settled(plan)
 
 
-def _plan_resume(plan, config, where, overwrite, saved, new, diffs, differs) -> RunPlan:
+def _plan_resume(plan, config, where, overwrite, saved, new, diffs, differs) -> RunManager:
     """``--resume_from_checkpoint true``: nothing to do (a finished run of the same length), or the newest checkpoint
     whose files hash as saved."""
     folder, stage = plan.folder, config.stage.stage
@@ -165,90 +146,61 @@ def _check_stage(checkpoint: str | Path, config: RunConfig) -> None:
     """Refuse a checkpoint of the other stage (its run config's, else its weights': an adapter is Stage II's) and an
     adapter whose tensors are not those its config implies on the base."""
     checkpoint, stage = Path(checkpoint), config.stage.stage
-    saved = (read_json(checkpoint / RUN_CONFIG_NAME) or {}).get("stage")
-    if not saved and (checkpoint / "adapter_model.safetensors").is_file():
-        saved = "II"
-    elif not saved and any((checkpoint / n).is_file() for n in ("model.safetensors", "model.safetensors.index.json")):
-        saved = "I"
+    adapter = (checkpoint / "adapter_model.safetensors").is_file()
+    full = any((checkpoint / n).is_file() for n in ("model.safetensors", "model.safetensors.index.json"))
+    saved = (read_json(checkpoint / RUN_CONFIG_NAME) or {}).get("stage") or ("II" if adapter else "I" if full else None)
     if saved and str(saved) != stage:
         raise ConfigError(
             f"resume_from_checkpoint {checkpoint}: a Stage {saved} checkpoint, but this is a Stage {stage} config; "
             f"resume it with run_stage_{saved}.py"
         )
     base = model_folder(config.model.model_name_or_path)
-    if (checkpoint / "adapter_model.safetensors").is_file() and base is not None:
-        problem = _adapter_problem(checkpoint, base, config.model.trust_remote_code)
-        if problem:
-            raise ConfigError(f"resume_from_checkpoint {checkpoint}: {problem}")
+    if adapter and base is not None and (problem := _adapter_problem(checkpoint, base, config.model.trust_remote_code)):
+        raise ConfigError(f"resume_from_checkpoint {checkpoint}: {problem}")
 
 
-def _settled(plan: RunPlan) -> RunPlan:
+def _settled(plan: RunManager) -> RunManager:
     from accelerate import PartialState
 
     PartialState().wait_for_everyone()
     return plan
 
 
-def prepare(plan: RunPlan, config: RunConfig, model, num_examples: int) -> RunPlan:
-    """Where training ends and the disk space; then (main process) delete what ``--overwrite_output_dir`` replaces."""
-    args, stage = config.training, config.stage.stage
-    per_epoch = steps_per_epoch(config, num_examples)
-    values = end_values(config.resolved(), stage)
-    end, ends_at = planned_end_step(values, per_epoch), ", ".join(f"{k} {v}" for k, v in values.items())
-    start = step_of(plan.resume_from) if plan.resume_from else 0
-    if plan.continue_past is not None and end <= plan.continue_past:
-        raise ConfigError(
-            f"output_dir {args.output_dir} holds a finished Stage {stage} run that ended at step {plan.continue_past}; "
-            f"this config ends at step {end} ({ends_at})"
-        )
-    if plan.resume_from is not None and start > end:
-        raise ConfigError(
-            f"resume_from_checkpoint {plan.resume_from}: step {start} is past the end of this config ({end})"
-        )
-    plan.finalize_only = plan.resume_from is not None and start == end
-    folder, clear = plan.folder, []
-    if plan.clear:
-        clear = [folder.path / COMPLETE_MARKER, *folder.model_files, folder.path / FINAL_SAVE_RECORD]
-        clear += [c.path for c in folder.checkpoints if plan.keep_up_to is None or c.step > plan.keep_up_to]
-        clear = [p for p in dict.fromkeys(clear) if p.exists()]
-    check_disk_space(args.output_dir, estimate_disk(args, model, start, end, per_epoch), freed=clear)
-    if args.should_save:
-        if clear:
-            names = ", ".join(p.name for p in clear)
-            logger.warning("overwrite_output_dir: removing the previous run's %s from %s", names, args.output_dir)
-        for path in clear:
-            remove_path(path)
-        remove_stale_staging(args.output_dir)
-    return _settled(plan)
-
-
+@dataclass
 class RunManager:
-    def __init__(self, config: RunConfig, plan: RunPlan):
-        self.config, self.plan = config, plan
+    """What a run does with its ``output_dir``: made by :meth:`open`, then :meth:`record` and :meth:`train`."""
+
+    config: RunConfig
+    folder: RunFolder
+    resume_from: str | None = None
+    finished_message: str | None = None  # set when there is nothing to do
+    continue_past: int | None = None  # continuing a finished run: the step it ended at
+    clear: bool = False  # --overwrite_output_dir: delete the old run (after the disk check)
+    keep_up_to: int | None = None  # ... but keep the checkpoints up to this step (the one resumed from)
 
     @classmethod
     @contextlib.contextmanager
     def open(cls, config: RunConfig) -> Iterator[RunManager]:
-        """Check ``output_dir``, hold its lock while the block runs, and plan the run in it."""
+        """Check ``output_dir``, hold its lock while the block runs, and plan the run in it (:func:`plan_run`)."""
         args = config.training
         check_apart(args.output_dir, inputs.run_inputs(config))
         check_writable(args.output_dir)
         with lock.hold(args.output_dir, is_main=args.process_index == 0):
-            run = cls(config, plan_run(config))
+            run = plan_run(config)
             if run.finished:
-                logger.info(run.plan.finished_message)
+                logger.info(run.finished_message)
             yield run
 
     @property
     def finished(self) -> bool:
-        return self.plan.finished
+        return self.finished_message is not None
 
     def record(self, schedule, data_files: list[str]) -> dict[str, Any]:
         """The run config saved with every save; refuses a resume whose schedule or inputs changed."""
         from ..schedule import check_resume
 
-        config, checkpoint = self.config, self.plan.resume_from
-        check_resume(checkpoint, schedule, extending=self.plan.continue_past is not None)
+        config, checkpoint = self.config, self.resume_from
+        check_resume(checkpoint, schedule, extending=self.continue_past is not None)
         found, geometry = inputs.fingerprints(config, data_files), inputs.batch_geometry(config)
         saved = read_json(Path(checkpoint) / RUN_CONFIG_NAME) if checkpoint else None
         accept, step = config.stage.accept_changed_inputs, step_of(checkpoint) if checkpoint else 0
@@ -257,10 +209,40 @@ class RunManager:
         return {**config.resolved(), **extra, "resumed_with_changes": resumed}
 
     def train(self, trainer) -> None:
-        """:func:`prepare`, then train and save the final model (or make it from a checkpoint at the end step)."""
-        plan = prepare(self.plan, self.config, trainer.model, len(trainer.train_dataset))
-        if plan.finalize_only:
-            finalize_from_checkpoint(trainer, plan.resume_from)
+        """Check where training ends and the disk space, delete what an overwrite replaces, train, save the final
+        model (from the resumed checkpoint when it is at the end step)."""
+        args, stage, folder = self.config.training, self.config.stage.stage, self.folder
+        per_epoch = steps_per_epoch(self.config, len(trainer.train_dataset))
+        values = end_values(self.config.resolved(), stage)
+        end, ends_at = planned_end_step(values, per_epoch), ", ".join(f"{k} {v}" for k, v in values.items())
+        start = step_of(self.resume_from) if self.resume_from else 0
+        if self.continue_past is not None and end <= self.continue_past:
+            raise ConfigError(
+                f"output_dir {args.output_dir} holds a finished Stage {stage} run that ended at step "
+                f"{self.continue_past}; this config ends at step {end} ({ends_at})"
+            )
+        if self.resume_from is not None and start > end:
+            raise ConfigError(
+                f"resume_from_checkpoint {self.resume_from}: step {start} is past the end of this config ({end})"
+            )
+        clear = (
+            [folder.path / COMPLETE_MARKER, *folder.model_files, folder.path / FINAL_SAVE_RECORD] if self.clear else []
+        )
+        clear += [
+            c.path for c in folder.checkpoints if self.clear and (self.keep_up_to is None or c.step > self.keep_up_to)
+        ]
+        clear = [p for p in dict.fromkeys(clear) if p.exists()]
+        check_disk_space(args.output_dir, estimate_disk(args, trainer.model, start, end, per_epoch), freed=clear)
+        if args.should_save:
+            if clear:
+                names = ", ".join(p.name for p in clear)
+                logger.warning("overwrite_output_dir: removing the previous run's %s from %s", names, args.output_dir)
+            for path in clear:
+                remove_path(path)
+            remove_stale_staging(args.output_dir)
+        _settled(self)
+        if self.resume_from is not None and start == end:
+            finalize_from_checkpoint(trainer, self.resume_from)
         else:
-            trainer.train(resume_from_checkpoint=plan.resume_from)
+            trainer.train(resume_from_checkpoint=self.resume_from)
             save_final(trainer)

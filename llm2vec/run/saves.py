@@ -107,7 +107,6 @@ def _publish_final(staged: Path, out: Path, run_config: dict[str, Any], global_s
         elif target.is_dir() and not target.is_symlink():
             remove_path(target)
         os.replace(staged / name, target)
-    shutil.rmtree(out / FINAL_STAGING, ignore_errors=True)
     _fsync(out)
     stage, finished = run_config.get("stage", "I"), time.strftime("%Y-%m-%d %H:%M:%S")
     marker = {"stage": stage, "global_step": global_step, "finished": finished}
@@ -119,32 +118,32 @@ def _publish_final(staged: Path, out: Path, run_config: dict[str, Any], global_s
 
 
 @contextlib.contextmanager
-def _final_staging(trainer) -> Iterator[Path]:
-    out = Path(trainer.args.output_dir)
+def _final_save(trainer) -> Iterator[Path]:
+    """An empty staging folder for the final model; published when the block ends (removed if it fails)."""
+    out, saver = Path(trainer.args.output_dir), trainer.args.should_save
     root = out / FINAL_STAGING
-    staged = root / (out.resolve().name or "model")
-    if trainer.args.should_save:
+    staged = root / (out.resolve().name or "model")  # the model card names its folder
+    if saver:
         shutil.rmtree(root, ignore_errors=True)
         staged.mkdir(parents=True)
     trainer.accelerator.wait_for_everyone()
     try:
         yield staged
-    except BaseException:
-        if trainer.args.should_save:
+        trainer.accelerator.wait_for_everyone()
+        if saver:
+            _publish_final(staged, out, trainer.run_config, trainer.state.global_step)
+    finally:
+        if saver:
             shutil.rmtree(root, ignore_errors=True)
-        raise
+    trainer.accelerator.wait_for_everyone()
 
 
 def save_final(trainer) -> None:
     trainer.check_weights_finite("the final model was not written")
-    with _final_staging(trainer) as staged:
+    with _final_save(trainer) as staged:
         trainer.save_model(str(staged))
         if trainer.args.should_save:
             trainer.state.save_to_json(str(staged / TRAINER_STATE_NAME))  # the log history beside the final model
-        trainer.accelerator.wait_for_everyone()
-        if trainer.args.should_save:
-            _publish_final(staged, Path(trainer.args.output_dir), trainer.run_config, trainer.state.global_step)
-    trainer.accelerator.wait_for_everyone()
 
 
 def finalize_from_checkpoint(trainer, checkpoint: str) -> None:
@@ -154,11 +153,10 @@ def finalize_from_checkpoint(trainer, checkpoint: str) -> None:
     ckpt = Path(checkpoint)
     trainer.state = TrainerState.load_from_json(str(ckpt / TRAINER_STATE_NAME))
     logger.info("%s is at the last step (%d): the final model is written from it", ckpt, trainer.state.global_step)
-    with _final_staging(trainer) as staged:
+    with _final_save(trainer) as staged:
         if trainer.args.should_save:
             manifest = read_json(ckpt / CHECKPOINT_MANIFEST) or {}
-            problem = record_problem(ckpt, manifest, CHECKPOINT_MANIFEST)
-            if problem:
+            if problem := record_problem(ckpt, manifest, CHECKPOINT_MANIFEST):
                 raise CheckpointError(f"{ckpt}: {problem}; the final model was not written from it")
             skip = {n for n in manifest["files"] for pattern in TRAINING_STATE_FILES if Path(n).match(pattern)}
             for name in sorted(set(manifest["files"]) - skip - {RUN_CONFIG_NAME}):
@@ -166,5 +164,3 @@ def finalize_from_checkpoint(trainer, checkpoint: str) -> None:
                     shutil.copyfile(ckpt / name, staged / name, follow_symlinks=False)
             with atomic_write(staged / RUN_CONFIG_NAME) as f:
                 json.dump(trainer.run_config, f, indent=2)
-            _publish_final(staged, Path(trainer.args.output_dir), trainer.run_config, trainer.state.global_step)
-    trainer.accelerator.wait_for_everyone()
