@@ -24,6 +24,7 @@ FINAL_SAVE_RECORD = ".llm2vec-final-save.json"  # the final save's file names wh
 CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
 # What a checkpoint holds beyond the model: not part of a final model built from a checkpoint.
 TRAINING_STATE_FILES = ("optimizer.pt", "scheduler.pt", "scaler.pt", "rng_state*.pth", CHECKPOINT_MANIFEST)
+RESUME_STATE = {"optimizer.pt": "optimizer*", "scheduler.pt": "scheduler.pt", "rng_state.pth": "rng_state*.pth"}
 # The names a final save may write at the top of output_dir: a user's file of such a name would be written over.
 OWN_FILE_PATTERNS = (
     *("*.safetensors", "*.safetensors.index.json", "adapter_config.json", "llm2vec_config.json", RUN_CONFIG_NAME),
@@ -63,16 +64,11 @@ def checkpoint_problem(folder: str | os.PathLike, contents: bool = False) -> str
     manifest = read_json(folder / CHECKPOINT_MANIFEST)
     if manifest is None:
         return f"no readable {CHECKPOINT_MANIFEST} (a checkpoint is complete once its manifest is written)"
-    problem = record_problem(folder, manifest, CHECKPOINT_MANIFEST, contents)
-    if problem:
+    if problem := record_problem(folder, manifest, CHECKPOINT_MANIFEST, contents):
         return problem
-    names = set(manifest["files"])
-    if not any(n.startswith("optimizer") for n in names):
-        return "no optimizer.pt"
-    if "scheduler.pt" not in names:
-        return "no scheduler.pt"
-    if not any(re.fullmatch(r"rng_state(_\d+)?\.pth", n) for n in names):
-        return "no rng_state.pth"
+    for name, pattern in RESUME_STATE.items():
+        if not any(Path(n).match(pattern) for n in manifest["files"]):
+            return f"no {name}"
     recorded = (read_json(folder / TRAINER_STATE_NAME) or {}).get("global_step")
     if not isinstance(recorded, int) or isinstance(recorded, bool):
         return f"{TRAINER_STATE_NAME} records no global_step"
@@ -83,11 +79,9 @@ def checkpoint_problem(folder: str | os.PathLike, contents: bool = False) -> str
 
 
 def step_of(checkpoint: str | os.PathLike) -> int:
-    state = read_json(Path(checkpoint) / TRAINER_STATE_NAME) or {}
-    if isinstance(state.get("global_step"), int):
-        return state["global_step"]
+    step = (read_json(Path(checkpoint) / TRAINER_STATE_NAME) or {}).get("global_step")
     match = CHECKPOINT_NAME.match(Path(checkpoint).name)
-    return int(match.group(1)) if match else 0
+    return step if isinstance(step, int) else int(match.group(1)) if match else 0
 
 
 def own_names(marker: dict[str, Any] | None, record: dict[str, Any] | None = None) -> set[str]:
@@ -99,9 +93,8 @@ def own_names(marker: dict[str, Any] | None, record: dict[str, Any] | None = Non
 
 
 def is_own_checkpoint(path: Path) -> bool:
-    return bool(CHECKPOINT_NAME.match(path.name)) and any(
-        (path / name).is_file() for name in (CHECKPOINT_MANIFEST, TRAINER_STATE_NAME)
-    )
+    names = (CHECKPOINT_MANIFEST, TRAINER_STATE_NAME)
+    return bool(CHECKPOINT_NAME.match(path.name)) and any((path / name).is_file() for name in names)
 
 
 def checkpoints_of(path: Path) -> list[Checkpoint]:

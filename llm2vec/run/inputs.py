@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from dataclasses import MISSING, fields
 from typing import Any
 
@@ -91,10 +90,6 @@ def batch_geometry(config) -> dict[str, int]:
     }
 
 
-def _when(ns: int | None) -> str:
-    return "?" if ns is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ns / 1e9))
-
-
 def _file_change(label: str, old: dict | None, new: dict | None) -> str | None:
     if old == new or old is None or new is None:
         return None if old == new else f"{label} is {'new' if old is None else 'gone'}"
@@ -103,8 +98,7 @@ def _file_change(label: str, old: dict | None, new: dict | None) -> str | None:
         what.append("its first MiB differs")
     elif old.get("sha256") != new.get("sha256"):
         what.append("its SHA-256 differs")
-    if old.get("mtime_ns") != new.get("mtime_ns"):
-        what.append(f"modified {_when(old.get('mtime_ns'))} -> {_when(new.get('mtime_ns'))}")
+    what += ["modified since"] if old.get("mtime_ns") != new.get("mtime_ns") else []
     return f"{label}: {', '.join(what) or 'its record differs'}"
 
 
@@ -144,8 +138,8 @@ def check_resume_inputs(
     for key in sorted(set(saved) - NOT_COMPARED - RESUME_FREE_FIELDS):
         if saved[key] != config.get(key):
             (lengths if key in ends else settings)[key] = {"before": saved[key], "after": config.get(key)}
-    changes = [f"{k} {_short(v['before'])} -> {_short(v['after'])}" for k, v in settings.items()]
-    changes += input_changes(saved, inputs, geometry)
+    changed = lambda fields: [f"{k} {_short(v['before'])} -> {_short(v['after'])}" for k, v in fields.items()]  # noqa: E731
+    changes = changed(settings) + input_changes(saved, inputs, geometry)
     if not changes and not lengths:
         return history
     listed = "; ".join(changes[:6]) + (f"; {len(changes) - 6} more" if len(changes) > 6 else "")
@@ -156,7 +150,7 @@ def check_resume_inputs(
         )
     if changes:
         logger.warning("accept_changed_inputs: resuming %s at step %d although %s", checkpoint, step, listed)
-    changes += [f"{k} {_short(v['before'])} -> {_short(v['after'])}" for k, v in lengths.items()]
+    changes += changed(lengths)
     before = {"inputs": saved.get("inputs"), "batch_geometry": saved.get("batch_geometry")}
     entry = {"step": step, "from_step": step + 1, "checkpoint": str(checkpoint), "changes": changes}
     return history + [{**entry, "settings": {**settings, **lengths}, "before": before}]
