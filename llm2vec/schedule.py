@@ -129,7 +129,7 @@ def check_resume(checkpoint: str | None, plan: SchedulePlan, extending: bool = F
     """Resuming must continue the same schedule: the checkpoint's run (its ``run_config.json``) planned the
     same horizon, warm-up, scheduler and peak rate. ``extending`` (continuing a finished run further, which
     the user asked for explicitly) turns a difference into a warning. Where the checkpoint lies against the
-    stop is checked by :func:`llm2vec.run.plan.prepare` (past it: refused; at it: the final model)."""
+    stop is checked by :meth:`llm2vec.run.RunManager.train` (past it: refused; at it: the final model)."""
     if checkpoint is None:
         return
     config_file = os.path.join(checkpoint, "run_config.json")

@@ -1,9 +1,6 @@
-"""A run's output folder: :class:`RunManager` owns it (lock, inspection, plan, input fingerprints, disk and path
-checks, staged saves, completion marker; see :mod:`llm2vec.run.manager`). The other names are what the trainer,
-the command line and the export need: the staged checkpoint, the newest complete checkpoint, the errors, and the
-claim of a folder written whole (:mod:`llm2vec.run.claim`: the export's folder, under the same lock and rules)."""
+"""A run's output folder, owned by :class:`RunManager`; the rest is what the trainer and the export need."""
 
-from .claim import ExportFolderError, check_export_target, claim_export_folder
+from .checks import ExportFolderError, check_export_target, claim_export_folder
 from .folder import RUN_CONFIG_NAME, CheckpointError, newest_checkpoint
 from .lock import RunLocked
 from .plan import RunManager

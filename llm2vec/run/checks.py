@@ -1,103 +1,80 @@
-"""The path and disk checks of an output folder. A command that writes one (training, the export) refuses, whatever
-its flags, a folder that is, lies inside or contains one of its inputs (an overwrite could replace what is being
-read) or another run's or export's folder (each is owned by the command that wrote it): :func:`check_apart`, before
-anything is created. A run also checks that it can write there and has room for its checkpoints and final model
-(:func:`check_disk_space`, before anything is deleted)."""
+"""The checks of a folder a command writes (training, the export), whatever its flags: apart from its inputs and from
+other runs' and exports' folders (:func:`check_apart`), writable, with room for the run (:func:`check_disk_space`);
+and the claim of an export's folder, written whole under the run lock (:func:`claim_export_folder`)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Iterator
+from itertools import islice
 from pathlib import Path
+from typing import NamedTuple
 
 from ..arguments import ConfigError
-from ..io import COMPLETE_MARKER, EXPORT_MARKER
-from .folder import FINAL_SAVE_RECORD, is_own_checkpoint, listed
-from .lock import LOCK_NAME, is_held
+from ..io import COMPLETE_MARKER, EXPORT_MARKER, atomic_dir, atomic_write, file_record, remove_stale_temporaries
+from .folder import FINAL_SAVE_RECORD, RunFolder, is_own_checkpoint, listed, read_json
+from .lock import LOCK_NAME, RunLocked, describe_holder, hold, is_held
 
-SCAN_DEPTH = 3  # how deep below an output folder other runs are looked for
-SCAN_LIMIT = 5000  # ... and in how many folders at most
+SCAN_DEPTH, SCAN_LIMIT = 3, 5000  # how deep below an output folder other runs are looked for, in how many folders
+
+
+class ExportFolderError(ConfigError):
+    """An export's output folder that it may not write."""
 
 
 def folder_holds(path: Path) -> str | None:
-    """What ``path`` holds that a command of this package owns (an export, a finished run, a live run, a run's
-    checkpoints or final save), else ``None``; a stale lock file alone is none."""
+    """What of a command of this package ``path`` holds (a stale lock file is nothing), else ``None``."""
     if (path / EXPORT_MARKER).is_file():
         return "an export"
     if (path / COMPLETE_MARKER).is_file():
         return "a finished run"
     if is_held(path / LOCK_NAME):
         return "a run in progress"
-    if (path / FINAL_SAVE_RECORD).is_file():
+    if (path / FINAL_SAVE_RECORD).is_file() or any(is_own_checkpoint(c) for c in _subfolders(path)):
         return "a run"
-    with contextlib.suppress(OSError):
-        if any(is_own_checkpoint(child) for child in path.iterdir()):
-            return "a run (checkpoints)"
     return None
 
 
-def _runs_below(root: Path, skip) -> list[str]:
-    """``<path> (<what>)`` for each folder below ``root`` (depth 1 to :data:`SCAN_DEPTH`, hidden ones aside) that
-    :func:`folder_holds` a run or export; ``skip(child)`` leaves out top-level children (the run's own checkpoints)."""
-    found, frontier, seen = [], [(root, 0)], 0
-    while frontier and seen < SCAN_LIMIT:
-        folder, depth = frontier.pop()
-        try:
-            children = sorted(c for c in folder.iterdir() if c.is_dir() and not c.is_symlink() and c.name[0] != ".")
-        except OSError:
-            continue
-        for child in children:
-            if depth == 0 and skip(child):
-                continue
-            seen += 1
-            what = folder_holds(child)
-            if what:
-                found.append(f"{child} ({what})")
-            elif depth + 1 < SCAN_DEPTH:
-                frontier.append((child, depth + 1))
-    return sorted(found)
+def _subfolders(folder: Path) -> list[Path]:
+    try:
+        return sorted(c for c in folder.iterdir() if c.is_dir() and not c.is_symlink() and c.name[0] != ".")
+    except OSError:
+        return []
 
 
-def check_apart(
-    output_dir: str | os.PathLike,
-    inputs: list[tuple[str, str | os.PathLike | None]],
-    where: str = "output_dir",
-    own_runs: bool = True,
-) -> None:
-    """Raise :class:`ConfigError` (one line) when ``output_dir`` is, lies inside or contains one of ``inputs``
-    (``(label, path)``; one that does not exist is left out) or another run's or export's folder. ``own_runs``:
-    ``output_dir``'s own checkpoints are not another run."""
+def check_apart(output_dir, inputs: list[tuple[str, str | os.PathLike | None]], own_runs: bool = True) -> None:
+    """Refuse an ``output_dir`` that is, lies inside or contains one of ``inputs`` (``(label, path)``) or another
+    run's or export's folder (``own_runs``: its own checkpoints are not another run)."""
     out = Path(output_dir).expanduser().resolve()
     for label, path in ((label, path) for label, path in inputs if path and os.path.exists(path)):
         read = Path(path).expanduser().resolve()
         relation = {read == out: "is", read in out.parents: "lies inside", out in read.parents: "contains"}.get(True)
         if relation:
             raise ConfigError(
-                f"{where} {output_dir} {relation} the {label} {os.fspath(path)}: a command never writes where it "
-                "reads (an overwrite could delete it); choose an output folder apart from every input"
+                f"output_dir {output_dir} {relation} the {label} {os.fspath(path)}: a command never writes where it "
+                "reads"
             )
     for parent in out.parents:
-        what = folder_holds(parent)
-        if what:
-            raise ConfigError(
-                f"{where} {output_dir} lies inside {parent}, which holds {what}; that folder belongs to the command "
-                "that wrote it. Choose an output folder outside it"
-            )
-    if out.is_dir():
-        below = _runs_below(out, is_own_checkpoint if own_runs else (lambda child: False))
-        if below:
-            raise ConfigError(
-                f"{where} {output_dir} contains the folders of other runs or exports ({listed(below, 4)}); a command never "
-                "writes over them. Choose an output folder beside them, not above them"
-            )
+        if what := folder_holds(parent):
+            raise ConfigError(f"output_dir {output_dir} lies inside {parent}, which holds {what}")
+    found, queue = [], [(c, 1) for c in _subfolders(out) if not (own_runs and is_own_checkpoint(c))]
+    for folder, depth in islice(queue, SCAN_LIMIT):  # a breadth-first walk: queue grows while it is read
+        if what := folder_holds(folder):
+            found.append(f"{folder} ({what})")
+        elif depth < SCAN_DEPTH:
+            queue += [(c, depth + 1) for c in _subfolders(folder)]
+    if found:
+        raise ConfigError(
+            f"output_dir {output_dir} contains the folders of other runs or exports ({listed(sorted(found), 4)})"
+        )
 
 
 def check_writable(output_dir: str) -> None:
-    """Create ``output_dir`` and a file in it, or raise :class:`ConfigError`."""
     try:
         os.makedirs(output_dir, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=output_dir, prefix=".write-test.", suffix=".tmp")
@@ -117,19 +94,15 @@ def _size(n: float) -> str:
     return f"{n:.1f} TB"
 
 
-@dataclass
-class DiskEstimate:
-    """Bytes a run writes: ``checkpoints`` kept at once of ``weights + optimizer`` each, and the final model."""
-
-    weights: int
-    optimizer: int
-    checkpoints: int
+class DiskEstimate(NamedTuple):
+    weights: int  # bytes, as the final model and in each checkpoint
+    optimizer: int  # bytes, in each checkpoint
+    checkpoints: int  # kept at once
 
 
 def estimate_disk(args, model, start_step: int, end_step: int, per_epoch: int) -> DiskEstimate:
-    """The bytes this run writes: weights in their dtype (a LoRA model saves its adapter only), AdamW's two moments
-    per trainable parameter (none with ``save_only_model``), the checkpoints saved between ``start_step`` and
-    ``end_step``, at most ``save_total_limit + 1`` at once (a new one is complete before the oldest is deleted)."""
+    """Weights in their dtype (a LoRA model's adapter only), AdamW's two moments per trainable parameter (none with
+    ``save_only_model``), and how many checkpoints are kept at once (``save_total_limit + 1``: rotation is last)."""
     params = {id(p): p for p in model.parameters()}.values()
     trainable = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
     total = sum(p.numel() * p.element_size() for p in params)
@@ -161,8 +134,67 @@ def check_disk_space(output_dir: str, estimate: DiskEstimate, freed: list[Path])
     if free < total:
         raise ConfigError(
             f"output_dir {output_dir}: {_size(free)} free, but this run writes about {_size(total)}: {e.checkpoints} "
-            f"checkpoint(s) on disk at once of {_size(e.weights + e.optimizer)} each (weights {_size(e.weights)} + "
-            f"optimizer state {_size(e.optimizer)}) and the final model ({_size(e.weights)}). Free some space, choose "
-            "another --output_dir, or save less: a smaller save_total_limit, a larger save_steps, or save_only_model "
-            "true (checkpoints without optimizer state; they cannot be resumed exactly)"
+            f"checkpoint(s) of {_size(e.weights + e.optimizer)} and the final model; free space or save less "
+            "(save_total_limit, save_steps, save_only_model)"
         )
+
+
+def _check_export_contents(folder: Path, overwrite: bool, locked: bool = False) -> None:
+    """Refuse unless ``folder`` is absent, empty, or (with ``overwrite``) a previous export and nothing else."""
+    if not folder.is_dir():
+        if folder.exists():
+            raise ExportFolderError(f"output_dir {folder} is a file; give a folder path")
+        return
+    if not locked and is_held(folder / LOCK_NAME):
+        raise ExportFolderError(f"output_dir {folder} is in use by a run: {describe_holder(folder / LOCK_NAME)}")
+    entries = sorted(p.name for p in folder.iterdir() if p.name != LOCK_NAME)
+    if not entries:
+        return
+    run, exported = RunFolder.inspect(folder), (read_json(folder / EXPORT_MARKER) or {}).get("sha256")
+    if run.holds_run or not isinstance(exported, dict):
+        what = run.describe() if run.holds_run else f"files no export wrote ({listed(entries)})"
+        raise ExportFolderError(f"output_dir {folder} holds {what}; --overwrite replaces only a previous export")
+    found = {str(p.relative_to(folder)) for p in folder.rglob("*") if not p.is_dir()} - {LOCK_NAME, EXPORT_MARKER}
+    if others := sorted(found - set(exported)):
+        raise ExportFolderError(
+            f"output_dir {folder} holds a previous export and files it did not write ({listed(others)})"
+        )
+    if not overwrite:
+        raise ExportFolderError(f"output_dir {folder} holds a previous export; pass --overwrite to replace it")
+
+
+def check_export_target(output_dir: str | os.PathLike, overwrite: bool, inputs: list) -> None:
+    """The checks of an export's folder, without the lock and writing nothing (before the model loads)."""
+    try:
+        check_apart(output_dir, inputs, own_runs=False)
+    except ConfigError as e:
+        raise ExportFolderError(str(e)) from None
+    _check_export_contents(Path(output_dir), overwrite)
+
+
+@contextlib.contextmanager
+def claim_export_folder(output_dir: str | os.PathLike, overwrite: bool, inputs: list) -> Iterator[Path]:
+    """Check ``output_dir``, hold its lock, check again, and yield an empty folder to build in; on a clean exit write
+    the marker (each file's size and SHA-256) last and rename the folder into place. On an error nothing changes."""
+    target = Path(output_dir)
+    check_export_target(target, overwrite, inputs)
+    created = not target.exists()
+    try:
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(hold(target))
+            except RunLocked as e:
+                raise ExportFolderError(str(e)) from None
+            _check_export_contents(target, overwrite, locked=True)
+            remove_stale_temporaries(target)
+            with atomic_dir(target, replace=True) as tmp:
+                yield tmp
+                if any(p.is_symlink() for p in tmp.rglob("*")):
+                    raise ExportFolderError(f"output_dir {target}: the export wrote a link; nothing was published")
+                names = [str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file()]
+                with atomic_write(tmp / EXPORT_MARKER) as f:
+                    json.dump(file_record(tmp, names), f, indent=2)
+    except BaseException:
+        if created and target.is_dir() and not any(target.iterdir()):
+            target.rmdir()  # the folder made only to hold the lock
+        raise

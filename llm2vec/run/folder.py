@@ -1,13 +1,5 @@
-"""What a run's ``output_dir`` holds, read without changing anything.
-
-A finished run's folder holds the final model, ``run_config.json``, ``trainer_state.json``, its ``checkpoint-<step>``
-folders and, written last, the completion marker :data:`COMPLETE_MARKER`; each checkpoint holds, written last, its
-manifest :data:`CHECKPOINT_MANIFEST`. Both record each file with its size and SHA-256 (:func:`llm2vec.io.file_record`);
-a checkpoint is checked by sizes when the folder is inspected and by content before a resume, the final model by
-content whenever the folder is inspected. **A run owns only what it recorded** (its marker's files, or
-:data:`FINAL_SAVE_RECORD`'s while the final save moves them, and its checkpoints); the rest is the user's: never
-deleted, never written over.
-"""
+"""What a run's ``output_dir`` holds, read without changing anything. A run owns only what it recorded (its
+marker's files, :data:`FINAL_SAVE_RECORD`'s during the final save, its checkpoints); the rest is the user's."""
 
 from __future__ import annotations
 
@@ -32,6 +24,7 @@ FINAL_SAVE_RECORD = ".llm2vec-final-save.json"  # the final save's file names wh
 CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
 # What a checkpoint holds beyond the model: not part of a final model built from a checkpoint.
 TRAINING_STATE_FILES = ("optimizer.pt", "scheduler.pt", "scaler.pt", "rng_state*.pth", CHECKPOINT_MANIFEST)
+RESUME_STATE = {"optimizer.pt": "optimizer*", "scheduler.pt": "scheduler.pt", "rng_state.pth": "rng_state*.pth"}
 # The names a final save may write at the top of output_dir: a user's file of such a name would be written over.
 OWN_FILE_PATTERNS = (
     *("*.safetensors", "*.safetensors.index.json", "adapter_config.json", "llm2vec_config.json", RUN_CONFIG_NAME),
@@ -60,55 +53,39 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 
 def listed(names: list[str], limit: int = 6) -> str:
-    """``a, b, c and N more``: the first ``limit`` of ``names`` for a one-line message."""
     return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 def checkpoint_problem(folder: str | os.PathLike, contents: bool = False) -> str | None:
-    """Why ``folder`` cannot be resumed from, or ``None``: its manifest absent or not matching its files (sizes; with
-    ``contents`` the SHA-256 too), training state missing (a resume would silently restart the optimizer, schedule or
-    data order), or the steps of its name, ``trainer_state.json`` and manifest disagreeing."""
+    """Why ``folder`` cannot be resumed from (manifest, sizes or with ``contents`` hashes, training state, step)."""
     folder = Path(folder)
     if not folder.is_dir():
         return "not a folder"
     manifest = read_json(folder / CHECKPOINT_MANIFEST)
     if manifest is None:
         return f"no readable {CHECKPOINT_MANIFEST} (a checkpoint is complete once its manifest is written)"
-    problem = record_problem(folder, manifest, CHECKPOINT_MANIFEST, contents)
-    if problem:
+    if problem := record_problem(folder, manifest, CHECKPOINT_MANIFEST, contents):
         return problem
-    names = set(manifest["files"])
-    if not any(n.startswith("optimizer") for n in names):
-        return "no optimizer state (optimizer.pt): resuming would restart AdamW from zero"
-    if "scheduler.pt" not in names:
-        return "no scheduler.pt: resuming would restart the learning-rate schedule"
-    if not any(re.fullmatch(r"rng_state(_\d+)?\.pth", n) for n in names):
-        return "no rng_state.pth: resuming would not replay the data order and dropout exactly"
+    for name, pattern in RESUME_STATE.items():
+        if not any(Path(n).match(pattern) for n in manifest["files"]):
+            return f"no {name}"
     recorded = (read_json(folder / TRAINER_STATE_NAME) or {}).get("global_step")
     if not isinstance(recorded, int) or isinstance(recorded, bool):
         return f"{TRAINER_STATE_NAME} records no global_step"
     match = CHECKPOINT_NAME.match(folder.name)
-    if match and int(match.group(1)) != recorded:
+    if match and int(match.group(1)) != recorded:  # the manifest hashes trainer_state.json: the name is what can differ
         return f"its {TRAINER_STATE_NAME} says step {recorded} but the folder is named {folder.name}"
-    if manifest.get("global_step") != recorded:
-        return (
-            f"its {CHECKPOINT_MANIFEST} says step {manifest.get('global_step')} but its {TRAINER_STATE_NAME} {recorded}"
-        )
     return None
 
 
 def step_of(checkpoint: str | os.PathLike) -> int:
-    """The optimizer step a checkpoint was saved at (its trainer state, else its folder name)."""
-    state = read_json(Path(checkpoint) / TRAINER_STATE_NAME) or {}
-    if isinstance(state.get("global_step"), int):
-        return state["global_step"]
+    step = (read_json(Path(checkpoint) / TRAINER_STATE_NAME) or {}).get("global_step")
     match = CHECKPOINT_NAME.match(Path(checkpoint).name)
-    return int(match.group(1)) if match else 0
+    return step if isinstance(step, int) else int(match.group(1)) if match else 0
 
 
 def own_names(marker: dict[str, Any] | None, record: dict[str, Any] | None = None) -> set[str]:
-    """The top-level files a run wrote: those its completion ``marker`` lists with a hash (an entry without one is
-    damage and makes no file the run's) and those its final-save ``record`` lists."""
+    """The top-level files a run wrote: its ``marker``'s with a hash, its final-save ``record``'s."""
     hashes, files = (marker or {}).get("sha256"), (record or {}).get("files")
     names = {str(n) for n in hashes} if isinstance(hashes, dict) else set()
     names |= {str(n) for n in files} if isinstance(files, list) else set()
@@ -116,26 +93,22 @@ def own_names(marker: dict[str, Any] | None, record: dict[str, Any] | None = Non
 
 
 def is_own_checkpoint(path: Path) -> bool:
-    """A ``checkpoint-<step>`` folder a Trainer wrote: it holds this package's manifest or a ``trainer_state.json``."""
-    return bool(CHECKPOINT_NAME.match(path.name)) and any(
-        (path / name).is_file() for name in (CHECKPOINT_MANIFEST, TRAINER_STATE_NAME)
-    )
+    names = (CHECKPOINT_MANIFEST, TRAINER_STATE_NAME)
+    return bool(CHECKPOINT_NAME.match(path.name)) and any((path / name).is_file() for name in names)
 
 
 def checkpoints_of(path: Path) -> list[Checkpoint]:
-    """The run's checkpoints in ``path``, by step, each with its problem (sizes checked, contents not)."""
     found = sorted((int(CHECKPOINT_NAME.match(c.name)[1]), c) for c in path.iterdir() if is_own_checkpoint(c))
     return [Checkpoint(c, step, checkpoint_problem(c)) for step, c in found]
 
 
 def newest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
-    """The newest complete checkpoint of ``output_dir``, or ``None`` (the final model is not read)."""
     complete = [c for c in checkpoints_of(Path(output_dir)) if c.problem is None]
     return complete[-1].path if complete else None
 
 
 def remove_path(path: Path) -> None:
-    """Delete a file, or a folder (renamed away first, so that it is never picked as a checkpoint half-deleted)."""
+    """Delete a file, or a folder (renamed away first: never read half-deleted)."""
     if path.is_dir() and not path.is_symlink():
         aside = path.with_name(f".{path.name}.deleting.tmp")
         os.replace(path, aside)
@@ -146,8 +119,6 @@ def remove_path(path: Path) -> None:
 
 @dataclass
 class RunFolder:
-    """What an ``output_dir`` holds: the completion marker, checkpoints, the files the run wrote at its top."""
-
     path: Path
     marker: dict[str, Any] | None
     checkpoints: list[Checkpoint]  # by step
@@ -161,14 +132,9 @@ class RunFolder:
         if not path.is_dir():
             return cls(path, None, [], [])
         marker = read_json(path / COMPLETE_MARKER)
-        if marker is None and (path / COMPLETE_MARKER).exists():
-            logger.warning("%s: unreadable completion marker; the run is treated as unfinished", path / COMPLETE_MARKER)
-        damaged = record_problem(path, marker, COMPLETE_MARKER) if marker is not None else None
+        damaged = record_problem(path, marker, COMPLETE_MARKER) if (path / COMPLETE_MARKER).exists() else None
         if damaged:
-            logger.warning(
-                "%s: the finished model does not match its completion marker (%s); the run is treated as unfinished",
-                *(path, damaged),
-            )
+            logger.warning("%s: the finished model does not match its completion marker (%s)", path, damaged)
         record = read_json(path / FINAL_SAVE_RECORD)
         own = own_names(marker, record) - {COMPLETE_MARKER}
         model_files = sorted(p for p in (path / name for name in own) if p.is_file())
@@ -184,7 +150,6 @@ class RunFolder:
 
     @property
     def newest(self) -> Checkpoint | None:
-        """The newest complete checkpoint."""
         return self.complete[-1] if self.complete else None
 
     @property
@@ -192,7 +157,6 @@ class RunFolder:
         return self.marker is not None or bool(self.checkpoints) or bool(self.model_files)
 
     def foreign_files(self) -> list[str]:
-        """Entries at the top of the folder that its run did not write (hidden ones aside: a run never touches them)."""
         if not self.path.is_dir():
             return []
         own = own_names(self.marker, self.record) | {c.path.name for c in self.checkpoints} | {COMPLETE_MARKER}
@@ -200,7 +164,6 @@ class RunFolder:
 
     @staticmethod
     def would_write_over(names: list[str]) -> list[str]:
-        """Those of ``names`` (foreign entries) that a run would write over: a saved model's names, a checkpoint's."""
         return [n for n in names if CHECKPOINT_NAME.match(n) or any(Path(n).match(p) for p in OWN_FILE_PATTERNS)]
 
     def saved_config(self) -> dict[str, Any] | None:
@@ -210,22 +173,19 @@ class RunFolder:
         return next((c for c in (read_json(p / RUN_CONFIG_NAME) for p in places) if c is not None), None)
 
     def describe(self) -> str:
-        config = self.saved_config() or {}
-        stage = f"Stage {config['stage']} " if config.get("stage") else ""
-        names = ", ".join(
+        stage = f"Stage {s} " if (s := (self.saved_config() or {}).get("stage")) else ""
+        names = (f"{len(self.checkpoints) - 4} older and " if len(self.checkpoints) > 4 else "") + ", ".join(
             c.path.name + (f" (incomplete: {c.problem})" if c.problem else "") for c in self.checkpoints[-4:]
         )
-        names = (f"{len(self.checkpoints) - 4} older and " if len(self.checkpoints) > 4 else "") + names
         if self.finished:
             text = (
                 f"a finished {stage}run (step {self.marker.get('global_step', '?')}, final model and {COMPLETE_MARKER})"
             )
             return text + (f" and checkpoints {names}" if names else "")
-        unmatched = f"match its {COMPLETE_MARKER} ({self.damaged})"
+        final = (
+            f"a final model not matching its {COMPLETE_MARKER} ({self.damaged})" if self.damaged else "no final model"
+        )
         if self.checkpoints:
-            newest = f"newest complete: step {self.newest.step}" if self.newest else "none of them complete"
-            final = f"a final model that does not {unmatched}" if self.damaged else "no finished model"
+            newest = f"newest complete: step {self.newest.step}" if self.newest else "none complete"
             return f"an unfinished {stage}run: checkpoints {names} ({newest}), {final}"
-        files = ", ".join(p.name for p in self.model_files[:4])
-        end = f"that do not {unmatched}" if self.damaged else f"without the completion marker {COMPLETE_MARKER}"
-        return f"the files of a {stage}model ({files}) {end}"
+        return f"the files of a {stage}model ({', '.join(p.name for p in self.model_files[:4])}), {final}"

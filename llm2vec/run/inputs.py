@@ -1,21 +1,10 @@
-"""What a run trained with, recorded in ``run_config.json`` so that a restart notices when it changed.
-
-- :func:`config_differences`: the fields a restarted run compares with the saved config (all but
-  :data:`NOT_COMPARED`, which say where or how a run is launched); :func:`end_values`: those that decide where
-  training ends (:data:`TRAINING_END_FIELDS` and any field whose metadata says ``ends_training``).
-- ``inputs`` (:func:`fingerprints`: every data file and every file of the base model and adapter folders, a hub id
-  not in the local cache by name), ``batch_geometry`` and ``resumed_with_changes`` (one entry per resume that changed
-  what the run trains with: the step from which it holds, what differed, the values before).
-- :func:`check_resume_inputs` compares a checkpoint's record with the resuming run's inputs, batch and settings (all
-  but :data:`RESUME_FREE_FIELDS` and the training length, which a resume may change); a difference is refused unless
-  ``accept_changed_inputs``, which logs and records it. :func:`run_inputs` lists what a run reads.
-"""
+"""What a run trained with, recorded in ``run_config.json`` so that a restart notices a change: the compared fields,
+the training-length fields, the input fingerprints and batch geometry, and the record of resumes that changed them."""
 
 from __future__ import annotations
 
 import json
 import logging
-import time
 from dataclasses import MISSING, fields
 from typing import Any
 
@@ -24,15 +13,13 @@ from ..fingerprints import fingerprint_file, fingerprint_model
 
 logger = logging.getLogger("llm2vec")
 
-# Read as "stop after this many optimizer steps" when a positive int (llm2vec.run.plan.planned_end_step).
 TRAINING_END_FIELDS = ("max_steps", "num_train_epochs", "stop_after_n_steps")
-# Where or how a run is launched, not what it trains; lr_schedule is derived, inputs and batch are compared here.
+# Where or how a run is launched, not what it trains (lr_schedule, inputs and batch are compared apart).
 NOT_COMPARED = frozenset(
     "output_dir resume_from_checkpoint overwrite_output_dir accept_changed_inputs accept_other_base config_file "
     "lr_schedule inputs batch_geometry resumed_with_changes".split()
 )
-# What a resume may change without accept_changed_inputs: how the run is launched, logged, saved or evaluated (on
-# held-out pairs), its processes and workers, and what is compared as inputs (the files) and batch_geometry.
+# What a resume may change without accept_changed_inputs: how it is launched, logged, saved, evaluated, spread.
 RESUME_FREE_FIELDS = frozenset(
     """logging_steps logging_strategy logging_first_step logging_nan_inf_filter log_level log_level_replica
     log_on_each_node disable_tqdm report_to run_name project trackio_space_id trackio_bucket_id trackio_static_space_id
@@ -52,14 +39,13 @@ RESUME_FREE_FIELDS = frozenset(
 
 
 def config_differences(saved: dict[str, Any], new: dict[str, Any], limit: int = 8) -> list[str]:
-    """``field old -> new`` for each compared field whose value differs (at most ``limit``, then a count)."""
     keys = sorted((set(saved) | set(new)) - NOT_COMPARED)
     diffs = [f"{k} {json.dumps(saved.get(k))} -> {json.dumps(new.get(k))}" for k in keys if saved.get(k) != new.get(k)]
     return diffs[:limit] + [f"{len(diffs) - limit} more"] if len(diffs) > limit else diffs
 
 
 def training_end_fields(stage: str) -> dict[str, Any]:
-    """The stage's fields that decide where training ends, with their defaults (those that exist)."""
+    """The stage's fields that decide where training ends (named, or ``ends_training`` metadata), with defaults."""
     defaults, tagged = {}, []
     for f in (f for cls in argument_classes(stage) for f in fields(cls)):
         if f.default is not MISSING or f.default_factory is not MISSING:
@@ -69,12 +55,10 @@ def training_end_fields(stage: str) -> dict[str, Any]:
 
 
 def end_values(config: dict[str, Any], stage: str) -> dict[str, Any]:
-    """The training-length fields of a resolved config; a field it lacks has its default."""
     return {name: config.get(name, default) for name, default in training_end_fields(stage).items()}
 
 
 def fingerprints(config, data_files: list[str]) -> dict[str, Any]:
-    """The ``inputs`` record of a run: its data files, its base model and (Stage II) the adapter it merges."""
     return {
         "data": {str(p): fingerprint_file(p) for p in sorted(set(map(str, data_files)))},
         "base_model": fingerprint_model(config.model.model_name_or_path),
@@ -83,7 +67,7 @@ def fingerprints(config, data_files: list[str]) -> dict[str, Any]:
 
 
 def run_inputs(config) -> list[tuple[str, str | None]]:
-    """``(label, path)`` of everything a run reads (an hf dataset id names no path; check_apart leaves it out)."""
+    """``(label, path)`` of everything a run reads."""
     data, e5 = config.data, config.data.dataset_name == "E5"
     paths = [] if e5 else [p.strip() for p in data.dataset_file_path.split(",") if p.strip()]
     return [
@@ -106,10 +90,6 @@ def batch_geometry(config) -> dict[str, int]:
     }
 
 
-def _when(ns: int | None) -> str:
-    return "?" if ns is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ns / 1e9))
-
-
 def _file_change(label: str, old: dict | None, new: dict | None) -> str | None:
     if old == new or old is None or new is None:
         return None if old == new else f"{label} is {'new' if old is None else 'gone'}"
@@ -118,13 +98,11 @@ def _file_change(label: str, old: dict | None, new: dict | None) -> str | None:
         what.append("its first MiB differs")
     elif old.get("sha256") != new.get("sha256"):
         what.append("its SHA-256 differs")
-    if old.get("mtime_ns") != new.get("mtime_ns"):
-        what.append(f"modified {_when(old.get('mtime_ns'))} -> {_when(new.get('mtime_ns'))}")
+    what += ["modified since"] if old.get("mtime_ns") != new.get("mtime_ns") else []
     return f"{label}: {', '.join(what) or 'its record differs'}"
 
 
 def input_changes(saved: dict[str, Any], inputs: dict[str, Any], geometry: dict[str, int]) -> list[str]:
-    """What differs between a checkpoint's ``run_config.json`` (``saved``) and this run's inputs and batch."""
     old_inputs, old_geometry, changes = saved.get("inputs"), saved.get("batch_geometry"), []
     if isinstance(old_inputs, dict):
         old_data, new_data = old_inputs.get("data") or {}, inputs.get("data") or {}
@@ -151,10 +129,8 @@ def _short(value: Any) -> str:
 def check_resume_inputs(
     checkpoint: str | None, saved: dict | None, inputs: dict, geometry: dict, accept: bool, step: int, config: dict
 ) -> list[dict[str, Any]]:
-    """The ``resumed_with_changes`` record of this run: the checkpoint's, plus an entry for this resume when its inputs,
-    batch or settings (``config`` against ``saved``: a field the checkpoint's version lacked is new, not changed)
-    differ and ``accept``, or only its training length differs. Raises :class:`ConfigError` naming every difference
-    otherwise. The changes hold from the step after ``step``."""
+    """The ``resumed_with_changes`` record: the checkpoint's, plus an entry for this resume when its training length
+    differs or (with ``accept``, else refused) its inputs, batch or settings do."""
     if checkpoint is None or not saved:
         return []
     history, settings, lengths = list(saved.get("resumed_with_changes") or []), {}, {}
@@ -162,21 +138,19 @@ def check_resume_inputs(
     for key in sorted(set(saved) - NOT_COMPARED - RESUME_FREE_FIELDS):
         if saved[key] != config.get(key):
             (lengths if key in ends else settings)[key] = {"before": saved[key], "after": config.get(key)}
-    changes = [f"{k} {_short(v['before'])} -> {_short(v['after'])}" for k, v in settings.items()]
-    changes += input_changes(saved, inputs, geometry)
+    changed = lambda fields: [f"{k} {_short(v['before'])} -> {_short(v['after'])}" for k, v in fields.items()]  # noqa: E731
+    changes = changed(settings) + input_changes(saved, inputs, geometry)
     if not changes and not lengths:
         return history
     listed = "; ".join(changes[:6]) + (f"; {len(changes) - 6} more" if len(changes) > 6 else "")
     if changes and not accept:
         raise ConfigError(
-            f"resume_from_checkpoint {checkpoint}: what it was trained with changed since it was saved ({listed}). "
-            "Resume with the same settings, data, model and batch, start a new run, or pass "
-            "--accept_changed_inputs true to continue anyway (run_config.json and the model card then record each "
-            "change and the step it took effect)"
+            f"resume_from_checkpoint {checkpoint}: what it was trained with changed since it was saved ({listed}); "
+            "pass --accept_changed_inputs true to continue anyway"
         )
     if changes:
         logger.warning("accept_changed_inputs: resuming %s at step %d although %s", checkpoint, step, listed)
-    changes += [f"{k} {_short(v['before'])} -> {_short(v['after'])}" for k, v in lengths.items()]
+    changes += changed(lengths)
     before = {"inputs": saved.get("inputs"), "batch_geometry": saved.get("batch_geometry")}
     entry = {"step": step, "from_step": step + 1, "checkpoint": str(checkpoint), "changes": changes}
     return history + [{**entry, "settings": {**settings, **lengths}, "before": before}]

@@ -1,9 +1,5 @@
-"""One writer per output folder: a run (or an export) holds an exclusive ``flock`` on :data:`LOCK_NAME` in it for its
-whole life. The kernel drops a killed process's lock, so a kill leaves only the file, which names the holder (process,
-host, start, command line) for a refused second writer. Releasing removes the file while still holding the lock; a
-writer that opened the old file meanwhile sees another file at the path and tries again. Without ``flock`` a run goes
-ahead with a warning. Imports nothing of the package (the model loaders read it: :mod:`llm2vec.model_files`).
-"""
+"""One writer per output folder: an exclusive ``flock`` on :data:`LOCK_NAME`, held for the writer's life (the kernel
+drops a killed one's) and naming the holder. Imports nothing of the package (:mod:`llm2vec.model_files` reads it)."""
 
 from __future__ import annotations
 
@@ -42,7 +38,6 @@ def describe_holder(path: Path) -> str:
 
 
 def is_held(path: Path) -> bool:
-    """Whether a live process holds the lock file ``path`` (a file left by a killed run is not held)."""
     if fcntl is None or not path.is_file():
         return False
     try:
@@ -59,7 +54,7 @@ def is_held(path: Path) -> bool:
 
 
 def _try_lock(path: Path) -> int | None:
-    """An open descriptor of ``path`` holding its lock, or ``None`` when another process holds it."""
+    """A descriptor holding ``path``'s lock, or ``None`` when another process holds it."""
     for _ in range(20):
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -70,7 +65,7 @@ def _try_lock(path: Path) -> int | None:
             os.close(fd)
             return None
         except FileNotFoundError:
-            pass  # the holder removed the file after we opened it: try the new one
+            pass  # the holder removed the file after we opened it
         except OSError:
             os.close(fd)
             raise
@@ -80,9 +75,7 @@ def _try_lock(path: Path) -> int | None:
 
 @contextlib.contextmanager
 def hold(output_dir: str | os.PathLike, is_main: bool = True) -> Iterator[None]:
-    """Hold the run lock of ``output_dir`` (created if needed) while the block runs; raises :class:`RunLocked` naming
-    the holder when another live run has it. Every process calls this; only ``is_main`` takes the lock, and the
-    others learn its answer."""
+    """Hold ``output_dir``'s lock (only ``is_main`` takes it; every process learns the answer) or raise RunLocked."""
     folder, fd, problem = Path(output_dir), None, None
     path = folder / LOCK_NAME
     if is_main and fcntl is None:
@@ -95,10 +88,7 @@ def hold(output_dir: str | os.PathLike, is_main: bool = True) -> Iterator[None]:
             logger.warning("%s: cannot lock (%s); nothing stops a second run writing there", path, e)
         else:
             if fd is None:
-                problem = (
-                    f"output_dir {folder} is in use by another run: {describe_holder(path)}. Wait for it to end (or "
-                    "stop it), or choose another --output_dir"
-                )
+                problem = f"output_dir {folder} is in use by another run: {describe_holder(path)}"
             else:
                 started = time.strftime("%Y-%m-%d %H:%M:%S")
                 info = {"pid": os.getpid(), "host": socket.gethostname(), "started": started, "argv": sys.argv}
@@ -117,6 +107,6 @@ def hold(output_dir: str | os.PathLike, is_main: bool = True) -> Iterator[None]:
     finally:
         if fd is not None:
             with contextlib.suppress(OSError):
-                if os.stat(path).st_ino == os.fstat(fd).st_ino:  # the folder may have been replaced (an export):
-                    path.unlink()  # never remove the lock file of another holder
+                if os.stat(path).st_ino == os.fstat(fd).st_ino:  # never another holder's (an export replaced it)
+                    path.unlink()
             os.close(fd)

@@ -1,16 +1,6 @@
-"""Complete-or-absent saves.
-
-- **A checkpoint** is written into ``.checkpoint-<step>.staging.tmp/``; once every process has written its part, its
-  manifest (each file's size and SHA-256) is written last, the files are fsynced and the folder is renamed to
-  ``checkpoint-<step>``; old ones are rotated out (``save_total_limit``) by renaming them away, then deleting. A kill
-  leaves only the staging folder, which nothing reads and the next run deletes.
-- **The final model** is staged in ``.final-model.staging.tmp/<name of output_dir>/`` (the model card names its
-  folder); its file names are recorded (:data:`~.folder.FINAL_SAVE_RECORD`: a kill meanwhile leaves them the run's),
-  the old marker is removed, the files are renamed into ``output_dir`` (the run's files of an earlier final save not
-  written again are deleted; a user's file of the same name is moved to ``<name>.before-run``, never deleted) and
-  the marker, each file's size and SHA-256, is written last. :func:`finalize_from_checkpoint` builds it from a
-  checkpoint at the last step: the model files its manifest lists, never a link.
-"""
+"""Complete-or-absent saves: a checkpoint or the final model is staged in a hidden folder and renamed into place; its
+manifest or the completion marker (each file's size and SHA-256) is written last. A kill leaves only staging, which
+nothing reads and the next run deletes; a user's file in the way is moved to ``<name>.before-run``, never deleted."""
 
 from __future__ import annotations
 
@@ -45,7 +35,6 @@ FINAL_STAGING = ".final-model.staging.tmp"
 
 
 def _written(folder: Path) -> list[str]:
-    """The files a save wrote into ``folder`` (relative paths); a link is refused: a save writes none."""
     links = [str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_symlink()]
     if links:
         raise CheckpointError(f"{folder}: {links[0]} is a link, which no save writes; nothing was published")
@@ -53,7 +42,6 @@ def _written(folder: Path) -> list[str]:
 
 
 def remove_stale_staging(output_dir: str | os.PathLike) -> None:
-    """Delete the staging and deletion folders a killed run left behind."""
     for stale in [*Path(output_dir).glob(".checkpoint-*.tmp"), Path(output_dir) / FINAL_STAGING]:
         shutil.rmtree(stale, ignore_errors=True)
 
@@ -69,37 +57,34 @@ def _fsync(path: Path) -> None:
 
 @contextlib.contextmanager
 def staged_checkpoint(trainer, run_dir: str):
-    """Yield the folder the Trainer writes ``checkpoint-<step>`` into; then publish it into ``run_dir`` (above)."""
-    run_dir = Path(run_dir)
-    name = f"checkpoint-{trainer.state.global_step}"
-    staging, saver = run_dir / f".{name}.staging.tmp", trainer.args.should_save
+    """Yield the folder the Trainer writes ``checkpoint-<step>`` into; then publish it and rotate old ones out."""
+    run_dir, name, saver = Path(run_dir), f"checkpoint-{trainer.state.global_step}", trainer.args.should_save
+    staging = run_dir / f".{name}.staging.tmp"
     if saver:
         shutil.rmtree(staging, ignore_errors=True)
     trainer.accelerator.wait_for_everyone()
     try:
         yield str(staging)
-    except BaseException:
+        trainer.accelerator.wait_for_everyone()
+        if saver:
+            staged, target = staging / name, run_dir / name
+            record = {"global_step": trainer.state.global_step, **file_record(staged, _written(staged))}
+            with atomic_write(staged / CHECKPOINT_MANIFEST) as f:
+                json.dump(record, f, indent=2)
+            for path in [*staged.rglob("*"), staged]:
+                _fsync(path)
+            if target.exists():
+                remove_path(target)
+            os.replace(staged, target)
+            _fsync(run_dir)
+            limit = trainer.args.save_total_limit
+            complete = [c for c in checkpoints_of(run_dir) if c.problem is None]
+            for old in complete[:-limit] if limit and limit > 0 else []:
+                logger.info("save_total_limit %d: deleting %s", limit, old.path)
+                remove_path(old.path)
+    finally:
         if saver:
             shutil.rmtree(staging, ignore_errors=True)
-        raise
-    trainer.accelerator.wait_for_everyone()
-    if saver:
-        staged, target = staging / name, run_dir / name
-        record = {"global_step": trainer.state.global_step, **file_record(staged, _written(staged))}
-        with atomic_write(staged / CHECKPOINT_MANIFEST) as f:
-            json.dump(record, f, indent=2)
-        for path in [*staged.rglob("*"), staged]:
-            _fsync(path)
-        if target.exists():
-            remove_path(target)
-        os.replace(staged, target)
-        _fsync(run_dir)
-        shutil.rmtree(staging, ignore_errors=True)
-        limit = trainer.args.save_total_limit
-        complete = [c for c in checkpoints_of(run_dir) if c.problem is None]
-        for old in complete[:-limit] if limit and limit > 0 else []:
-            logger.info("save_total_limit %d: deleting %s", limit, old.path)
-            remove_path(old.path)
     trainer.accelerator.wait_for_everyone()
 
 
@@ -122,60 +107,56 @@ def _publish_final(staged: Path, out: Path, run_config: dict[str, Any], global_s
         elif target.is_dir() and not target.is_symlink():
             remove_path(target)
         os.replace(staged / name, target)
-    shutil.rmtree(out / FINAL_STAGING, ignore_errors=True)
     _fsync(out)
     stage, finished = run_config.get("stage", "I"), time.strftime("%Y-%m-%d %H:%M:%S")
     marker = {"stage": stage, "global_step": global_step, "finished": finished}
     marker |= {"training_end": end_values(run_config, stage) if run_config else {}, **file_record(out, names)}
     with atomic_write(out / COMPLETE_MARKER) as f:
-        f.write(json.dumps(marker, indent=2) + "\n")
+        json.dump(marker, f, indent=2)
     (out / FINAL_SAVE_RECORD).unlink(missing_ok=True)
     _fsync(out)
 
 
 @contextlib.contextmanager
-def _final_staging(trainer) -> Iterator[Path]:
-    """An empty staging folder for the final model, removed if the save fails."""
-    out = Path(trainer.args.output_dir)
+def _final_save(trainer) -> Iterator[Path]:
+    """An empty staging folder for the final model; published when the block ends (removed if it fails)."""
+    out, saver = Path(trainer.args.output_dir), trainer.args.should_save
     root = out / FINAL_STAGING
-    staged = root / (out.resolve().name or "model")
-    if trainer.args.should_save:
+    staged = root / (out.resolve().name or "model")  # the model card names its folder
+    if saver:
         shutil.rmtree(root, ignore_errors=True)
         staged.mkdir(parents=True)
     trainer.accelerator.wait_for_everyone()
     try:
         yield staged
-    except BaseException:
-        if trainer.args.should_save:
-            shutil.rmtree(root, ignore_errors=True)
-        raise
-
-
-def save_final(trainer) -> None:
-    """The final model and ``trainer_state.json``, staged, moved into place; then (last) the completion marker."""
-    trainer.check_weights_finite("the final model was not written")
-    with _final_staging(trainer) as staged:
-        trainer.save_model(str(staged))
-        if trainer.args.should_save:
-            trainer.state.save_to_json(str(staged / TRAINER_STATE_NAME))  # the log history beside the final model
         trainer.accelerator.wait_for_everyone()
-        if trainer.args.should_save:
-            _publish_final(staged, Path(trainer.args.output_dir), trainer.run_config, trainer.state.global_step)
+        if saver:
+            _publish_final(staged, out, trainer.run_config, trainer.state.global_step)
+    finally:
+        if saver:
+            shutil.rmtree(root, ignore_errors=True)
     trainer.accelerator.wait_for_everyone()
 
 
+def save_final(trainer) -> None:
+    trainer.check_weights_finite("the final model was not written")
+    with _final_save(trainer) as staged:
+        trainer.save_model(str(staged))
+        if trainer.args.should_save:
+            trainer.state.save_to_json(str(staged / TRAINER_STATE_NAME))  # the log history beside the final model
+
+
 def finalize_from_checkpoint(trainer, checkpoint: str) -> None:
-    """The final model from a complete checkpoint at the last step (checked by content; no training state)."""
+    """The final model from a complete checkpoint at the last step (its model files, checked by content)."""
     from transformers import TrainerState
 
     ckpt = Path(checkpoint)
     trainer.state = TrainerState.load_from_json(str(ckpt / TRAINER_STATE_NAME))
     logger.info("%s is at the last step (%d): the final model is written from it", ckpt, trainer.state.global_step)
-    with _final_staging(trainer) as staged:
+    with _final_save(trainer) as staged:
         if trainer.args.should_save:
             manifest = read_json(ckpt / CHECKPOINT_MANIFEST) or {}
-            problem = record_problem(ckpt, manifest, CHECKPOINT_MANIFEST)
-            if problem:
+            if problem := record_problem(ckpt, manifest, CHECKPOINT_MANIFEST):
                 raise CheckpointError(f"{ckpt}: {problem}; the final model was not written from it")
             skip = {n for n in manifest["files"] for pattern in TRAINING_STATE_FILES if Path(n).match(pattern)}
             for name in sorted(set(manifest["files"]) - skip - {RUN_CONFIG_NAME}):
@@ -183,5 +164,3 @@ def finalize_from_checkpoint(trainer, checkpoint: str) -> None:
                     shutil.copyfile(ckpt / name, staged / name, follow_symlinks=False)
             with atomic_write(staged / RUN_CONFIG_NAME) as f:
                 json.dump(trainer.run_config, f, indent=2)
-            _publish_final(staged, Path(trainer.args.output_dir), trainer.run_config, trainer.state.global_step)
-    trainer.accelerator.wait_for_everyone()
