@@ -22,6 +22,7 @@ from _drivers import (
     OVERWRITE,
     RESUME,
     assert_same_weights,
+    export_argv,
     files,
     one_line,
     one_line_error,
@@ -36,7 +37,7 @@ from llm2vec.arguments import ConfigError
 from llm2vec.io import saved_folder_problem
 from llm2vec.model_files import ModelFilesError
 from llm2vec.run import checks as startup_checks
-from llm2vec.run.folder import CHECKPOINT_MANIFEST, COMPLETE_MARKER
+from llm2vec.run.folder import CHECKPOINT_MANIFEST, COMPLETE_MARKER, FINAL_SAVE_RECORD
 from llm2vec.trainer import LLM2VecTrainer
 from llm2vec.training import main, run
 
@@ -240,6 +241,24 @@ def test_a_marker_with_an_entry_removed_is_refused(reference, tmp_path):
     (out / COMPLETE_MARKER).write_text(json.dumps(marker))
     with pytest.raises(ModelFilesError, match=f"{COMPLETE_MARKER} gives no size or no SHA-256 for model.safetensors"):
         LLM2Vec.from_pretrained(str(out))
+
+
+def test_a_run_cut_before_or_during_its_final_save_is_not_exported_until_resumed(assets, reference, tmp_path, capsys):
+    cut = tmp_path / "cut"
+    shutil.copytree(reference, cut)
+    marker = json.loads((cut / COMPLETE_MARKER).read_text())
+    (cut / COMPLETE_MARKER).unlink()  # the final save was moving its files into place when it stopped
+    (cut / FINAL_SAVE_RECORD).write_text(json.dumps({"files": sorted(marker["files"])}))
+    only_checkpoints = tmp_path / "early"
+    only_checkpoints.mkdir()
+    shutil.copytree(reference / "checkpoint-4", only_checkpoints / "checkpoint-4")
+    for run_folder in (cut, only_checkpoints):
+        assert export_sentence_transformers.main(export_argv(run_folder, tmp_path / "st")) == 2
+        line = one_line(capsys.readouterr().err)
+        assert f"base model {run_folder}: its run did not finish" in line and "resume it with the same command" in line
+        assert not (tmp_path / "st").exists()
+    assert main("I", flags(assets, cut) + RESUME) == 0  # the resume finishes the final save
+    assert export_sentence_transformers.main(export_argv(cut, tmp_path / "st")) == 0
 
 
 # -------------------------------------------------------------------------------------- links out of a folder

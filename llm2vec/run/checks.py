@@ -164,7 +164,15 @@ def _check_export_contents(folder: Path, overwrite: bool, locked: bool = False) 
 
 
 def check_export_target(output_dir: str | os.PathLike, overwrite: bool, inputs: list) -> None:
-    """The checks of an export's folder, without the lock and writing nothing (before the model loads)."""
+    """The checks of an export's folder, without the lock and writing nothing (before the model loads); an input
+    that is the folder of a run that did not finish (cut before or during its final save) is refused."""
+    for what, path in inputs:
+        run = RunFolder.inspect(path) if path is not None and os.path.isdir(path) else None
+        if run is not None and not run.finished and (run.record is not None or run.checkpoints):
+            raise ExportFolderError(
+                f"{what} {path}: its run did not finish (no completion marker: cut before or during its final "
+                "save); resume it with the same command, then export"
+            )
     try:
         check_apart(output_dir, inputs, own_runs=False)
     except ConfigError as e:
