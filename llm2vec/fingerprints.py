@@ -7,7 +7,8 @@ on a data file of many GB, and what a resume compares of its data. A model folde
 their whole contents (``sha256``, :func:`content_sha256`): a base model that differs from the recorded one only
 after its first MiB is another base. Each file is hashed once per process (the digest is kept while its path,
 size, inode and times stay the same): a 2.47 GB weights file takes seconds to a minute (docs/run_safety.md).
-A model's content fingerprint for result keys (:func:`model_content`) leaves out the modification time, so a copy of a folder is the same model.
+A model's content fingerprint for result keys (:func:`model_content`) is each file's size and whole-contents SHA-256,
+without modification times, so a copy of a folder is the same model.
 """
 
 from __future__ import annotations
@@ -72,14 +73,12 @@ def fingerprint_model(name: str | None, content: bool = True) -> dict[str, Any] 
 
 
 def model_content(name: str | None) -> dict[str, Any] | None:
-    """What a model folder holds, as far as its fingerprint tells: ``{"files": {file: {"size", "head_sha256"}}}``
-    of :func:`fingerprint_model` without modification times (a copy of the folder gives the same value; a weights
-    file of the same size and first MiB counts as the same file); ``{"hub_id": name}`` for a hub id that is not in
-    the local cache; ``None`` for no model."""
-    fingerprint = fingerprint_model(name, content=False)
+    """What a model folder holds: ``{"files": {file: {"size", "sha256"}}}`` (whole contents, :func:`content_sha256`;
+    no modification times, so a copy of the folder gives the same value); ``{"hub_id": name}`` for a hub id that is
+    not in the local cache; ``None`` for no model."""
+    fingerprint = fingerprint_model(name, content=True)
     if fingerprint is None:
         return None
     if "files" not in fingerprint:
         return {"hub_id": fingerprint["name"]}
-    files = fingerprint["files"]
-    return {"files": {f: {"size": v["size"], "head_sha256": v["head_sha256"]} for f, v in files.items()}}
+    return {"files": {f: {"size": v["size"], "sha256": v["sha256"]} for f, v in fingerprint["files"].items()}}

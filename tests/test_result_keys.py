@@ -158,7 +158,7 @@ def test_an_unchanged_evaluation_is_served_and_its_file_records_what_it_was_comp
     weights = Path(model) / "model.safetensors"
     assert files["model.safetensors"] == {
         "size": weights.stat().st_size,
-        "head_sha256": hashlib.sha256(weights.read_bytes()[: 1 << 20]).hexdigest(),
+        "sha256": hashlib.sha256(weights.read_bytes()).hexdigest(),
     }
     assert compared["model"]["adapter"] is None
     assert compared["settings"] == {
@@ -335,3 +335,23 @@ def test_local_retrieval_task_refuses_an_mteb_name_unless_told_it_stands_in(tmp_
     with pytest.raises(TaskNameError, match=r"the mteb task 'NFCorpus' \(names differ only in case\)"):
         local_retrieval_task(data, name="nfcorpus")
     assert local_retrieval_task(data, name="NFCorpus", allow_mteb_name=True).metadata.name == "NFCorpus"
+
+
+def test_a_model_file_changed_after_its_first_mib_is_another_model(tmp_path):
+    """The model part of a result's key covers every byte of every file: a weights file changed only past its first
+    MiB, at the same size, gives another key (a copy of the folder gives the same one)."""
+    from llm2vec.fingerprints import model_content
+
+    model = tmp_path / "model"
+    model.mkdir()
+    weights = bytearray(range(256)) * (3 << 12)  # 3 MiB
+    (model / "model.safetensors").write_bytes(bytes(weights))
+    (model / "config.json").write_text("{}")
+    before = model_content(str(model))
+    shutil.copytree(model, tmp_path / "copy")
+    assert model_content(str(tmp_path / "copy")) == before
+    weights[(3 << 20) - 10] ^= 1
+    (model / "model.safetensors").write_bytes(bytes(weights))
+    after = model_content(str(model))
+    assert after["files"]["model.safetensors"]["size"] == before["files"]["model.safetensors"]["size"]
+    assert after != before
