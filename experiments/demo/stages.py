@@ -7,6 +7,7 @@ held fixed by tests (``tests/test_long_run.py``).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -19,7 +20,15 @@ from typing import Any
 
 from llm2vec.io import iter_jsonl, write_jsonl
 
-from .settings import INSTRUCTION, REPO_ROOT, VALIDATION_PAIRS, VALIDATION_SOURCE, WARMUP_SHARE
+from .settings import (
+    ANCHOR_CONFIG,
+    BASELINE_CONFIG,
+    INSTRUCTION,
+    REPO_ROOT,
+    VALIDATION_PAIRS,
+    VALIDATION_SOURCE,
+    WARMUP_SHARE,
+)
 
 
 def write_train_file(source: Path, path: Path) -> int:
@@ -89,6 +98,11 @@ def stage_I_flags(
     }
 
 
+def arms(base, stage_I) -> list[tuple[str, Path, Any]]:
+    """Stage II's arms, (name, config, start): Anchor from the Stage I model, the Baseline from the original one."""
+    return [("anchor", ANCHOR_CONFIG, stage_I), ("baseline", BASELINE_CONFIG, base)]
+
+
 def stage_command(script: Path | str, config: Path | str, flags: dict[str, Any], launcher=None) -> list[str]:
     """``python script config --field value ...`` (``launcher`` in place of ``python``): a path or a string as it
     is, any other value as JSON (``true``, ``640``, ``4e-05``)."""
@@ -96,6 +110,11 @@ def stage_command(script: Path | str, config: Path | str, flags: dict[str, Any],
     for field, value in flags.items():
         command += [f"--{field}", str(value) if isinstance(value, (str, Path)) else json.dumps(value)]
     return command
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    """A driver's parser, described by the first paragraph of its module docstring."""
+    return argparse.ArgumentParser(description=doc.split("\n\n")[0])
 
 
 class StageError(RuntimeError):
