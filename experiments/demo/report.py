@@ -1,5 +1,5 @@
-"""The reports' rendering: the demo's Table 10 (mean ± sample std over seeds), its Stage II loss plot (paper
-Figure 4) and ``results.json``; the scale preset's live report (:func:`scale_report`) over the same pieces."""
+"""The demo's report: Table 10 (mean ± sample std over seeds), the Stage II loss plot (paper Figure 4) and
+``results.json``; its tables are rendered by :func:`demo.stages.markdown_table`, as :mod:`demo.scale`'s are."""
 
 from __future__ import annotations
 
