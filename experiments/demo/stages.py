@@ -7,6 +7,7 @@ held fixed by tests (``tests/test_long_run.py``).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -19,7 +20,15 @@ from typing import Any
 
 from llm2vec.io import iter_jsonl, write_jsonl
 
-from .settings import INSTRUCTION, REPO_ROOT, VALIDATION_PAIRS, VALIDATION_SOURCE, WARMUP_SHARE
+from .settings import (
+    ANCHOR_CONFIG,
+    BASELINE_CONFIG,
+    INSTRUCTION,
+    REPO_ROOT,
+    VALIDATION_PAIRS,
+    VALIDATION_SOURCE,
+    WARMUP_SHARE,
+)
 
 
 def write_train_file(source: Path, path: Path) -> int:
@@ -89,6 +98,11 @@ def stage_I_flags(
     }
 
 
+def arms(base, stage_I) -> list[tuple[str, Path, Any]]:
+    """Stage II's arms, (name, config, start): Anchor from the Stage I model, the Baseline from the original one."""
+    return [("anchor", ANCHOR_CONFIG, stage_I), ("baseline", BASELINE_CONFIG, base)]
+
+
 def stage_command(script: Path | str, config: Path | str, flags: dict[str, Any], launcher=None) -> list[str]:
     """``python script config --field value ...`` (``launcher`` in place of ``python``): a path or a string as it
     is, any other value as JSON (``true``, ``640``, ``4e-05``)."""
@@ -96,6 +110,11 @@ def stage_command(script: Path | str, config: Path | str, flags: dict[str, Any],
     for field, value in flags.items():
         command += [f"--{field}", str(value) if isinstance(value, (str, Path)) else json.dumps(value)]
     return command
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    """A driver's parser, described by the first paragraph of its module docstring."""
+    return argparse.ArgumentParser(description=doc.split("\n\n")[0])
 
 
 class StageError(RuntimeError):
@@ -147,6 +166,13 @@ def child_env(threads: int | None = None) -> dict[str, str]:
     return env
 
 
+def read_state(run: Path) -> dict[str, Any]:
+    """The ``trainer_state.json`` of the finished training run ``run``."""
+    if not (state := run / "trainer_state.json").is_file():
+        raise StageError(f"{state}: missing; the run did not finish")
+    return json.loads(state.read_text(encoding="utf-8"))
+
+
 TIMINGS = ("eval_runtime", "eval_samples_per_second", "eval_steps_per_second")  # differ between equal evaluations
 
 
@@ -171,16 +197,16 @@ def curve_from_log(entries: list[dict], global_batch: int) -> tuple[list[dict[st
     return list(rows.values()), repeats
 
 
+def markdown_table(header: list[str], rows, left: int = 1) -> list[str]:
+    """The one Markdown table of the demo's reports: the first ``left`` columns left-aligned, the rest right."""
+    line = lambda cells: "|" + "".join(f" {c} |" if str(c) else " |" for c in cells)  # noqa: E731
+    return [line(header), "|" + "---|" * left + "---:|" * (len(header) - left), *map(line, rows)]
+
+
 def curve_table(rows: list[dict[str, float]], thousands: str = "") -> list[str]:
     """The curve as Markdown lines; ``thousands`` groups the pairs seen (``","``) or not (``""``)."""
-    lines = [
-        "| step | pairs seen | loss q2d | loss d2q | gain q2d | gain d2q | gain@4 q2d | gain@4 d2q | rank acc q2d | rank acc d2q |",
-        "|" + "---:|" * 10,
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['step']} | {r['pairs_seen']:{thousands}} | {r['loss_q2d']:.3f} | {r['loss_d2q']:.3f} | "
-            f"{r['anchor_gain_q2d']:+.3f} | {r['anchor_gain_d2q']:+.3f} | {r['anchor_gain_first4_q2d']:+.3f} | "
-            f"{r['anchor_gain_first4_d2q']:+.3f} | {r['rank_accuracy_q2d']:.3f} | {r['rank_accuracy_d2q']:.3f} |"
-        )
-    return lines
+    header = "step|pairs seen|loss q2d|loss d2q|gain q2d|gain d2q|gain@4 q2d|gain@4 d2q|rank acc q2d|rank acc d2q"
+    return markdown_table(header.split("|"), (
+        [r["step"], f"{r['pairs_seen']:{thousands}}", f"{r['loss_q2d']:.3f}", f"{r['loss_d2q']:.3f}",
+         *(f"{r[f'{m}_{d}']:+.3f}" for m in ("anchor_gain", "anchor_gain_first4") for d in ("q2d", "d2q")),
+         f"{r['rank_accuracy_q2d']:.3f}", f"{r['rank_accuracy_d2q']:.3f}"] for r in rows), left=0)  # fmt: skip

@@ -327,8 +327,11 @@ def _pick_negatives(objects: list[DocObject], seed: int) -> dict[str, DocObject]
     return negatives
 
 
-def complete_build(out: Path, params: dict, environment: dict) -> dict | None:
-    """The manifest of a complete build in ``out`` made with ``params`` in ``environment``, else None."""
+def complete_build(out: Path, params: dict, environment: dict, fresh: bool, say, tag: str) -> dict | None:
+    """The manifest of a complete build in ``out`` made with ``params`` in ``environment`` (said reused), else None
+    (always with ``fresh``)."""
+    if fresh:
+        return None
     try:
         manifest = json.loads((out / MANIFEST_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -339,6 +342,10 @@ def complete_build(out: Path, params: dict, environment: dict) -> dict | None:
         p = out / rel
         if not p.is_file() or file_digest([p]) != digest:
             return None
+    sizes = manifest["sizes"]
+    say(
+        f"[{tag}] reusing the complete build in {out} ({sizes['train']} train pairs, {sizes['eval_queries']} eval queries)"
+    )
     return manifest
 
 
@@ -381,14 +388,8 @@ def build_stdlib_dataset(
         "modules": list(modules),
     }
     environment = python_environment()
-    if not fresh:
-        manifest = complete_build(out, params, environment)
-        if manifest is not None:
-            say(
-                f"[stdlib-data] reusing the complete build in {out} "
-                f"({manifest['sizes']['train']} train pairs, {manifest['sizes']['eval_queries']} eval queries)"
-            )
-            return manifest
+    if (manifest := complete_build(out, params, environment, fresh, say, "stdlib-data")) is not None:
+        return manifest
 
     start = time.perf_counter()
     say(
