@@ -286,7 +286,11 @@ def st_versus_project_step(args, variant: str, batch_size: int):
     from llm2vec.st_training import build_loss, sentence_transformer
 
     lora = LoraConfig(
-        r=16, lora_alpha=32, lora_dropout=0.0, bias="none", task_type=TaskType.FEATURE_EXTRACTION,
+        r=16,
+        lora_alpha=32,
+        lora_dropout=0.0,
+        bias="none",
+        task_type=TaskType.FEATURE_EXTRACTION,
         target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
     )
     examples = [TrainExample(q, d, n, "", "stdlib") for q, d, n in stdlib_triples(batch_size)]
@@ -302,7 +306,8 @@ def st_versus_project_step(args, variant: str, batch_size: int):
         from llm2vec.llm2vec_contrastive import LLM2VecContrastive
 
         encoder = LLM2VecContrastive.load(
-            path, max_length=args.stage_II_max_length,
+            path,
+            max_length=args.stage_II_max_length,
             embedding_token_budget=args.st_mini_batch * args.stage_II_max_length,
         )
         encoder.model = get_peft_model(encoder.model, lora)
@@ -348,7 +353,6 @@ def st_versus_project(args) -> int:
         f"(project {p['seconds']:.1f} s, {p['peak_rss_mib']:.0f} MiB; ST {s['seconds']:.1f} s, {s['peak_rss_mib']:.0f} MiB)"
     )
     return 0
-
 
 
 def worker(args) -> None:
@@ -532,7 +536,10 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"its logit_chunk_rows (default {OPTIMISED_STAGE_I['logit_chunk_rows']})",
     )
     p.add_argument(
-        "--st_versus_project", type=int, metavar="BATCH", default=None,
+        "--st_versus_project",
+        type=int,
+        metavar="BATCH",
+        default=None,
         help="only the Stage II step of this project and of sentence-transformers' cached loss at BATCH triples, "
         "as ratios (docs/results/benchmarks.md)",
     )

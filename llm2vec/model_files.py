@@ -170,7 +170,9 @@ def _adapter_problem(folder: Path, base: Path, trust_remote_code: bool) -> str |
         config = PeftConfig.from_pretrained(os.fspath(folder))
         base_config = AutoConfig.from_pretrained(os.fspath(base), trust_remote_code=trust_remote_code)
         with torch.device("meta"), peft_reads_deprecated_property(), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*base_model_name_or_path", category=UserWarning)  # checked below
+            warnings.filterwarnings(
+                "ignore", message=".*base_model_name_or_path", category=UserWarning
+            )  # checked below
             model = get_peft_model(AutoModel.from_config(base_config, trust_remote_code=trust_remote_code), config)
     except Exception as e:  # noqa: BLE001 - peft or transformers cannot read the folders: one line, the reason
         reason = " ".join(str(e).split())[:200]

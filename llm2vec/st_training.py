@@ -78,7 +78,9 @@ def check_loss_name(name: str, field_name: str = "loss") -> None:
     """``name`` is a sentence-transformers loss; else one :class:`ConfigError` line listing the choices."""
     choices = loss_names()
     if name not in choices:
-        raise ConfigError(f"{field_name}={name!r}: not a sentence-transformers loss; choose one of {', '.join(choices)}")
+        raise ConfigError(
+            f"{field_name}={name!r}: not a sentence-transformers loss; choose one of {', '.join(choices)}"
+        )
 
 
 def build_loss(name: str, kwargs: Mapping[str, Any], model, loss_scale: float = 20.0, guide_loader=None):
@@ -380,9 +382,13 @@ def check_config(config: RunConfig) -> None:
     check_loss_name(config.stage.loss)
     for name, (value, instead) in refused.items():
         if value:
-            raise ConfigError(f"{where}{name}: not on the trainer sentence_transformers path; drop it and use {instead}")
+            raise ConfigError(
+                f"{where}{name}: not on the trainer sentence_transformers path; drop it and use {instead}"
+            )
     if str(config.model.use_packing).lower() == "true":
-        raise ConfigError(f"{where}use_packing true: not on the trainer sentence_transformers path; set it to auto or false")
+        raise ConfigError(
+            f"{where}use_packing true: not on the trainer sentence_transformers path; set it to auto or false"
+        )
 
 
 def build_trainer(config: RunConfig, dataset, run_config: dict, callbacks: list, tokenizer, template):

@@ -461,7 +461,11 @@ def _model_folder(config, tokenizer) -> str:
 def template_file(folder: str) -> str:
     """The file of a model folder that holds its chat template: ``chat_template.jinja`` where the folder has one
     (transformers reads it first), else ``tokenizer_config.json``."""
-    return "chat_template.jinja" if os.path.isfile(os.path.join(folder, "chat_template.jinja")) else "tokenizer_config.json"
+    return (
+        "chat_template.jinja"
+        if os.path.isfile(os.path.join(folder, "chat_template.jinja"))
+        else "tokenizer_config.json"
+    )
 
 
 def _saved_generation_config(config, tokenizer):

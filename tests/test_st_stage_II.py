@@ -76,7 +76,11 @@ def both(checkpoint, tmp_path_factory):
             if "lora_B" in name:
                 p.normal_(0, 0.05)  # lora_B starts at zero, where lora_A gets no gradient
     st = sentence_transformer(
-        checkpoint, tmp_path_factory.mktemp("st") / "model", lora=lora, max_length=MAX_LENGTH, instruction_separator="; "
+        checkpoint,
+        tmp_path_factory.mktemp("st") / "model",
+        lora=lora,
+        max_length=MAX_LENGTH,
+        instruction_separator="; ",
     )
     st[0].model.load_state_dict(project.model.state_dict())
     return project.eval(), st.eval()
@@ -235,9 +239,7 @@ def test_the_result_is_a_stage_II_run_that_loads_embeds_and_exports_like_the_sen
     with separator(trained, ": "):  # evaluation's separator, as LLM2Vec.encode joins an instruction
         for instruction in ("", INSTRUCTIONS[0]):
             got = trained.encode(TEXTS, prompt=instruction or None, convert_to_tensor=True, show_progress_bar=False)
-            want = encoder.encode(
-                [[instruction, t] for t in TEXTS], convert_to_tensor=True, show_progress_bar=False
-            )
+            want = encoder.encode([[instruction, t] for t in TEXTS], convert_to_tensor=True, show_progress_bar=False)
             torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
 
     from llm2vec.export import export_sentence_transformers
@@ -247,7 +249,14 @@ def test_the_result_is_a_stage_II_run_that_loads_embeds_and_exports_like_the_sen
 
 
 def test_unknown_loss_or_argument_is_refused_in_one_line(checkpoint, tmp_path):
-    base = ["--model_name_or_path", checkpoint, "--output_dir", str(tmp_path / "o"), "--trainer", "sentence_transformers"]
+    base = [
+        "--model_name_or_path",
+        checkpoint,
+        "--output_dir",
+        str(tmp_path / "o"),
+        "--trainer",
+        "sentence_transformers",
+    ]
     from llm2vec.training import run
 
     with pytest.raises(ConfigError) as e:
@@ -282,7 +291,7 @@ def doc_flags(marker: str) -> list[str]:
 
 @pytest.mark.parametrize(
     "marker",
-    ["CachedGISTEmbedLoss --loss_kwargs '{\"mini", "\"guide\"", "MatryoshkaLoss"],
+    ["CachedGISTEmbedLoss --loss_kwargs '{\"mini", '"guide"', "MatryoshkaLoss"],
     ids=["gist_self_guided", "gist_with_guide", "matryoshka"],
 )
 def test_docs_loss_examples_train_at_tiny_size(marker, checkpoint, tmp_path, tiny_checkpoints):
@@ -291,7 +300,9 @@ def test_docs_loss_examples_train_at_tiny_size(marker, checkpoint, tmp_path, tin
     data = write_tiny_e5(tmp_path / "data", n=8, sources=("nq",))
     extra = doc_flags(marker)
     extra = [
-        w.replace("output/stage_I/MetaLlama3.2_1b_q2d_d2q", str(tiny_checkpoints["qwen2"])).replace("[2048, 512]", "[32, 16]")
+        w.replace("output/stage_I/MetaLlama3.2_1b_q2d_d2q", str(tiny_checkpoints["qwen2"])).replace(
+            "[2048, 512]", "[32, 16]"
+        )
         for w in extra
     ]
     trainer = run("II", flags(checkpoint, data, tmp_path / "out", "--max_steps", "2", *extra))
@@ -308,9 +319,9 @@ def test_docs_mine_hard_negatives_then_retrieval_evaluation_run_as_printed(check
 
     pairs = write_tiny_e5(tmp_path / "pairs", n=12, sources=("nq",))
     rows = [json.loads(line) for line in (pairs / "nq.jsonl").read_text().splitlines()]
-    datasets.Dataset.from_dict({"query": [r["query"] for r in rows], "positive": [r["positive"] for r in rows]}).save_to_disk(
-        str(tmp_path / "my_pairs")
-    )
+    datasets.Dataset.from_dict(
+        {"query": [r["query"] for r in rows], "positive": [r["positive"] for r in rows]}
+    ).save_to_disk(str(tmp_path / "my_pairs"))
     code = doc_block("mine_hard_negatives")
     code = code.replace("output/stage_I/MetaLlama3.2_1b_q2d_d2q", checkpoint).replace("data/", f"{tmp_path}/")
     code = code.replace("max_length=512", f"max_length={MAX_LENGTH}")

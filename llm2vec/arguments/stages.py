@@ -303,7 +303,10 @@ class StageIIArguments(_StageArguments):
         super().__post_init__()
         _choice("trainer", self.trainer, TRAINERS)
         if self.trainer != "sentence_transformers":
-            defaults = (("loss", self.loss, "CachedMultipleNegativesRankingLoss"), ("loss_kwargs", self.loss_kwargs, None))
+            defaults = (
+                ("loss", self.loss, "CachedMultipleNegativesRankingLoss"),
+                ("loss_kwargs", self.loss_kwargs, None),
+            )
             for name, value, default in defaults:
                 if value not in (default, {}):
                     raise ConfigError(
