@@ -42,9 +42,10 @@ setup(
         "liger": ["liger-kernel>=0.6"],
         # the offline demo: GGUF loading of SmolLM2 and the loss plot
         "demo": ["gguf>=0.19.0", "matplotlib>=3.10.0"],
-        # sentence-transformers export (experiments/export_sentence_transformers.py); 6.0 is the release current
-        # at transformers 5.17
-        "st": ["sentence-transformers>=6.0.0"],
+        # the sentence-transformers export and Stage II path (trainer: sentence_transformers). 6.2: 6.0 and 6.1's
+        # CachedGISTEmbedLoss fails with a guide model of another tokenizer (it moves non-tensor features to the
+        # guide's device); tests/test_st_stage_II.py runs at this bound
+        "st": ["sentence-transformers>=6.2.0"],
         # TensorBoard logs when report_to says tensorboard (the Trainer's own callback writes them)
         "tensorboard": ["tensorboard>=2.20.0"],
         "test": [
@@ -53,7 +54,7 @@ setup(
             "pytest-xdist>=3.8.0",
             "gguf>=0.19.0",
             "matplotlib>=3.10.0",
-            "sentence-transformers>=6.0.0",
+            "sentence-transformers>=6.2.0",
             "tensorboard>=2.20.0",
         ],
     },
