@@ -12,7 +12,15 @@ import time
 
 import pytest
 import torch
-from _chat_families import CHAT_FAMILIES, PUBLISHED, chat_config, chat_tokenizer, published, user_turn
+from _chat_families import (
+    CHAT_FAMILIES,
+    PUBLISHED,
+    chat_config,
+    chat_tokenizer,
+    published,
+    save_chat_checkpoint,
+    user_turn,
+)
 
 from llm2vec import LLM2Vec, chat_turn, templates
 from llm2vec.templates import DERIVED_TEMPLATE, encode, get_template, resolve_template
@@ -209,26 +217,7 @@ def test_refused_at_the_start_of_training_with_the_config_named(tmp_path):
 @pytest.fixture(scope="module")
 def qwen3_checkpoint(tmp_path_factory):
     """A tiny random Qwen3 causal LM (a model type no family is registered for) with Qwen3's chat template."""
-    from transformers import AutoModelForCausalLM
-
-    folder = tmp_path_factory.mktemp("qwen3") / "model"
-    tokenizer = chat_tokenizer("qwen3")
-    config = chat_config(
-        "qwen3",
-        tokenizer,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return save_chat_checkpoint("qwen3", tmp_path_factory.mktemp("qwen3") / "model")
 
 
 def test_a_new_chat_model_trains_and_evaluates_with_no_code(qwen3_checkpoint, tmp_path):
