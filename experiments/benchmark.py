@@ -181,8 +181,22 @@ def stage_I_step(args, variant: str, batch_size: int):
     return step, {"tokens": tokens}
 
 
+def paper_lora():
+    """The paper's Stage II LoRA (r 16, alpha 32) on every projection, without dropout so that steps compare."""
+    from peft import LoraConfig, TaskType
+
+    return LoraConfig(
+        r=16,
+        lora_alpha=32,
+        lora_dropout=0.0,
+        bias="none",
+        task_type=TaskType.FEATURE_EXTRACTION,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    )
+
+
 def stage_II_step(args, variant: str, batch_size: int):
-    from peft import LoraConfig, TaskType, get_peft_model
+    from peft import get_peft_model
     from transformers import AutoModel
 
     from llm2vec.collator import TrainCollator
@@ -191,14 +205,7 @@ def stage_II_step(args, variant: str, batch_size: int):
 
     causal, tokenizer = load_causal_lm(args)
     body = causal.model if hasattr(causal, "model") else AutoModel.from_pretrained(args.model, trust_remote_code=False)
-    lora = LoraConfig(
-        r=16,
-        lora_alpha=32,
-        lora_dropout=0.0,
-        bias="none",
-        task_type=TaskType.FEATURE_EXTRACTION,
-        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-    )
+    lora = paper_lora()
     options = OPTIMISED_STAGE_II if variant == "cached" else {}
     encoder = LLM2VecContrastive(
         get_peft_model(body, lora), tokenizer, max_length=args.stage_II_max_length, **options
@@ -279,20 +286,11 @@ def st_versus_project_step(args, variant: str, batch_size: int):
     (the project's model as a SentenceTransformer, CachedMultipleNegativesRankingLoss at scale 20)."""
     import tempfile
 
-    from peft import LoraConfig, TaskType
-
     from llm2vec.collator import TrainCollator
     from llm2vec.dataset import TrainExample
     from llm2vec.st_training import build_loss, sentence_transformer
 
-    lora = LoraConfig(
-        r=16,
-        lora_alpha=32,
-        lora_dropout=0.0,
-        bias="none",
-        task_type=TaskType.FEATURE_EXTRACTION,
-        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-    )
+    lora = paper_lora()
     examples = [TrainExample(q, d, n, "", "stdlib") for q, d, n in stdlib_triples(batch_size)]
     if args.tiny:
         from llm2vec.testing import save_tiny_model
