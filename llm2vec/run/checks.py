@@ -166,9 +166,13 @@ def _check_export_contents(folder: Path, overwrite: bool, locked: bool = False) 
 def check_export_target(output_dir: str | os.PathLike, overwrite: bool, inputs: list) -> None:
     """The checks of an export's folder, without the lock and writing nothing (before the model loads); an input
     that is the folder of a run that did not finish (cut before or during its final save) is refused."""
-    for what, path in inputs:
-        run = RunFolder.inspect(path) if path is not None and os.path.isdir(path) else None
-        if run is not None and not run.finished and (run.record is not None or run.checkpoints):
+    for what, path in inputs:  # a finished run's model is checked against its marker by the loader, not here
+        folder = Path(path) if path is not None and os.path.isdir(path) else None
+        if (
+            folder is not None
+            and not (folder / COMPLETE_MARKER).exists()
+            and ((folder / FINAL_SAVE_RECORD).exists() or any(is_own_checkpoint(c) for c in folder.iterdir()))
+        ):
             raise ExportFolderError(
                 f"{what} {path}: its run did not finish (no completion marker: cut before or during its final "
                 "save); resume it with the same command, then export"
