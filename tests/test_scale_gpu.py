@@ -72,6 +72,23 @@ def test_a_time_budget_cuts_stage_I_short_and_the_report_is_still_complete(smoke
     assert json.loads((tmp_path / "out" / "report.json").read_text()) == report
 
 
+def test_a_budget_that_cuts_the_first_stage_II_arm_stops_every_later_arm_at_the_same_step(smoke, tmp_path, monkeypatch):
+    """Anchor - Baseline compares equal training: when its time budget stops the first arm (Anchor) early, every
+    later arm stops at that step too (``stop_after_n_steps``, on the same learning-rate schedule), whatever time it
+    has; the report says so and does not call the arms unequal."""
+    data = smoke[0]
+    # the Anchor arm (one arm after it) gets a spent share; Stage I and the Baseline arm no limit
+    monkeypatch.setattr(scale.Budget, "share", lambda self, arms_after: 1e-3 if arms_after == 1 else None)
+    report = scale.run(scale.PRESETS["smoke"], tmp_path / "out", data, tmp_path / "unused", tmp_path / "unused")
+    anchor, baseline = report["stage_II"]["anchor"], report["stage_II"]["baseline"]
+    assert scale.PRESETS["smoke"].stage_II_steps > 1
+    assert anchor["steps"] == 1 and anchor["stopped_by"]["stopped_by"] == "stop_after_minutes"
+    assert (baseline["steps"], baseline["stop_after_n_steps"], baseline["stopped_by"]) == (1, 1, None)
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "- baseline: 1 of 2 steps, stopped where the first arm's time budget stopped it" in text
+    assert "unequal training" not in text
+
+
 def test_a_run_killed_in_stage_II_leaves_a_report_of_what_finished(smoke, tmp_path, monkeypatch):
     """What is on disk at the moment the Baseline arm starts (where a kill would find it): Stage I's curve and the
     Anchor arm, the evaluation said not reached. While Stage I runs, its evaluations reach the report as they

@@ -118,6 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=None, help="the run's folder (default cache/long-run)")
     parser.add_argument("--table", action="store_true", help="print the measurements so far and exit")
+    parser.add_argument(
+        "--accept_changed_inputs",
+        action="store_true",
+        help="resume although the checkpoint's record of its inputs differs (the run records what changed)",
+    )
     args = parser.parse_args(argv)
     out = args.out or OUT
     run = out / "stage_I"
@@ -142,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         flags["seed"] = args.seed
     if resume:
         flags["resume_from_checkpoint"] = "true"
+        if args.accept_changed_inputs:
+            flags["accept_changed_inputs"] = "true"
     command = stage_command(STAGE_I_SCRIPT, STAGE_I_CONFIG, flags)
     print("[long-run] " + " ".join(command), flush=True)
     # child_env: this checkout's llm2vec first on the path (not whichever checkout pip installed), offline

@@ -79,11 +79,13 @@ class Preset:
 
 
 PRESETS = {
-    # 400 x 512 = 204,800 pairs (the 31,558 train pairs about 6.5 times); 128 pairs of <= 64 + 64 tokens per pass
+    # 120 x 512 = 61,440 pairs (the 31,558 train pairs about 1.9 times); 128 pairs of <= 64 + 64 tokens per pass.
+    # Sized from one H200 run (docs/results/gpu_results.md): 2.2 s per Stage I step, 0.8 s per Stage II step, 9 s
+    # for the evaluation: about 9.5 minutes, both schedules run to their end within the 11 with a margin
     "gpu": Preset(
-        "gpu", tiny_model=False, stage_I_steps=400, per_device_batch=128, accumulation=4, eval_every=40,
-        validation_pairs=512, eval_batch=64, stage_II_steps=200, stage_II_batch=64, bf16=True,
-        minutes=11.0, stage_II_minutes=1.5, evaluation_minutes=1.5,
+        "gpu", tiny_model=False, stage_I_steps=120, per_device_batch=128, accumulation=4, eval_every=30,
+        validation_pairs=512, eval_batch=64, stage_II_steps=100, stage_II_batch=64, bf16=True,
+        minutes=11.0, stage_II_minutes=1.5, evaluation_minutes=0.5,
     ),
     # the long CPU run (demo/long_run.py) and the demo's Stage II (train_configs/demo: 50 steps of 8 triples)
     "cpu": Preset(
@@ -323,8 +325,10 @@ def write_report(out: Path, result: dict[str, Any]) -> None:
 
 
 def _stopped(run: dict[str, Any]) -> str:
-    stop = run.get("stopped_by")
-    return f", stopped by its time budget after {stop['minutes']:.2f} minutes" if stop else ""
+    stop, equal = run.get("stopped_by"), run.get("stop_after_n_steps")
+    if stop:
+        return f", stopped by its time budget after {stop['minutes']:.2f} minutes"
+    return ", stopped where the first arm's time budget stopped it, for equal training" if equal else ""
 
 
 def report_lines(result: dict[str, Any]) -> list[str]:
@@ -358,6 +362,8 @@ def report_lines(result: dict[str, Any]) -> list[str]:
     lines += [f"- {arm}: {r['steps']} of {r['planned_steps']} steps{_stopped(r)}" for arm, r in arms.items()] or [
         NOT_YET
     ]
+    if len({r["steps"] for r in arms.values()}) > 1:
+        lines += ["", "The arms trained different numbers of steps: Anchor - Baseline compares unequal training."]
     lines += ["", "## Retrieval on the test split (no mteb)", ""]
     if evaluation := result.get("evaluation") or {}:
         any_row = next(iter(evaluation.values()))
@@ -482,11 +488,14 @@ def _stages(preset, out, data, model, carry, stage_I_run, budget, result, lap, s
         for arm, config, start in stages.arms(base, stage_I)
     ]
     rows = {"untrained": (base, None), "stage_I": (stage_I, None)}
+    equal_steps = None  # the first arm's steps when its budget cut it short: every later arm stops there too
     for k, (arm, config, start, seed) in enumerate(arms):
         folder = out / f"stage_II_{arm}"
         flags = stage_II_flags(preset, start, train, folder) | ({"seed": seed} if seed is not None else {})
         if (share := budget.share(arms_after=len(arms) - 1 - k)) is not None:
             flags["stop_after_minutes"] = share
+        if equal_steps is not None:
+            flags["stop_after_n_steps"] = equal_steps
         result["status"] = f"running: stage_II_{arm}"
         write_report(out, result)
         run_script(STAGE_II_SCRIPT, config, flags, out / "logs" / f"{arm}.log")
@@ -494,7 +503,10 @@ def _stages(preset, out, data, model, carry, stage_I_run, budget, result, lap, s
             "planned_steps": preset.stage_II_steps,
             "seed": seed,
             **run_outcome(read_state(folder)),
+            "stop_after_n_steps": equal_steps,
         }
+        if k == 0 and result["stage_II"][arm]["steps"] < preset.stage_II_steps:
+            equal_steps = result["stage_II"][arm]["steps"]
         rows[arm] = (start, folder)
     lap("stage_II", "evaluation")
     evaluation = result["evaluation"] = {}
