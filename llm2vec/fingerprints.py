@@ -1,4 +1,4 @@
-"""Fingerprints of files and model folders: what a run records of its inputs (:mod:`llm2vec.run.inputs`), what
+"""Fingerprints of files and model folders: what a run records of its inputs (:mod:`llm2vec.run.plan`), what
 an adapter's load compares with the base it was trained on (:func:`llm2vec.model_files.check_adapter`) and what a
 stored evaluation result records of its model (:mod:`llm2vec.evaluation.result_keys`).
 

@@ -43,7 +43,7 @@ from _drivers import (
 from _drivers import run_flags as flags
 
 from llm2vec.arguments import ConfigError, argument_classes
-from llm2vec.run import inputs as config_fields
+from llm2vec.run import plan as config_fields
 from llm2vec.run import plan as resume
 from llm2vec.run.folder import COMPLETE_MARKER
 from llm2vec.run.lock import LOCK_NAME

@@ -10,10 +10,10 @@ import math
 import os
 import shutil
 import tempfile
+from collections import namedtuple
 from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
-from typing import NamedTuple
 
 from ..arguments import ConfigError
 from ..io import COMPLETE_MARKER, EXPORT_MARKER, atomic_dir, atomic_write, file_record, remove_stale_temporaries
@@ -87,39 +87,32 @@ def check_writable(output_dir: str) -> None:
 
 
 def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
+    power = min(4, int(math.log10(max(n, 1)) // 3))
+    return f"{n:.0f} B" if power == 0 else f"{n / 1000**power:.1f} {'KMGT'[power - 1]}B"
 
 
-class DiskEstimate(NamedTuple):
-    weights: int  # bytes, as the final model and in each checkpoint
-    optimizer: int  # bytes, in each checkpoint
-    checkpoints: int  # kept at once
+DiskEstimate = namedtuple("DiskEstimate", "weights optimizer checkpoints")
 
 
 def estimate_disk(args, model, start_step: int, end_step: int, per_epoch: int) -> DiskEstimate:
-    """Weights in their dtype (a LoRA model's adapter only), AdamW's two moments per trainable parameter (none with
-    ``save_only_model``), and how many checkpoints are kept at once (``save_total_limit + 1``: rotation is last)."""
+    """Bytes of the weights, as the final model and in each checkpoint: in their dtype (a LoRA model's adapter only);
+    of the optimizer state in each checkpoint: AdamW's two moments per trainable parameter (none with
+    ``save_only_model``); and how many checkpoints are kept at once (``save_total_limit + 1``: rotation is last)."""
     params = {id(p): p for p in model.parameters()}.values()
     trainable = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
     total = sum(p.numel() * p.element_size() for p in params)
     weights = trainable if hasattr(getattr(model, "model", None), "peft_config") else total
-    optimizer = 0 if args.save_only_model else 2 * trainable
     strategy = getattr(args.save_strategy, "value", args.save_strategy)
-    if strategy == "no" or end_step <= start_step:
-        saves = 0
-    elif strategy == "epoch":
-        saves = math.ceil(end_step / per_epoch) - start_step // per_epoch
-    else:  # steps (and best): every save_steps, and at the end
-        interval = args.save_steps if args.save_steps >= 1 else math.ceil(end_step * args.save_steps)
-        interval = max(1, int(interval))
-        saves = end_step // interval - start_step // interval + (1 if end_step % interval else 0)
+    # every epoch, or (steps, best) every save_steps (a fraction: of the run); and at the end
+    every = (
+        per_epoch if strategy == "epoch" else args.save_steps if args.save_steps >= 1 else end_step * args.save_steps
+    )
+    every = max(1, math.ceil(every))
+    saves = end_step // every - start_step // every + (1 if end_step % every else 0)
+    saves = 0 if strategy == "no" or end_step <= start_step else saves
     limit = args.save_total_limit
     kept = min(saves, limit + 1) if limit and limit > 0 else saves
-    return DiskEstimate(weights, optimizer, kept)
+    return DiskEstimate(weights, 0 if args.save_only_model else 2 * trainable, kept)
 
 
 def check_disk_space(output_dir: str, estimate: DiskEstimate, freed: list[Path]) -> None:
@@ -129,26 +122,22 @@ def check_disk_space(output_dir: str, estimate: DiskEstimate, freed: list[Path])
         where = where.parent
     free = shutil.disk_usage(where).free
     free += sum(f.stat().st_size for p in freed for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file())
-    e = estimate
-    total = e.checkpoints * (e.weights + e.optimizer) + e.weights
-    if free < total:
+    weights, optimizer, kept = estimate
+    if free < (total := kept * (weights + optimizer) + weights):
         raise ConfigError(
-            f"output_dir {output_dir}: {_size(free)} free, but this run writes about {_size(total)}: {e.checkpoints} "
-            f"checkpoint(s) of {_size(e.weights + e.optimizer)} and the final model; free space or save less "
+            f"output_dir {output_dir}: {_size(free)} free, but this run writes about {_size(total)}: {kept} "
+            f"checkpoint(s) of {_size(weights + optimizer)} and the final model; free space or save less "
             "(save_total_limit, save_steps, save_only_model)"
         )
 
 
 def _check_export_contents(folder: Path, overwrite: bool, locked: bool = False) -> None:
     """Refuse unless ``folder`` is absent, empty, or (with ``overwrite``) a previous export and nothing else."""
-    if not folder.is_dir():
-        if folder.exists():
-            raise ExportFolderError(f"output_dir {folder} is a file; give a folder path")
-        return
+    if folder.exists() and not folder.is_dir():
+        raise ExportFolderError(f"output_dir {folder} is a file; give a folder path")
     if not locked and is_held(folder / LOCK_NAME):
         raise ExportFolderError(f"output_dir {folder} is in use by a run: {describe_holder(folder / LOCK_NAME)}")
-    entries = sorted(p.name for p in folder.iterdir() if p.name != LOCK_NAME)
-    if not entries:
+    if not folder.is_dir() or not (entries := sorted(p.name for p in folder.iterdir() if p.name != LOCK_NAME)):
         return
     run, exported = RunFolder.inspect(folder), (read_json(folder / EXPORT_MARKER) or {}).get("sha256")
     if run.holds_run or not isinstance(exported, dict):
@@ -168,11 +157,8 @@ def check_export_target(output_dir: str | os.PathLike, overwrite: bool, inputs: 
     that is the folder of a run that did not finish (cut before or during its final save) is refused."""
     for what, path in inputs:  # a finished run's model is checked against its marker by the loader, not here
         folder = Path(path) if path is not None and os.path.isdir(path) else None
-        if (
-            folder is not None
-            and not (folder / COMPLETE_MARKER).exists()
-            and ((folder / FINAL_SAVE_RECORD).exists() or any(is_own_checkpoint(c) for c in folder.iterdir()))
-        ):
+        saves = folder and ((folder / FINAL_SAVE_RECORD).exists() or any(map(is_own_checkpoint, folder.iterdir())))
+        if saves and not (folder / COMPLETE_MARKER).exists():
             raise ExportFolderError(
                 f"{what} {path}: its run did not finish (no completion marker: cut before or during its final "
                 "save); resume it with the same command, then export"
@@ -192,11 +178,7 @@ def claim_export_folder(output_dir: str | os.PathLike, overwrite: bool, inputs: 
     check_export_target(target, overwrite, inputs)
     created = not target.exists()
     try:
-        with contextlib.ExitStack() as stack:
-            try:
-                stack.enter_context(hold(target))
-            except RunLocked as e:
-                raise ExportFolderError(str(e)) from None
+        with hold(target):
             _check_export_contents(target, overwrite, locked=True)
             remove_stale_temporaries(target)
             with atomic_dir(target, replace=True) as tmp:
@@ -206,7 +188,9 @@ def claim_export_folder(output_dir: str | os.PathLike, overwrite: bool, inputs: 
                 names = [str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file()]
                 with atomic_write(tmp / EXPORT_MARKER) as f:
                     json.dump(file_record(tmp, names), f, indent=2)
-    except BaseException:
+    except BaseException as e:
         if created and target.is_dir() and not any(target.iterdir()):
             target.rmdir()  # the folder made only to hold the lock
+        if isinstance(e, RunLocked):
+            raise ExportFolderError(str(e)) from None
         raise
