@@ -265,7 +265,7 @@ def file_digest(paths: Iterable[str | os.PathLike], n: int = 64) -> str:
 
 
 COMPLETE_MARKER = "training_complete.json"  # written last by a run's final save (llm2vec.run.saves)
-EXPORT_MARKER = "export_complete.json"  # written last into an export (llm2vec.run.checks)
+EXPORT_MARKER = "export_complete.json"  # written last into an export (llm2vec.run.plan)
 
 
 def file_record(folder: str | os.PathLike, names: Iterable[str]) -> dict[str, dict[str, Any]]:

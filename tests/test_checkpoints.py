@@ -36,7 +36,7 @@ from llm2vec import LLM2Vec
 from llm2vec.arguments import ConfigError
 from llm2vec.io import saved_folder_problem
 from llm2vec.model_files import ModelFilesError
-from llm2vec.run import checks as startup_checks
+from llm2vec.run import plan as startup_checks
 from llm2vec.run.folder import CHECKPOINT_MANIFEST, COMPLETE_MARKER, FINAL_SAVE_RECORD
 from llm2vec.trainer import LLM2VecTrainer
 from llm2vec.training import main, run

@@ -58,8 +58,7 @@ def checkpoint_problem(folder: str | os.PathLike, contents: bool = False) -> str
     folder = Path(folder)
     if not folder.is_dir():
         return "not a folder"
-    manifest = read_json(folder / CHECKPOINT_MANIFEST)
-    if manifest is None:
+    if (manifest := read_json(folder / CHECKPOINT_MANIFEST)) is None:
         return f"no readable {CHECKPOINT_MANIFEST} (a checkpoint is complete once its manifest is written)"
     if problem := record_problem(folder, manifest, CHECKPOINT_MANIFEST, contents):
         return problem
@@ -134,8 +133,7 @@ class RunFolder:
         if damaged:
             logger.warning("%s: the finished model does not match its completion marker (%s)", path, damaged)
         record = read_json(path / FINAL_SAVE_RECORD)
-        own = own_names(marker, record) - {COMPLETE_MARKER}
-        model_files = sorted(p for p in (path / name for name in own) if p.is_file())
+        model_files = sorted(p for n in own_names(marker, record) - {COMPLETE_MARKER} if (p := path / n).is_file())
         return cls(path, marker, checkpoints_of(path), model_files, damaged, record)
 
     @property
@@ -176,8 +174,8 @@ class RunFolder:
         if self.finished:
             step, names = self.marker.get("global_step", "?"), names and f" and checkpoints {names}"
             return f"a finished {stage}run (step {step}, final model and {COMPLETE_MARKER}){names}"
-        final = f"a final model not matching its {COMPLETE_MARKER} ({self.damaged})" if self.damaged else ""
-        final = final or "no final model"
+        damaged = f"a final model not matching its {COMPLETE_MARKER} ({self.damaged})"
+        final = damaged if self.damaged else "no final model"
         if self.checkpoints:
             newest = f"newest complete: step {self.newest.step}" if self.newest else "none complete"
             return f"an unfinished {stage}run: checkpoints {names} ({newest}), {final}"

@@ -40,17 +40,16 @@ def describe_holder(path: Path) -> str:
 def is_held(path: Path) -> bool:
     if fcntl is None or not path.is_file():
         return False
+    fd = None
     try:
         fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return False
-    except OSError as e:
+    except OSError as e:  # BlockingIOError: another process holds it
         return isinstance(e, BlockingIOError)
     finally:
-        os.close(fd)  # closing drops the lock this probe may have taken
+        if fd is not None:
+            os.close(fd)  # closing drops the lock this probe may have taken
 
 
 def _try_lock(path: Path) -> int | None:

@@ -34,8 +34,7 @@ FINAL_STAGING = ".final-model.staging.tmp"
 
 
 def _written(folder: Path) -> list[str]:
-    links = [str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_symlink()]
-    if links:
+    if links := [str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_symlink()]:
         raise CheckpointError(f"{folder}: {links[0]} is a link, which no save writes; nothing was published")
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
 
@@ -134,8 +133,7 @@ def _final_save(trainer, training_end: dict[str, Any]):
 
 
 def save_final(trainer, training_end: dict[str, Any]) -> None:
-    """The final model, its completion marker (with ``training_end``, the fields that decide where training ends)
-    written last."""
+    """The final model, its completion marker (with ``training_end``: where training ends) written last."""
     trainer.check_weights_finite("the final model was not written")
     with _final_save(trainer, training_end) as staged:
         trainer.save_model(str(staged))
@@ -156,8 +154,7 @@ def finalize_from_checkpoint(trainer, checkpoint: str, training_end: dict[str, A
             if problem := record_problem(ckpt, manifest, CHECKPOINT_MANIFEST):
                 raise CheckpointError(f"{ckpt}: {problem}; the final model was not written from it")
             skip = {n for n in manifest["files"] for pattern in TRAINING_STATE_FILES if Path(n).match(pattern)}
-            for name in sorted(set(manifest["files"]) - skip - {RUN_CONFIG_NAME}):
-                if "/" not in name:
-                    shutil.copyfile(ckpt / name, staged / name, follow_symlinks=False)
+            for name in sorted(n for n in set(manifest["files"]) - skip - {RUN_CONFIG_NAME} if "/" not in n):
+                shutil.copyfile(ckpt / name, staged / name, follow_symlinks=False)
             with atomic_write(staged / RUN_CONFIG_NAME) as f:
                 json.dump(trainer.run_config, f, indent=2)
