@@ -1,12 +1,12 @@
-"""Fingerprints of files and model folders: what a run records of its inputs (:mod:`llm2vec.run.inputs`), what
+"""Fingerprints of files and model folders: what a run records of its inputs (:mod:`llm2vec.run.plan`), what
 an adapter's load compares with the base it was trained on (:func:`llm2vec.model_files.check_adapter`) and what a
 stored evaluation result records of its model (:mod:`llm2vec.evaluation.result_keys`).
 
 A file's fingerprint is its size, modification time (ns) and the SHA-256 of its first MiB (``head_sha256``): cheap
 on a data file of many GB, and what a resume compares of its data. A model folder's files also get the SHA-256 of
-their whole contents (``sha256``, :func:`content_sha256`): a base model that differs from the recorded one only
-after its first MiB is another base. Each file is hashed once per process (the digest is kept while its path,
-size, inode and times stay the same): a 2.47 GB weights file takes seconds to a minute (docs/run_safety.md).
+their whole contents (``sha256``, :func:`llm2vec.io.sha256_file`): a base model that differs from the recorded one
+only after its first MiB is another base. Each file is hashed whole once per process while it is unchanged (io keeps
+the digest): a 2.47 GB weights file takes seconds to a minute (docs/run_safety.md).
 A model's content fingerprint for result keys (:func:`model_content`) is each file's size and whole-contents SHA-256,
 without modification times, so a copy of a folder is the same model.
 """
@@ -22,24 +22,11 @@ from .io import sha256_file
 
 HEAD_BYTES = 1 << 20
 
-_DIGESTS: dict[tuple, str] = {}
-
 
 def fingerprint_file(path: str | os.PathLike) -> dict[str, Any]:
     """Size, modification time (ns) and SHA-256 of the first MiB of ``path``."""
     stat = os.stat(path)
     return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "head_sha256": sha256_file(path, HEAD_BYTES)}
-
-
-def content_sha256(path: str | os.PathLike) -> str:
-    """The SHA-256 of the whole file (:func:`llm2vec.io.sha256_file`), computed once per process for one version of
-    the file: its real path, device, inode, size, and modification and change times (a write changes the change
-    time, even where the modification time is set back)."""
-    stat = os.stat(path)
-    key = (os.path.realpath(path), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
-    if key not in _DIGESTS:
-        _DIGESTS[key] = sha256_file(path)
-    return _DIGESTS[key]
 
 
 def model_folder(name: str) -> Path | None:
@@ -65,7 +52,7 @@ def fingerprint_model(name: str | None, content: bool = True) -> dict[str, Any] 
     if folder is None:
         return {"name": str(name)}
     files = {
-        p.name: {**fingerprint_file(p), **({"sha256": content_sha256(p)} if content else {})}
+        p.name: {**fingerprint_file(p), **({"sha256": sha256_file(p)} if content else {})}
         for p in sorted(folder.iterdir())
         if p.is_file() and not p.name.startswith(".") and p.name != "README.md"
     }
@@ -73,7 +60,7 @@ def fingerprint_model(name: str | None, content: bool = True) -> dict[str, Any] 
 
 
 def model_content(name: str | None) -> dict[str, Any] | None:
-    """What a model folder holds: ``{"files": {file: {"size", "sha256"}}}`` (whole contents, :func:`content_sha256`;
+    """What a model folder holds: ``{"files": {file: {"size", "sha256"}}}`` (whole contents, :func:`llm2vec.io.sha256_file`;
     no modification times, so a copy of the folder gives the same value); ``{"hub_id": name}`` for a hub id that is
     not in the local cache; ``None`` for no model."""
     fingerprint = fingerprint_model(name, content=True)

@@ -16,12 +16,12 @@ the complete new one, never a half-written file. An exception (or a KeyboardInte
 removes the temporary file or folder; a hard kill can leave one behind, under a name starting with ``.``
 and ending in ``.tmp``, which no reader picks up.
 
-Every SHA-256 of a file is :func:`sha256_file`. A save that writes a folder (a checkpoint, a run's final model, an
-export) records, last, each file it wrote with its size and SHA-256 (:func:`file_record`); a reader checks the
-folder against that record before use (:func:`record_problem`): a file missing, of another size, of other contents,
-a link, or an entry without its size or hash is damage. A model, adapter or run folder's file whose real path lies
-outside the folder is refused (:func:`links_outside`), save the links of a Hugging Face cache snapshot to its
-repository's blobs.
+Every SHA-256 of a file is :func:`sha256_file` (a whole file's once per process while the file is unchanged). A save
+that writes a folder (a checkpoint, a run's final model, an export) records, last, each file it wrote with its size
+and SHA-256 (:func:`file_record`); a reader checks the folder against that record before use (:func:`record_problem`):
+a file missing, of another size, of other contents, a link, or an entry without its size or hash is damage. A model,
+adapter or run folder's file whose real path lies outside the folder is refused (:func:`links_outside`), save the
+links of a Hugging Face cache snapshot to its repository's blobs.
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ import io
 import json
 import os
 import shutil
+import sys
 import tempfile
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -217,12 +219,32 @@ def json_sha256(obj: Any) -> str:
 
 
 HASH_BLOCK = 8 << 20
+_WHOLE_FILE_SHA256: dict[tuple, str] = {}  # one version of a file (sha256_file's key) -> its SHA-256, per process
 
 
 def sha256_file(path: str | os.PathLike, limit: int | None = None, digest=None) -> str:
     """The SHA-256 (hex) of a file's bytes, or of its first ``limit`` bytes, read in 8 MiB blocks; ``digest``: a
-    ``hashlib`` object to continue (several files in one hash)."""
-    digest = digest or hashlib.sha256()
+    ``hashlib`` object to continue (several files in one hash).
+
+    A whole file's hash is computed once per process for one version of the file: its real path, device, inode, size,
+    and modification and change times (a write changes the change time, even where the modification time is set
+    back). A file whose change time is not older than the file system's clock tick when the hash starts is not kept:
+    a write within that tick would leave all of these the same."""
+    if limit is not None or digest is not None:
+        return _read_sha256(path, limit, digest or hashlib.sha256())
+    stat = os.stat(path)
+    key = (os.path.realpath(path), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+    if key in _WHOLE_FILE_SHA256:
+        return _WHOLE_FILE_SHA256[key]
+    # Linux takes file times from CLOCK_REALTIME_COARSE (5), never earlier; elsewhere allow two seconds' granularity
+    tick = time.clock_gettime_ns(5) if sys.platform == "linux" else time.time_ns() - 2 * 10**9
+    value = _read_sha256(path, None, hashlib.sha256())
+    if stat.st_ctime_ns < tick:  # any later write gets a change time of at least tick
+        _WHOLE_FILE_SHA256[key] = value
+    return value
+
+
+def _read_sha256(path: str | os.PathLike, limit: int | None, digest) -> str:
     left = limit
     with open(path, "rb") as f:
         while left is None or left > 0:
@@ -243,7 +265,7 @@ def file_digest(paths: Iterable[str | os.PathLike], n: int = 64) -> str:
 
 
 COMPLETE_MARKER = "training_complete.json"  # written last by a run's final save (llm2vec.run.saves)
-EXPORT_MARKER = "export_complete.json"  # written last into an export (llm2vec.run.checks)
+EXPORT_MARKER = "export_complete.json"  # written last into an export (llm2vec.run.plan)
 
 
 def file_record(folder: str | os.PathLike, names: Iterable[str]) -> dict[str, dict[str, Any]]:

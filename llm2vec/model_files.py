@@ -30,7 +30,7 @@ the export), before any weights load:
   gives it. A tensor missing (an incomplete copy), a tensor no module uses (a config whose ``target_modules``
   was cut), a rank or layer of another size: the config and the weights disagree. LoRA matrices that do not fit
   the base's layers (another hidden size) are named as such;
-- the base identified by its content: the SHA-256 of each weights file (:func:`llm2vec.fingerprints.content_sha256`)
+- the base identified by its content: the SHA-256 of each weights file (:func:`llm2vec.io.sha256_file`)
   against the fingerprint the adapter's ``run_config.json`` recorded, else against the folder its
   ``adapter_config.json`` names (``base_model_name_or_path``); names and modification times aside, so a copy of
   the right base passes. An adapter whose base cannot be compared (no record, the named base not here) counts as

@@ -295,7 +295,7 @@ class LLM2VecTrainer(Trainer):
         self.check_weights_finite(f"checkpoint-{self.state.global_step} was not written")
         run_dir = self.args.output_dir
         with staged_checkpoint(self, run_dir) as staging:
-            self.args.output_dir = staging
+            self.args.output_dir = str(staging)
             try:
                 super()._save_checkpoint(model, trial)
             finally:

@@ -25,7 +25,7 @@ from _drivers import run_flags as flags
 from safetensors.torch import load_file, save_file
 
 from llm2vec import LLM2Vec
-from llm2vec.io import file_digest, sha256_file
+from llm2vec.io import file_digest
 from llm2vec.model_files import ModelFilesError
 from llm2vec.run.folder import CHECKPOINT_MANIFEST
 from llm2vec.testing import save_tiny_model, write_tiny_e5
@@ -322,16 +322,16 @@ def test_accept_other_base_is_a_strict_boolean(trained):
 
 
 def test_the_base_is_hashed_once_per_process(trained, monkeypatch):
-    import llm2vec.fingerprints as fingerprints
+    import llm2vec.io
 
-    calls = []
-    monkeypatch.setattr(fingerprints, "_DIGESTS", {})
+    calls, read = [], llm2vec.io._read_sha256
+    monkeypatch.setattr(llm2vec.io, "_WHOLE_FILE_SHA256", {})
 
-    def whole_file_hash(path, limit=None, digest=None):  # the first-MiB hashes are not the ones cached
+    def whole_file_hash(path, limit, digest):  # the first-MiB hashes are not the ones cached
         calls.extend([path] if limit is None else [])
-        return sha256_file(path, limit, digest)
+        return read(path, limit, digest)
 
-    monkeypatch.setattr(fingerprints, "sha256_file", whole_file_hash)
+    monkeypatch.setattr(llm2vec.io, "_read_sha256", whole_file_hash)
     load(trained["base"], trained["adapter"])
     hashed = len(calls)
     load(trained["base"], trained["adapter"])

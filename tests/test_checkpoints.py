@@ -36,7 +36,7 @@ from llm2vec import LLM2Vec
 from llm2vec.arguments import ConfigError
 from llm2vec.io import saved_folder_problem
 from llm2vec.model_files import ModelFilesError
-from llm2vec.run import checks as startup_checks
+from llm2vec.run import plan as startup_checks
 from llm2vec.run.folder import CHECKPOINT_MANIFEST, COMPLETE_MARKER, FINAL_SAVE_RECORD
 from llm2vec.trainer import LLM2VecTrainer
 from llm2vec.training import main, run
@@ -69,6 +69,33 @@ def test_checkpoints_record_the_sha256_of_each_file(reference):
     assert sorted(manifest["sha256"]) == sorted(set(files) - {CHECKPOINT_MANIFEST})
     for name, recorded in manifest["sha256"].items():
         assert recorded == hashlib.sha256((checkpoint / name).read_bytes()).hexdigest(), name
+
+
+def test_a_whole_file_is_read_once_per_process_until_it_changes(tmp_path, monkeypatch):
+    """``sha256_file`` (what a save's record and its check hash with) reads an unchanged file once; a file rewritten
+    to the same size is read again, whether its modification time is new or set back."""
+    import time
+
+    import llm2vec.io
+
+    path, reads, real_open = tmp_path / "model.safetensors", [], open
+
+    def write(data: bytes, mtime_ns: int | None = None) -> None:
+        path.write_bytes(data)
+        if mtime_ns is not None:
+            os.utime(path, ns=(mtime_ns, mtime_ns))
+        time.sleep(0.05)  # past the file system's clock tick: a later write gets a later change time
+
+    write(b"a" * 4096)
+    monkeypatch.setattr(llm2vec.io, "open", lambda p, *a, **k: reads.append(p) or real_open(p, *a, **k), raising=False)
+    record, first = llm2vec.io.file_record(tmp_path, [path.name]), path.stat().st_mtime_ns
+    assert record["sha256"][path.name] == hashlib.sha256(b"a" * 4096).hexdigest() and len(reads) == 1
+    assert llm2vec.io.record_problem(tmp_path, record, "record") is None and len(reads) == 1
+    write(b"b" * 4096, first + 1)  # same size, a new modification time
+    assert "other contents" in llm2vec.io.record_problem(tmp_path, record, "record") and len(reads) == 2
+    assert llm2vec.io.sha256_file(path) == hashlib.sha256(b"b" * 4096).hexdigest() and len(reads) == 2
+    write(b"a" * 4096, first)  # the first version's bytes and modification time, written again
+    assert llm2vec.io.record_problem(tmp_path, record, "record") is None and len(reads) == 3
 
 
 @pytest.mark.parametrize(

@@ -43,7 +43,7 @@ from _drivers import (
 from _drivers import run_flags as flags
 
 from llm2vec.arguments import ConfigError, argument_classes
-from llm2vec.run import inputs as config_fields
+from llm2vec.run import plan as config_fields
 from llm2vec.run import plan as resume
 from llm2vec.run.folder import COMPLETE_MARKER
 from llm2vec.run.lock import LOCK_NAME
@@ -452,6 +452,41 @@ def test_a_model_file_changed_only_after_its_first_mib_is_named_by_its_sha256():
     saved = {"inputs": {"data": {}, "base_model": {"name": "m", "files": {"model.safetensors": old}}}}
     new = {"data": {}, "base_model": {"name": "m", "files": {"model.safetensors": {**old, "sha256": "c"}}}}
     assert config_fields.input_changes(saved, new, {}) == ["base_model file model.safetensors: its SHA-256 differs"]
+
+
+def test_a_record_without_a_files_sha256_says_so():
+    """A base model file recorded without its whole-contents SHA-256 (a record older than those hashes) is reported
+    as a record without one, not as other contents."""
+    old = {"size": 10, "mtime_ns": 1, "head_sha256": "a"}
+    saved = {"inputs": {"data": {}, "base_model": {"name": "m", "files": {"model.safetensors": old}}}}
+    new = {"data": {}, "base_model": {"name": "m", "files": {"model.safetensors": {**old, "sha256": "c"}}}}
+    (change,) = config_fields.input_changes(saved, new, {})
+    assert change == "base_model file model.safetensors: the record has no SHA-256 (an older run's)"
+
+
+def test_a_data_file_given_by_a_relative_path_is_the_same_input_by_its_absolute_path(assets, tmp_path, monkeypatch):
+    """A data file is recorded under its real absolute path: a run started with a relative data path resumes with
+    the absolute path of the same files (and a record that keyed them as given compares by real path), no change
+    reported."""
+    shutil.copytree(assets[1], tmp_path / "data")
+    monkeypatch.chdir(tmp_path)
+    save = LLM2VecTrainer._save_optimizer_and_scheduler
+
+    def fail_at_step_4(self, output_dir):
+        if self.state.global_step == 4:
+            raise KeyboardInterrupt
+        save(self, output_dir)
+
+    with monkeypatch.context() as patched, pytest.raises(KeyboardInterrupt):
+        patched.setattr(LLM2VecTrainer, "_save_optimizer_and_scheduler", fail_at_step_4)
+        run("I", flags((assets[0], "data"), "run"))
+    recorded = json.loads(Path("run/checkpoint-2/run_config.json").read_text())["inputs"]["data"]
+    assert recorded and all(Path(p).parent == (tmp_path / "data").resolve() for p in recorded), recorded
+    as_given = {os.path.relpath(p): v for p, v in recorded.items()}  # how a record keyed them before
+    assert config_fields.input_changes({"inputs": {"data": as_given}}, {"data": recorded}, {}) == []
+    run("I", flags((assets[0], tmp_path / "data"), tmp_path / "run") + RESUME)
+    saved = json.loads((tmp_path / "run" / "run_config.json").read_text())
+    assert saved["resumed_with_changes"] == [] and saved["inputs"]["data"] == recorded
 
 
 def test_a_changed_batch_is_refused_or_recorded(interrupted, capsys):

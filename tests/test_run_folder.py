@@ -39,7 +39,7 @@ from llm2vec.run.lock import LOCK_NAME
 from llm2vec.training import main, run
 
 export_main = export_sentence_transformers.main
-EXPORT_MARKER = "export_complete.json"  # what the export writes last (llm2vec.run.checks.EXPORT_MARKER)
+EXPORT_MARKER = "export_complete.json"  # what the export writes last (llm2vec.io.EXPORT_MARKER)
 
 
 @pytest.fixture(autouse=True)

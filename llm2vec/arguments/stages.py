@@ -82,7 +82,7 @@ class _StageArguments:
         metadata={
             "help": "Resume although what the checkpoint was trained with changed: a training setting (say alpha or "
             "max_seq_length; not the fields that only say how the run is logged, saved, evaluated or launched, "
-            "llm2vec.run.inputs.RESUME_FREE_FIELDS), the data files, the base model (or adapter) or the batch "
+            "llm2vec.run.plan.RESUME_FREE_FIELDS), the data files, the base model (or adapter) or the batch "
             "geometry (per-device batch, processes, accumulation). Without it such a resume is refused with what "
             "differs (each run records its settings and the size, modification time and a hash of the first MiB "
             "of every input file in run_config.json); with it, run_config.json records each change, its values "

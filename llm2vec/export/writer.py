@@ -151,7 +151,7 @@ def export_sentence_transformers(
         verify_embeddings: also compare embeddings (loads the model a second time); token ids are always
             compared.
         device: where the check embeds (both models); default the GPU when there is one.
-        overwrite: replace a previous export in ``output_dir`` (and nothing else: :mod:`llm2vec.run.checks`).
+        overwrite: replace a previous export in ``output_dir`` (and nothing else: :mod:`llm2vec.run.plan`).
         named_prompts_only: write the text layout (module docstring), where only the exported prompts embed
             exactly and an ad-hoc ``prompt=`` string silently gives other vectors; required for ``mean`` pooling.
             Default: the chat layout, where any instruction passed as ``prompt=`` embeds as ``LLM2Vec.encode``.
@@ -164,7 +164,7 @@ def export_sentence_transformers(
     output_dir = Path(output_dir)
     read = [("base model", base_model_name_or_path), ("adapter", peft_model_name_or_path)]
     read += [("instructions file", task_to_instructions_fp), *[("mteb results folder", r) for r in mteb_results]]
-    check_export_target(output_dir, overwrite, read)  # the lock and rules of a run's folder (llm2vec.run.checks)
+    check_export_target(output_dir, overwrite, read)  # the lock and rules of a run's folder (llm2vec.run.plan)
     given = dict(instructions or {})
     if task_to_instructions_fp is not None:
         given.update(read_instructions(task_to_instructions_fp, tasks))

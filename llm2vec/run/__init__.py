@@ -1,9 +1,8 @@
 """A run's output folder, owned by :class:`RunManager`; the rest is what the trainer and the export need."""
 
-from .checks import ExportFolderError, check_export_target, claim_export_folder
 from .folder import RUN_CONFIG_NAME, CheckpointError, newest_checkpoint
 from .lock import RunLocked
-from .plan import RunManager
+from .plan import ExportFolderError, RunManager, check_export_target, claim_export_folder
 from .saves import staged_checkpoint
 
 __all__ = [

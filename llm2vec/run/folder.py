@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import shutil
+from collections import namedtuple
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,11 +38,7 @@ class CheckpointError(ConfigError):
     """A checkpoint or finished model that cannot be read back; the message names the file and what to do."""
 
 
-@dataclass
-class Checkpoint:
-    path: Path
-    step: int
-    problem: str | None = None  # why it cannot be resumed from; None: complete
+Checkpoint = namedtuple("Checkpoint", "path step problem")  # problem: why it cannot be resumed from; None: complete
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -61,8 +58,7 @@ def checkpoint_problem(folder: str | os.PathLike, contents: bool = False) -> str
     folder = Path(folder)
     if not folder.is_dir():
         return "not a folder"
-    manifest = read_json(folder / CHECKPOINT_MANIFEST)
-    if manifest is None:
+    if (manifest := read_json(folder / CHECKPOINT_MANIFEST)) is None:
         return f"no readable {CHECKPOINT_MANIFEST} (a checkpoint is complete once its manifest is written)"
     if problem := record_problem(folder, manifest, CHECKPOINT_MANIFEST, contents):
         return problem
@@ -93,18 +89,19 @@ def own_names(marker: dict[str, Any] | None, record: dict[str, Any] | None = Non
 
 
 def is_own_checkpoint(path: Path) -> bool:
-    names = (CHECKPOINT_MANIFEST, TRAINER_STATE_NAME)
-    return bool(CHECKPOINT_NAME.match(path.name)) and any((path / name).is_file() for name in names)
+    return bool(CHECKPOINT_NAME.match(path.name)) and any(
+        (path / n).is_file() for n in (CHECKPOINT_MANIFEST, TRAINER_STATE_NAME)
+    )
 
 
-def checkpoints_of(path: Path) -> list[Checkpoint]:
+def checkpoints_of(path: Path, complete: bool = False) -> list[Checkpoint]:
+    """The run's checkpoints in ``path`` by step; with ``complete``, only those a resume can read."""
     found = sorted((int(CHECKPOINT_NAME.match(c.name)[1]), c) for c in path.iterdir() if is_own_checkpoint(c))
-    return [Checkpoint(c, step, checkpoint_problem(c)) for step, c in found]
+    return [c for c in (Checkpoint(c, n, checkpoint_problem(c)) for n, c in found) if not (complete and c.problem)]
 
 
 def newest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
-    complete = [c for c in checkpoints_of(Path(output_dir)) if c.problem is None]
-    return complete[-1].path if complete else None
+    return next((c.path for c in reversed(checkpoints_of(Path(output_dir), complete=True))), None)
 
 
 def remove_path(path: Path) -> None:
@@ -136,8 +133,7 @@ class RunFolder:
         if damaged:
             logger.warning("%s: the finished model does not match its completion marker (%s)", path, damaged)
         record = read_json(path / FINAL_SAVE_RECORD)
-        own = own_names(marker, record) - {COMPLETE_MARKER}
-        model_files = sorted(p for p in (path / name for name in own) if p.is_file())
+        model_files = sorted(p for n in own_names(marker, record) - {COMPLETE_MARKER} if (p := path / n).is_file())
         return cls(path, marker, checkpoints_of(path), model_files, damaged, record)
 
     @property
@@ -156,15 +152,13 @@ class RunFolder:
     def holds_run(self) -> bool:
         return self.marker is not None or bool(self.checkpoints) or bool(self.model_files)
 
-    def foreign_files(self) -> list[str]:
+    def foreign_files(self) -> tuple[list[str], list[str]]:
+        """The top-level files the run did not write, and those of them a save of the run would write over."""
         if not self.path.is_dir():
-            return []
+            return [], []
         own = own_names(self.marker, self.record) | {c.path.name for c in self.checkpoints} | {COMPLETE_MARKER}
-        return sorted(p.name for p in self.path.iterdir() if not p.name.startswith(".") and p.name not in own)
-
-    @staticmethod
-    def would_write_over(names: list[str]) -> list[str]:
-        return [n for n in names if CHECKPOINT_NAME.match(n) or any(Path(n).match(p) for p in OWN_FILE_PATTERNS)]
+        names = sorted(p.name for p in self.path.iterdir() if p.name[0] != "." and p.name not in own)
+        return names, [n for n in names if CHECKPOINT_NAME.match(n) or any(Path(n).match(p) for p in OWN_FILE_PATTERNS)]
 
     def saved_config(self) -> dict[str, Any] | None:
         """The run config saved with the final model, else with the newest complete checkpoint."""
@@ -178,13 +172,10 @@ class RunFolder:
             c.path.name + (f" (incomplete: {c.problem})" if c.problem else "") for c in self.checkpoints[-4:]
         )
         if self.finished:
-            text = (
-                f"a finished {stage}run (step {self.marker.get('global_step', '?')}, final model and {COMPLETE_MARKER})"
-            )
-            return text + (f" and checkpoints {names}" if names else "")
-        final = (
-            f"a final model not matching its {COMPLETE_MARKER} ({self.damaged})" if self.damaged else "no final model"
-        )
+            step, names = self.marker.get("global_step", "?"), names and f" and checkpoints {names}"
+            return f"a finished {stage}run (step {step}, final model and {COMPLETE_MARKER}){names}"
+        damaged = f"a final model not matching its {COMPLETE_MARKER} ({self.damaged})"
+        final = damaged if self.damaged else "no final model"
         if self.checkpoints:
             newest = f"newest complete: step {self.newest.step}" if self.newest else "none complete"
             return f"an unfinished {stage}run: checkpoints {names} ({newest}), {final}"

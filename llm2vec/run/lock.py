@@ -40,36 +40,36 @@ def describe_holder(path: Path) -> str:
 def is_held(path: Path) -> bool:
     if fcntl is None or not path.is_file():
         return False
+    fd = None
     try:
         fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return False
-    except OSError as e:
+    except OSError as e:  # BlockingIOError: another process holds it
         return isinstance(e, BlockingIOError)
     finally:
-        os.close(fd)  # closing drops the lock this probe may have taken
+        if fd is not None:
+            os.close(fd)  # closing drops the lock this probe may have taken
 
 
 def _try_lock(path: Path) -> int | None:
     """A descriptor holding ``path``'s lock, or ``None`` when another process holds it."""
+    if fcntl is None:
+        raise OSError("no file locking on this system")
     for _ in range(20):
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd, keep = os.open(path, os.O_RDWR | os.O_CREAT, 0o644), False
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if os.fstat(fd).st_ino == os.stat(path).st_ino:
-                return fd
+            keep = os.fstat(fd).st_ino == os.stat(path).st_ino  # else the holder replaced the file: again
         except BlockingIOError:
-            os.close(fd)
             return None
         except FileNotFoundError:
             pass  # the holder removed the file after we opened it
-        except OSError:
-            os.close(fd)
-            raise
-        os.close(fd)
+        finally:
+            if not keep:
+                os.close(fd)
+        if keep:
+            return fd
     raise RunLocked(f"{path}: could not take the run lock (it keeps being replaced)")
 
 
@@ -78,9 +78,7 @@ def hold(output_dir: str | os.PathLike, is_main: bool = True) -> Iterator[None]:
     """Hold ``output_dir``'s lock (only ``is_main`` takes it; every process learns the answer) or raise RunLocked."""
     folder, fd, problem = Path(output_dir), None, None
     path = folder / LOCK_NAME
-    if is_main and fcntl is None:
-        logger.warning("no file locking on this system: nothing stops a second run writing into %s", folder)
-    elif is_main:
+    if is_main:
         folder.mkdir(parents=True, exist_ok=True)
         try:
             fd = _try_lock(path)

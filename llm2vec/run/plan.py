@@ -1,43 +1,174 @@
-"""The owner of a run's ``output_dir``, :class:`RunManager`. The driver calls ``RunManager.open(config)`` (checked,
-locked, inspected, planned: :func:`plan_run`, which writes nothing), ``run.record(schedule, data_files)`` and
-``run.train(trainer)``; the rules are the table of ``docs/run_safety.md``."""
+"""The owner of a run's ``output_dir``, :class:`RunManager`: the driver calls ``RunManager.open(config)`` (checked,
+locked, inspected, planned: :func:`plan_run`, which writes nothing), ``run.record(schedule, data_files)`` (what the
+run trains with, in ``run_config.json``, so that a restart notices a change) and ``run.train(trainer)``; the rules
+are the table of ``docs/run_safety.md``. A folder a command writes (training, the export) is checked whatever its
+flags: apart from its inputs and from other runs' and exports' folders (:func:`check_apart`), writable, with room for
+the run (:func:`check_disk_space`); an export's folder is claimed, and written whole, under the run lock."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
+import os
+import shutil
+import tempfile
+from collections import namedtuple
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from ..arguments import ConfigError, RunConfig
-from ..fingerprints import model_folder
-from ..io import COMPLETE_MARKER
+from accelerate import PartialState
+
+from ..arguments import ConfigError, RunConfig, argument_classes
+from ..fingerprints import fingerprint_file, fingerprint_model, model_folder
+from ..io import COMPLETE_MARKER, EXPORT_MARKER, atomic_dir, atomic_write, file_record, remove_stale_temporaries
 from ..model_files import _adapter_problem
-from . import inputs, lock
-from .checks import check_apart, check_disk_space, check_writable, estimate_disk
 from .folder import (
     FINAL_SAVE_RECORD,
     RUN_CONFIG_NAME,
     RunFolder,
     checkpoint_problem,
+    is_own_checkpoint,
     listed,
     read_json,
     remove_path,
     step_of,
 )
-from .inputs import config_differences, end_values
+from .lock import LOCK_NAME, RunLocked, describe_holder, hold, is_held
 from .saves import finalize_from_checkpoint, remove_stale_staging, save_final
 
 logger = logging.getLogger("llm2vec")
 
+SCAN_DEPTH, SCAN_LIMIT = 3, 5000  # how deep below an output folder other runs are looked for, in how many folders
+TRAINING_END_FIELDS = ("max_steps", "num_train_epochs", "stop_after_n_steps")
+# Where or how a run is launched, not what it trains (lr_schedule, inputs and batch are compared apart).
+NOT_COMPARED = frozenset(
+    "output_dir resume_from_checkpoint overwrite_output_dir accept_changed_inputs accept_other_base config_file "
+    "lr_schedule inputs batch_geometry resumed_with_changes".split()
+)
+# What a resume may change without accept_changed_inputs: how it is launched, logged, saved, evaluated, spread.
+RESUME_FREE_FIELDS = frozenset(
+    """logging_steps logging_strategy logging_first_step logging_nan_inf_filter log_level log_level_replica
+    log_on_each_node disable_tqdm report_to run_name project trackio_space_id trackio_bucket_id trackio_static_space_id
+    skip_memory_metrics include_num_input_tokens_seen metrics_file stop_after_minutes
+    save_steps save_strategy save_total_limit save_on_each_node save_only_model push_to_hub hub_model_id hub_strategy
+    hub_token hub_private_repo hub_always_push hub_revision
+    eval_steps eval_strategy eval_delay eval_on_start per_device_eval_batch_size eval_accumulation_steps
+    eval_do_concat_batches eval_use_gather_object batch_eval_metrics prediction_loss_only include_for_metrics
+    validation_file do_eval do_predict do_train bf16_full_eval fp16_full_eval retrieval_eval_dirs
+    retrieval_eval_instruction retrieval_eval_instructions
+    world_size local_rank num_threads dataloader_num_workers dataloader_pin_memory dataloader_persistent_workers
+    dataloader_prefetch_factor dataloader_multiprocessing_context ddp_backend ddp_timeout ddp_bucket_cap_mb
+    ddp_broadcast_buffers ddp_find_unused_parameters ddp_static_graph torch_empty_cache_steps debug trust_remote_code
+    model_name_or_path peft_model_name_or_path dataset_file_path
+    per_device_train_batch_size gradient_accumulation_steps total_batch_size""".split()
+)
 
-def steps_per_epoch(config: RunConfig, num_examples: int) -> int:
-    args = config.training
-    batches = math.ceil(num_examples / (args.per_device_train_batch_size * args.world_size))
-    return max(1, math.ceil(batches / args.gradient_accumulation_steps))
+
+def config_differences(saved: dict[str, Any], new: dict[str, Any], limit: int = 8) -> list[str]:
+    keys = sorted((set(saved) | set(new)) - NOT_COMPARED)
+    diffs = [f"{k} {json.dumps(saved.get(k))} -> {json.dumps(new.get(k))}" for k in keys if saved.get(k) != new.get(k)]
+    return diffs[:limit] + [f"{len(diffs) - limit} more"] if len(diffs) > limit else diffs
+
+
+def training_end_fields(stage: str) -> dict[str, Any]:
+    """The stage's fields that decide where training ends (named, or ``ends_training`` metadata), with defaults."""
+    defaults, tagged = {}, []
+    for f in (f for cls in argument_classes(stage) for f in fields(cls)):
+        if f.default is not MISSING or f.default_factory is not MISSING:
+            defaults[f.name] = f.default if f.default is not MISSING else f.default_factory()
+        tagged += [f.name] if f.metadata.get("ends_training") else []
+    return {name: defaults[name] for name in dict.fromkeys([*TRAINING_END_FIELDS, *tagged]) if name in defaults}
+
+
+def end_values(config: dict[str, Any], stage: str) -> dict[str, Any]:
+    return {name: config.get(name, default) for name, default in training_end_fields(stage).items()}
+
+
+def run_inputs(config) -> list[tuple[str, str | None]]:
+    """``(label, path)`` of everything a run reads."""
+    data, e5 = config.data, config.data.dataset_name == "E5"
+    paths = [] if e5 else [p.strip() for p in data.dataset_file_path.split(",") if p.strip()]
+    return [
+        ("base model", config.model.model_name_or_path),
+        ("adapter", getattr(config.stage, "peft_model_name_or_path", None)),
+        *[("data file", p) for p in paths],
+        *([("data folder", data.dataset_file_path)] if e5 and data.dataset_file_path else []),
+        ("validation file", data.validation_file),
+        *[("retrieval folder", d) for d in data.retrieval_eval_dirs or []],
+    ]
+
+
+def _file_changes(label: str, old_files: dict[str, dict], new_files: dict[str, dict]) -> list[str]:
+    changes = []
+    for name in sorted({*old_files, *new_files}):
+        old, new = old_files.get(name), new_files.get(name)
+        if old is None or new is None:
+            changes.append(f"{label} {name} is {'new' if old is None else 'gone'}")
+        elif old != new:
+            what = [f"size {old.get('size')} -> {new.get('size')} bytes"] if old.get("size") != new.get("size") else []
+            if old.get("head_sha256") != new.get("head_sha256"):
+                what.append("its first MiB differs")
+            elif old.get("sha256") != new.get("sha256"):
+                what.append("its SHA-256 differs" if "sha256" in old else "the record has no SHA-256 (an older run's)")
+            what += ["modified since"] if old.get("mtime_ns") != new.get("mtime_ns") else []
+            changes.append(f"{label} {name}: {', '.join(what) or 'its record differs'}")
+    return changes
+
+
+def input_changes(saved: dict[str, Any], inputs: dict[str, Any], geometry: dict[str, int]) -> list[str]:
+    """What differs from the ``saved`` run config's inputs and batch; data files compared by their real paths."""
+    old_inputs, old_geometry, changes = saved.get("inputs"), saved.get("batch_geometry"), []
+    if isinstance(old_inputs, dict):
+        old, new = ({os.path.realpath(p): v for p, v in (i.get("data") or {}).items()} for i in (old_inputs, inputs))
+        changes += _file_changes("data file", old, new)
+        for key in ("base_model", "adapter"):
+            old, new = old_inputs.get(key) or {}, inputs.get(key) or {}
+            if old.get("name") != new.get("name"):
+                changes.append(f"{key} {old.get('name')} -> {new.get('name')}")
+            elif "files" in old and "files" in new:
+                changes += _file_changes(f"{key} file", old["files"], new["files"])
+    if isinstance(old_geometry, dict):
+        changes += [f"{k} {old_geometry.get(k)} -> {v}" for k, v in geometry.items() if old_geometry.get(k) != v]
+    return changes
+
+
+def _short(value: Any) -> str:
+    return text if len(text := json.dumps(value)) <= 60 else text[:57] + "..."
+
+
+def check_resume_inputs(checkpoint: str | None, inputs: dict, geometry: dict, config) -> list[dict[str, Any]]:
+    """The ``resumed_with_changes`` record: the checkpoint's, plus an entry for this resume when its training length
+    differs or (with ``accept_changed_inputs``, else refused) its inputs, batch or settings do."""
+    saved = read_json(Path(checkpoint) / RUN_CONFIG_NAME) if checkpoint else None
+    if not saved:
+        return []
+    accept, step, new = config.stage.accept_changed_inputs, step_of(checkpoint), config.resolved()
+    history, settings, lengths = list(saved.get("resumed_with_changes") or []), {}, {}
+    ends = training_end_fields(str(saved.get("stage", "")))
+    for key in sorted(set(saved) - NOT_COMPARED - RESUME_FREE_FIELDS):
+        if saved[key] != new.get(key):
+            (lengths if key in ends else settings)[key] = {"before": saved[key], "after": new.get(key)}
+    changed = lambda fields: [f"{k} {_short(v['before'])} -> {_short(v['after'])}" for k, v in fields.items()]  # noqa: E731
+    changes = changed(settings) + input_changes(saved, inputs, geometry)
+    if not changes and not lengths:
+        return history
+    summary = "; ".join(changes[:6]) + (f"; {len(changes) - 6} more" if len(changes) > 6 else "")
+    if changes and not accept:
+        raise ConfigError(
+            f"resume_from_checkpoint {checkpoint}: what it was trained with changed since it was saved ({summary}); "
+            "pass --accept_changed_inputs true to continue anyway"
+        )
+    if changes:
+        logger.warning("accept_changed_inputs: resuming %s at step %d although %s", checkpoint, step, summary)
+    changes += changed(lengths)
+    before = {"inputs": saved.get("inputs"), "batch_geometry": saved.get("batch_geometry")}
+    entry = {"step": step, "from_step": step + 1, "checkpoint": str(checkpoint), "changes": changes}
+    return history + [{**entry, "settings": {**settings, **lengths}, "before": before}]
 
 
 def planned_end_step(values: dict[str, Any], per_epoch: int) -> int:
@@ -48,32 +179,183 @@ def planned_end_step(values: dict[str, Any], per_epoch: int) -> int:
     return min([end, *caps])
 
 
+class ExportFolderError(ConfigError):
+    """An export's output folder that it may not write."""
+
+
+def folder_holds(path: Path) -> str | None:
+    """What of a command of this package ``path`` holds (a stale lock file is nothing), else ``None``."""
+    if (path / EXPORT_MARKER).is_file():
+        return "an export"
+    if (path / COMPLETE_MARKER).is_file():
+        return "a finished run"
+    if is_held(path / LOCK_NAME):
+        return "a run in progress"
+    if (path / FINAL_SAVE_RECORD).is_file() or any(is_own_checkpoint(c) for c in _subfolders(path)):
+        return "a run"
+    return None
+
+
+def _subfolders(folder: Path) -> list[Path]:
+    try:
+        return sorted(c for c in folder.iterdir() if c.is_dir() and not c.is_symlink() and c.name[0] != ".")
+    except OSError:
+        return []
+
+
+def check_apart(output_dir, inputs: list[tuple[str, str | os.PathLike | None]], own_runs=True, error=ConfigError):
+    """Refuse (``error``) an ``output_dir`` that is, lies inside or contains one of ``inputs`` (``(label, path)``) or
+    another run's or export's folder (``own_runs``: its own checkpoints are not another run)."""
+    out = Path(output_dir).expanduser().resolve()
+    for label, path in ((label, path) for label, path in inputs if path and os.path.exists(path)):
+        read = Path(path).expanduser().resolve()
+        relation = {read == out: "is", read in out.parents: "lies inside", out in read.parents: "contains"}.get(True)
+        if relation:
+            raise error(
+                f"output_dir {output_dir} {relation} the {label} {os.fspath(path)}: a command never writes where it "
+                "reads"
+            )
+    for parent in out.parents:
+        if what := folder_holds(parent):
+            raise error(f"output_dir {output_dir} lies inside {parent}, which holds {what}")
+    found, queue = [], [(c, 1) for c in _subfolders(out) if not (own_runs and is_own_checkpoint(c))]
+    for folder, depth in islice(queue, SCAN_LIMIT):  # a breadth-first walk: queue grows while it is read
+        if what := folder_holds(folder):
+            found.append(f"{folder} ({what})")
+        elif depth < SCAN_DEPTH:
+            queue += [(c, depth + 1) for c in _subfolders(folder)]
+    if found:
+        raise error(
+            f"output_dir {output_dir} contains the folders of other runs or exports ({listed(sorted(found), 4)})"
+        )
+
+
+def _size(n: float) -> str:
+    power = min(4, int(math.log10(max(n, 1)) // 3))
+    return f"{n:.0f} B" if power == 0 else f"{n / 1000**power:.1f} {'KMGT'[power - 1]}B"
+
+
+DiskEstimate = namedtuple("DiskEstimate", "weights optimizer checkpoints")
+
+
+def estimate_disk(args, model, start_step: int, end_step: int, per_epoch: int) -> DiskEstimate:
+    """Bytes of the weights, as the final model and in each checkpoint: in their dtype (a LoRA model's adapter only);
+    of the optimizer state in each checkpoint: AdamW's two moments per trainable parameter (none with
+    ``save_only_model``); and how many checkpoints are kept at once (``save_total_limit + 1``: rotation is last)."""
+    params = {id(p): p for p in model.parameters()}.values()
+    trainable = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
+    total = sum(p.numel() * p.element_size() for p in params)
+    weights = trainable if hasattr(getattr(model, "model", None), "peft_config") else total
+    strategy = getattr(args.save_strategy, "value", args.save_strategy)
+    every = args.save_steps if args.save_steps >= 1 else end_step * args.save_steps  # a fraction: of the run
+    every = max(1, math.ceil(per_epoch if strategy == "epoch" else every))  # steps (and best): every save_steps
+    saves = end_step // every - start_step // every + (1 if end_step % every else 0)  # and one at the end
+    saves = 0 if strategy == "no" or end_step <= start_step else saves
+    limit = args.save_total_limit
+    kept = min(saves, limit + 1) if limit and limit > 0 else saves
+    return DiskEstimate(weights, 0 if args.save_only_model else 2 * trainable, kept)
+
+
+def check_disk_space(output_dir: str, estimate: DiskEstimate, freed: list[Path]) -> None:
+    """Refuse a run whose checkpoints and final model would not fit in the free space (plus what ``freed`` holds)."""
+    where = Path(output_dir).absolute()
+    while not where.exists() and where.parent != where:
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    free += sum(f.stat().st_size for p in freed for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file())
+    weights, optimizer, kept = estimate
+    if free < (total := kept * (weights + optimizer) + weights):
+        raise ConfigError(
+            f"output_dir {output_dir}: {_size(free)} free, but this run writes about {_size(total)}: {kept} "
+            f"checkpoint(s) of {_size(weights + optimizer)} and the final model; free space or save less "
+            "(save_total_limit, save_steps, save_only_model)"
+        )
+
+
+def _check_export_contents(folder: Path, overwrite: bool, locked: bool = False) -> None:
+    """Refuse unless ``folder`` is absent, empty, or (with ``overwrite``) a previous export and nothing else."""
+    if folder.exists() and not folder.is_dir():
+        raise ExportFolderError(f"output_dir {folder} is a file; give a folder path")
+    if not locked and is_held(folder / LOCK_NAME):
+        raise ExportFolderError(f"output_dir {folder} is in use by a run: {describe_holder(folder / LOCK_NAME)}")
+    if not folder.is_dir() or not (entries := sorted(p.name for p in folder.iterdir() if p.name != LOCK_NAME)):
+        return
+    run, exported = RunFolder.inspect(folder), (read_json(folder / EXPORT_MARKER) or {}).get("sha256")
+    if run.holds_run or not isinstance(exported, dict):
+        what = run.describe() if run.holds_run else f"files no export wrote ({listed(entries)})"
+        raise ExportFolderError(f"output_dir {folder} holds {what}; --overwrite replaces only a previous export")
+    found = {str(p.relative_to(folder)) for p in folder.rglob("*") if not p.is_dir()} - {LOCK_NAME, EXPORT_MARKER}
+    if others := sorted(found - set(exported)):
+        raise ExportFolderError(
+            f"output_dir {folder} holds a previous export and files it did not write ({listed(others)})"
+        )
+    if not overwrite:
+        raise ExportFolderError(f"output_dir {folder} holds a previous export; pass --overwrite to replace it")
+
+
+def check_export_target(output_dir: str | os.PathLike, overwrite: bool, inputs: list) -> None:
+    """The checks of an export's folder, without the lock and writing nothing (before the model loads); an input
+    that is the folder of a run that did not finish (cut before or during its final save) is refused."""
+    for what, path in inputs:  # a finished run's model is checked against its marker by the loader, not here
+        folder = Path(path) if path is not None and os.path.isdir(path) else None
+        saves = folder and ((folder / FINAL_SAVE_RECORD).exists() or any(map(is_own_checkpoint, folder.iterdir())))
+        if saves and not (folder / COMPLETE_MARKER).exists():
+            raise ExportFolderError(
+                f"{what} {path}: its run did not finish (no completion marker: cut before or during its final "
+                "save); resume it with the same command, then export"
+            )
+    check_apart(output_dir, inputs, own_runs=False, error=ExportFolderError)
+    _check_export_contents(Path(output_dir), overwrite)
+
+
+@contextlib.contextmanager
+def claim_export_folder(output_dir: str | os.PathLike, overwrite: bool, inputs: list) -> Iterator[Path]:
+    """Check ``output_dir``, hold its lock, check again, and yield an empty folder to build in; on a clean exit write
+    the marker (each file's size and SHA-256) last and rename the folder into place. On an error nothing changes."""
+    target = Path(output_dir)
+    check_export_target(target, overwrite, inputs)
+    created = not target.exists()
+    try:
+        with hold(target):
+            _check_export_contents(target, overwrite, locked=True)
+            remove_stale_temporaries(target)
+            with atomic_dir(target, replace=True) as tmp:
+                yield tmp
+                if any(p.is_symlink() for p in tmp.rglob("*")):
+                    raise ExportFolderError(f"output_dir {target}: the export wrote a link; nothing was published")
+                names = [str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file()]
+                with atomic_write(tmp / EXPORT_MARKER) as f:
+                    json.dump(file_record(tmp, names), f, indent=2)
+    except BaseException as e:
+        if created and target.is_dir() and not any(target.iterdir()):
+            target.rmdir()  # the folder made only to hold the lock
+        if isinstance(e, RunLocked):
+            raise ExportFolderError(str(e)) from None
+        raise
+
+
 def plan_run(config: RunConfig) -> RunManager:
     """What this run does with its ``output_dir``, deciding and writing nothing else; or :class:`ConfigError`."""
     args, stage = config.training, config.stage.stage
     folder, where = RunFolder.inspect(args.output_dir), f"output_dir {args.output_dir}"
     resume, overwrite = args.resume_from_checkpoint, config.stage.overwrite_output_dir
     resume = None if resume in (None, False, "false", "False", "") else resume in (True, "true", "True") or str(resume)
-    new, saved = config.resolved(), folder.saved_config()
-    diffs = config_differences(saved, new) if saved else []
-    differs = f"its {RUN_CONFIG_NAME} " + (
-        f"differs from this config in: {'; '.join(diffs)}" if diffs else "equals this config" if saved else "is missing"
-    )
-    plan = RunManager(config, folder)
-    foreign = folder.foreign_files()
+    plan, saved, (foreign, clashing) = RunManager(config, folder), folder.saved_config(), folder.foreign_files()
     if foreign and not overwrite:
         raise ConfigError(
             f"{where} holds files this run did not write ({listed(foreign)}); move them, or pass "
             "--overwrite_output_dir true to write beside them"
         )
-    clashing = folder.would_write_over(foreign)
     if clashing:
         raise ConfigError(
             f"{where} holds {listed(clashing)}, which no run wrote there but which this run would write over"
         )
     if foreign:
         logger.warning("writing into %s beside files the run did not write (kept): %s", where, ", ".join(foreign))
-
+    diffs = config_differences(saved, config.resolved()) if saved else []
+    differs = f"its {RUN_CONFIG_NAME} " + (
+        f"differs from this config in: {'; '.join(diffs)}" if diffs else "equals this config" if saved else "is missing"
+    )
     if resume is None:
         if folder.holds_run and not overwrite:
             raise ConfigError(
@@ -81,51 +363,32 @@ def plan_run(config: RunConfig) -> RunManager:
                 "it or --overwrite_output_dir true to replace it"
             )
         plan.clear = folder.holds_run
-        return _settled(plan)
-    if (saved or {}).get("stage", stage) != stage:
+    elif (saved or {}).get("stage", stage) != stage:
         raise ConfigError(f"{where} holds {folder.describe()}, but this is a Stage {stage} config")
-    if resume is True:
-        return _settled(_plan_resume(plan, config, where, overwrite, saved, new, diffs, differs))
-
-    # an explicit checkpoint folder
-    if problem := checkpoint_problem(resume, contents=True):
-        newest = RunFolder.inspect(Path(resume).parent).newest
-        raise ConfigError(
-            f"resume_from_checkpoint {resume}: {problem}; it is incomplete or changed"
-            + (f"; newest complete: {newest.path}" if newest else "")
-        )
-    _check_stage(resume, config)
-    plan.resume_from, step = resume, step_of(resume)
-    inside = Path(resume).resolve().parent == Path(args.output_dir).resolve()
-    later = [c for c in folder.checkpoints if not inside or c.step > step]
-    if folder.finished or later or (not inside and folder.model_files):
-        if not overwrite:
-            what = f"checkpoints beyond step {step} ({', '.join(c.path.name for c in later)})"
-            what = folder.describe() if folder.finished or not inside else what
-            raise ConfigError(f"{where} holds {what}; pass --overwrite_output_dir true to replace them")
-        plan.clear, plan.keep_up_to = True, step if inside else None
-    return _settled(plan)
+    elif resume is True:
+        _plan_resume(plan, where, overwrite, saved, f" ({differs})" if diffs else "")
+    else:
+        _plan_checkpoint(plan, resume, where, overwrite)
+    PartialState().wait_for_everyone()
+    return plan
 
 
-def _plan_resume(plan, config, where, overwrite, saved, new, diffs, differs) -> RunManager:
+def _plan_resume(plan: RunManager, where: str, overwrite: bool, saved: dict | None, differs: str) -> None:
     """``--resume_from_checkpoint true``: nothing to do (a finished run of the same length), or the newest checkpoint
     whose files hash as saved."""
-    folder, stage = plan.folder, config.stage.stage
+    folder, stage = plan.folder, plan.config.stage.stage
     if overwrite:
         raise ConfigError("pass only one of --resume_from_checkpoint true and --overwrite_output_dir true")
-    for c in folder.checkpoints:
-        if c.problem:
-            logger.warning("%s is incomplete (%s): skipped", c.path, c.problem)
+    for c in (c for c in folder.checkpoints if c.problem):
+        logger.warning("%s is incomplete (%s): skipped", c.path, c.problem)
     if folder.finished:
         step = folder.marker.get("global_step")
-        new_end = end_values(new, stage)
-        if end_values(saved or {}, stage) == new_end:
+        if end_values(saved or {}, stage) == end_values(plan.config.resolved(), stage):
             plan.finished_message = (
-                f"{where} holds a finished Stage {stage} run (step {step}) of the same training length"
-                + (f" ({differs})" if diffs else "")
-                + ": nothing to do"
+                f"{where} holds a finished Stage {stage} run (step {step}) of the same training length{differs}: "
+                "nothing to do"
             )
-            return plan
+            return logger.info(plan.finished_message)
         if folder.newest is None:
             raise ConfigError(f"{where} holds a finished Stage {stage} run (step {step}) but no complete checkpoint")
         plan.continue_past = step if isinstance(step, int) else None
@@ -133,37 +396,47 @@ def _plan_resume(plan, config, where, overwrite, saved, new, diffs, differs) -> 
         held = f" ({folder.describe()})" if folder.holds_run else ""
         raise ConfigError(f"resume_from_checkpoint is true but {folder.path} holds no complete checkpoint{held}")
     for checkpoint in reversed(folder.complete):
-        problem = checkpoint_problem(checkpoint.path, contents=True)
-        if problem is None:
-            _check_stage(checkpoint.path, config)
-            plan.resume_from = str(checkpoint.path)
-            return plan
+        if (problem := checkpoint_problem(checkpoint.path, contents=True)) is None:
+            return _resume_from(plan, str(checkpoint.path))
         logger.warning("%s: %s; skipped", checkpoint.path, problem)
     raise ConfigError(f"{where}: no checkpoint holds what it held when saved")
 
 
-def _check_stage(checkpoint: str | Path, config: RunConfig) -> None:
-    """Refuse a checkpoint of the other stage (its run config's, else its weights': an adapter is Stage II's) and an
-    adapter whose tensors are not those its config implies on the base."""
-    checkpoint, stage = Path(checkpoint), config.stage.stage
-    adapter = (checkpoint / "adapter_model.safetensors").is_file()
-    full = any((checkpoint / n).is_file() for n in ("model.safetensors", "model.safetensors.index.json"))
-    saved = (read_json(checkpoint / RUN_CONFIG_NAME) or {}).get("stage") or ("II" if adapter else "I" if full else None)
+def _plan_checkpoint(plan: RunManager, resume: str, where: str, overwrite: bool) -> None:
+    """``--resume_from_checkpoint <folder>``: that checkpoint, whose files hash as saved; what the folder holds
+    beyond it (later checkpoints of its run, another run) is replaced only with ``overwrite``."""
+    if problem := checkpoint_problem(resume, contents=True):
+        newest = RunFolder.inspect(Path(resume).parent).newest
+        newest = f"; newest complete: {newest.path}" if newest else ""
+        raise ConfigError(f"resume_from_checkpoint {resume}: {problem}; it is incomplete or changed{newest}")
+    _resume_from(plan, resume)
+    folder, step = plan.folder, step_of(resume)
+    inside = Path(resume).resolve().parent == folder.path.resolve()
+    later = [c for c in folder.checkpoints if not inside or c.step > step]
+    if folder.finished or later or (not inside and folder.model_files):
+        if not overwrite:
+            what = f"checkpoints beyond step {step} ({', '.join(c.path.name for c in later)})"
+            what = folder.describe() if folder.finished or not inside else what
+            raise ConfigError(f"{where} holds {what}; pass --overwrite_output_dir true to replace them")
+        plan.clear, plan.keep_up_to = True, step if inside else None
+
+
+def _resume_from(plan: RunManager, checkpoint: str) -> None:
+    """Resume from ``checkpoint``; refuse one of the other stage (its run config's, else its weights': an adapter is
+    Stage II's) and an adapter whose tensors are not those its config implies on the base."""
+    folder, config, stage = Path(checkpoint), plan.config, plan.config.stage.stage
+    adapter = (folder / "adapter_model.safetensors").is_file()
+    full = any((folder / n).is_file() for n in ("model.safetensors", "model.safetensors.index.json"))
+    saved = (read_json(folder / RUN_CONFIG_NAME) or {}).get("stage") or ("II" if adapter else "I" if full else None)
     if saved and str(saved) != stage:
         raise ConfigError(
             f"resume_from_checkpoint {checkpoint}: a Stage {saved} checkpoint, but this is a Stage {stage} config; "
             f"resume it with run_stage_{saved}.py"
         )
     base = model_folder(config.model.model_name_or_path)
-    if adapter and base is not None and (problem := _adapter_problem(checkpoint, base, config.model.trust_remote_code)):
+    if adapter and base is not None and (problem := _adapter_problem(folder, base, config.model.trust_remote_code)):
         raise ConfigError(f"resume_from_checkpoint {checkpoint}: {problem}")
-
-
-def _settled(plan: RunManager) -> RunManager:
-    from accelerate import PartialState
-
-    PartialState().wait_for_everyone()
-    return plan
+    plan.resume_from = checkpoint
 
 
 @dataclass
@@ -182,29 +455,38 @@ class RunManager:
     @contextlib.contextmanager
     def open(cls, config: RunConfig) -> Iterator[RunManager]:
         """Check ``output_dir``, hold its lock while the block runs, and plan the run in it (:func:`plan_run`)."""
-        args = config.training
-        check_apart(args.output_dir, inputs.run_inputs(config))
-        check_writable(args.output_dir)
-        with lock.hold(args.output_dir, is_main=args.process_index == 0):
-            run = plan_run(config)
-            if run.finished:
-                logger.info(run.finished_message)
-            yield run
+        args, out = config.training, config.training.output_dir
+        check_apart(out, run_inputs(config))
+        try:  # writable
+            os.makedirs(out, exist_ok=True)
+            tempfile.TemporaryFile(dir=out, prefix=".write-test.", suffix=".tmp").close()
+        except OSError as e:
+            raise ConfigError(
+                f"output_dir {out}: cannot write there ({e.strerror or e}); choose a folder you can write to"
+            ) from None
+        with hold(out, is_main=args.process_index == 0):
+            yield plan_run(config)
 
     @property
     def finished(self) -> bool:
         return self.finished_message is not None
 
     def record(self, schedule, data_files: list[str]) -> dict[str, Any]:
-        """The run config saved with every save; refuses a resume whose schedule or inputs changed."""
+        """The run config saved with every save, with its inputs' fingerprints (a data file under its real path, however
+        it was given) and batch geometry; refuses a resume whose schedule or inputs changed."""
         from ..schedule import check_resume
 
-        config, checkpoint = self.config, self.resume_from
-        check_resume(checkpoint, schedule, extending=self.continue_past is not None)
-        found, geometry = inputs.fingerprints(config, data_files), inputs.batch_geometry(config)
-        saved = read_json(Path(checkpoint) / RUN_CONFIG_NAME) if checkpoint else None
-        accept, step = config.stage.accept_changed_inputs, step_of(checkpoint) if checkpoint else 0
-        resumed = inputs.check_resume_inputs(checkpoint, saved, found, geometry, accept, step, config.resolved())
+        config, args = self.config, self.config.training
+        check_resume(self.resume_from, schedule, extending=self.continue_past is not None)
+        found = {
+            "data": {p: fingerprint_file(p) for p in sorted({os.path.realpath(p) for p in data_files})},
+            "base_model": fingerprint_model(config.model.model_name_or_path),
+            "adapter": fingerprint_model(getattr(config.stage, "peft_model_name_or_path", None)),
+        }
+        geometry = {"per_device_train_batch_size": args.per_device_train_batch_size, "processes": args.world_size}
+        geometry |= {"gradient_accumulation_steps": args.gradient_accumulation_steps}
+        geometry |= {"global_batch_size": config.global_batch_size}
+        resumed = check_resume_inputs(self.resume_from, found, geometry, config)
         extra = {"lr_schedule": schedule.as_dict(), "inputs": found, "batch_geometry": geometry}
         return {**config.resolved(), **extra, "resumed_with_changes": resumed}
 
@@ -212,7 +494,8 @@ class RunManager:
         """Check where training ends and the disk space, delete what an overwrite replaces, train, save the final
         model (from the resumed checkpoint when it is at the end step)."""
         args, stage, folder = self.config.training, self.config.stage.stage, self.folder
-        per_epoch = steps_per_epoch(self.config, len(trainer.train_dataset))
+        batches = math.ceil(len(trainer.train_dataset) / (args.per_device_train_batch_size * args.world_size))
+        per_epoch = max(1, math.ceil(batches / args.gradient_accumulation_steps))  # optimizer steps per epoch
         values = end_values(self.config.resolved(), stage)
         end, ends_at = planned_end_step(values, per_epoch), ", ".join(f"{k} {v}" for k, v in values.items())
         start = step_of(self.resume_from) if self.resume_from else 0
@@ -225,13 +508,9 @@ class RunManager:
             raise ConfigError(
                 f"resume_from_checkpoint {self.resume_from}: step {start} is past the end of this config ({end})"
             )
-        clear = (
-            [folder.path / COMPLETE_MARKER, *folder.model_files, folder.path / FINAL_SAVE_RECORD] if self.clear else []
-        )
-        clear += [
-            c.path for c in folder.checkpoints if self.clear and (self.keep_up_to is None or c.step > self.keep_up_to)
-        ]
-        clear = [p for p in dict.fromkeys(clear) if p.exists()]
+        old = [folder.path / COMPLETE_MARKER, *folder.model_files, folder.path / FINAL_SAVE_RECORD]
+        old += [c.path for c in folder.checkpoints if self.keep_up_to is None or c.step > self.keep_up_to]
+        clear = [p for p in dict.fromkeys(old) if p.exists()] if self.clear else []
         check_disk_space(args.output_dir, estimate_disk(args, trainer.model, start, end, per_epoch), freed=clear)
         if args.should_save:
             if clear:
@@ -240,9 +519,9 @@ class RunManager:
             for path in clear:
                 remove_path(path)
             remove_stale_staging(args.output_dir)
-        _settled(self)
+        PartialState().wait_for_everyone()
         if self.resume_from is not None and start == end:
-            finalize_from_checkpoint(trainer, self.resume_from)
+            finalize_from_checkpoint(trainer, self.resume_from, values)
         else:
             trainer.train(resume_from_checkpoint=self.resume_from)
-            save_final(trainer)
+            save_final(trainer, values)

@@ -27,7 +27,6 @@ from .folder import (
     read_json,
     remove_path,
 )
-from .inputs import end_values
 
 logger = logging.getLogger("llm2vec")
 
@@ -35,8 +34,7 @@ FINAL_STAGING = ".final-model.staging.tmp"
 
 
 def _written(folder: Path) -> list[str]:
-    links = [str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_symlink()]
-    if links:
+    if links := [str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_symlink()]:
         raise CheckpointError(f"{folder}: {links[0]} is a link, which no save writes; nothing was published")
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
 
@@ -56,39 +54,50 @@ def _fsync(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def staged_checkpoint(trainer, run_dir: str):
-    """Yield the folder the Trainer writes ``checkpoint-<step>`` into; then publish it and rotate old ones out."""
-    run_dir, name, saver = Path(run_dir), f"checkpoint-{trainer.state.global_step}", trainer.args.should_save
-    staging = run_dir / f".{name}.staging.tmp"
+def _staged(trainer, root: Path, folder: Path, publish) -> Iterator[Path]:
+    """The saving process empties ``root`` and makes ``folder`` in it; the block writes into ``folder``; then the
+    saving process runs ``publish``, and ``root`` is removed, published or not. Every process waits at each step."""
+    saver = trainer.args.should_save
     if saver:
-        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
+        folder.mkdir(parents=True)
     trainer.accelerator.wait_for_everyone()
     try:
-        yield str(staging)
+        yield folder
         trainer.accelerator.wait_for_everyone()
         if saver:
-            staged, target = staging / name, run_dir / name
-            record = {"global_step": trainer.state.global_step, **file_record(staged, _written(staged))}
-            with atomic_write(staged / CHECKPOINT_MANIFEST) as f:
-                json.dump(record, f, indent=2)
-            for path in [*staged.rglob("*"), staged]:
-                _fsync(path)
-            if target.exists():
-                remove_path(target)
-            os.replace(staged, target)
-            _fsync(run_dir)
-            limit = trainer.args.save_total_limit
-            complete = [c for c in checkpoints_of(run_dir) if c.problem is None]
-            for old in complete[:-limit] if limit and limit > 0 else []:
-                logger.info("save_total_limit %d: deleting %s", limit, old.path)
-                remove_path(old.path)
+            publish()
     finally:
         if saver:
-            shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(root, ignore_errors=True)
     trainer.accelerator.wait_for_everyone()
 
 
-def _publish_final(staged: Path, out: Path, run_config: dict[str, Any], global_step: int) -> None:
+def staged_checkpoint(trainer, run_dir: str):
+    """Yield the folder the Trainer writes ``checkpoint-<step>`` into; then publish it and rotate old ones out."""
+    run_dir, name = Path(run_dir), f"checkpoint-{trainer.state.global_step}"
+    staging = run_dir / f".{name}.staging.tmp"
+    return _staged(trainer, staging, staging, lambda: _publish_checkpoint(trainer, staging / name, run_dir))
+
+
+def _publish_checkpoint(trainer, staged: Path, run_dir: Path) -> None:
+    target = run_dir / staged.name
+    record = {"global_step": trainer.state.global_step, **file_record(staged, _written(staged))}
+    with atomic_write(staged / CHECKPOINT_MANIFEST) as f:
+        json.dump(record, f, indent=2)
+    for path in [*staged.rglob("*"), staged]:
+        _fsync(path)
+    if target.exists():
+        remove_path(target)
+    os.replace(staged, target)
+    _fsync(run_dir)
+    limit = trainer.args.save_total_limit
+    for old in checkpoints_of(run_dir, complete=True)[:-limit] if limit and limit > 0 else []:
+        logger.info("save_total_limit %d: deleting %s", limit, old.path)
+        remove_path(old.path)
+
+
+def _publish_final(trainer, staged: Path, out: Path, training_end: dict[str, Any]) -> None:
     names = _written(staged)
     for name in names:
         _fsync(staged / name)
@@ -108,59 +117,44 @@ def _publish_final(staged: Path, out: Path, run_config: dict[str, Any], global_s
             remove_path(target)
         os.replace(staged / name, target)
     _fsync(out)
-    stage, finished = run_config.get("stage", "I"), time.strftime("%Y-%m-%d %H:%M:%S")
-    marker = {"stage": stage, "global_step": global_step, "finished": finished}
-    marker |= {"training_end": end_values(run_config, stage) if run_config else {}, **file_record(out, names)}
+    stage, finished = trainer.run_config.get("stage", "I"), time.strftime("%Y-%m-%d %H:%M:%S")
+    marker = {"stage": stage, "global_step": trainer.state.global_step, "finished": finished}
     with atomic_write(out / COMPLETE_MARKER) as f:
-        json.dump(marker, f, indent=2)
+        json.dump({**marker, "training_end": training_end, **file_record(out, names)}, f, indent=2)
     (out / FINAL_SAVE_RECORD).unlink(missing_ok=True)
     _fsync(out)
 
 
-@contextlib.contextmanager
-def _final_save(trainer) -> Iterator[Path]:
+def _final_save(trainer, training_end: dict[str, Any]):
     """An empty staging folder for the final model; published when the block ends (removed if it fails)."""
-    out, saver = Path(trainer.args.output_dir), trainer.args.should_save
-    root = out / FINAL_STAGING
-    staged = root / (out.resolve().name or "model")  # the model card names its folder
-    if saver:
-        shutil.rmtree(root, ignore_errors=True)
-        staged.mkdir(parents=True)
-    trainer.accelerator.wait_for_everyone()
-    try:
-        yield staged
-        trainer.accelerator.wait_for_everyone()
-        if saver:
-            _publish_final(staged, out, trainer.run_config, trainer.state.global_step)
-    finally:
-        if saver:
-            shutil.rmtree(root, ignore_errors=True)
-    trainer.accelerator.wait_for_everyone()
+    out = Path(trainer.args.output_dir)
+    staged = out / FINAL_STAGING / (out.resolve().name or "model")  # the model card names its folder
+    return _staged(trainer, out / FINAL_STAGING, staged, lambda: _publish_final(trainer, staged, out, training_end))
 
 
-def save_final(trainer) -> None:
+def save_final(trainer, training_end: dict[str, Any]) -> None:
+    """The final model, its completion marker (with ``training_end``: where training ends) written last."""
     trainer.check_weights_finite("the final model was not written")
-    with _final_save(trainer) as staged:
+    with _final_save(trainer, training_end) as staged:
         trainer.save_model(str(staged))
         if trainer.args.should_save:
             trainer.state.save_to_json(str(staged / TRAINER_STATE_NAME))  # the log history beside the final model
 
 
-def finalize_from_checkpoint(trainer, checkpoint: str) -> None:
+def finalize_from_checkpoint(trainer, checkpoint: str, training_end: dict[str, Any]) -> None:
     """The final model from a complete checkpoint at the last step (its model files, checked by content)."""
     from transformers import TrainerState
 
     ckpt = Path(checkpoint)
     trainer.state = TrainerState.load_from_json(str(ckpt / TRAINER_STATE_NAME))
     logger.info("%s is at the last step (%d): the final model is written from it", ckpt, trainer.state.global_step)
-    with _final_save(trainer) as staged:
+    with _final_save(trainer, training_end) as staged:
         if trainer.args.should_save:
             manifest = read_json(ckpt / CHECKPOINT_MANIFEST) or {}
             if problem := record_problem(ckpt, manifest, CHECKPOINT_MANIFEST):
                 raise CheckpointError(f"{ckpt}: {problem}; the final model was not written from it")
             skip = {n for n in manifest["files"] for pattern in TRAINING_STATE_FILES if Path(n).match(pattern)}
-            for name in sorted(set(manifest["files"]) - skip - {RUN_CONFIG_NAME}):
-                if "/" not in name:
-                    shutil.copyfile(ckpt / name, staged / name, follow_symlinks=False)
+            for name in sorted(n for n in set(manifest["files"]) - skip - {RUN_CONFIG_NAME} if "/" not in n):
+                shutil.copyfile(ckpt / name, staged / name, follow_symlinks=False)
             with atomic_write(staged / RUN_CONFIG_NAME) as f:
                 json.dump(trainer.run_config, f, indent=2)
