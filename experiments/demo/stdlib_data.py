@@ -152,9 +152,7 @@ def _trim(text: str, max_chars: int) -> str:
     if len(text) <= max_chars:
         return text
     cut = text[:max_chars]
-    space = cut.rfind(" ", max_chars // 2)
-    newline = cut.rfind("\n", max_chars // 2)
-    boundary = max(space, newline)
+    boundary = max(cut.rfind(" ", max_chars // 2), cut.rfind("\n", max_chars // 2))
     return (cut[:boundary] if boundary > 0 else cut).rstrip()
 
 
@@ -174,20 +172,14 @@ def _describe(obj, name: str, module: str, owner: str, min_rest_chars: int, max_
         if signature is None:
             # "[async ]short.name(args) -> result": keep the arguments and result, under the full name
             signature = "\n".join(name + line[line.index("(") :] for line in hand_written)
-    if signature is None:
-        signature = name
-    signature = _ADDRESS.sub("", signature)
+    signature = _ADDRESS.sub("", signature or name)
     query, rest = split_first_sentence(doc)
-    if not query or len(query) > max_query_chars or len(query.split()) < 3:
+    if not query or len(query) > max_query_chars or len(query.split()) < 3 or len(rest) < min_rest_chars:
         return None
     if not query[0].isalpha() or _SIGNATURE_LINE.match(query):  # a doctest or a signature, not prose
         return None
-    if len(rest) < min_rest_chars:
-        return None
     text = _trim(signature + "\n" + rest, max_chars)
-    if _squash(query).lower() in _squash(text).lower():
-        return None
-    return DocObject(module=module, name=name, owner=owner, query=query, text=text)
+    return None if _squash(query).lower() in _squash(text).lower() else DocObject(module, name, owner, query, text)
 
 
 def _defined_here(obj, module: str) -> bool:
