@@ -53,11 +53,7 @@ RATIOS = {
 def module_of(name: str, modules: Sequence[str]) -> str:
     """The module of the object ``name`` (a dotted name): the longest of ``modules`` that is ``name`` or a prefix
     of it at a dot; ``name`` itself when none is."""
-    best = ""
-    for m in modules:
-        if (name == m or name.startswith(m + ".")) and len(m) > len(best):
-            best = m
-    return best or name
+    return max((m for m in modules if name == m or name.startswith(m + ".")), key=len, default=name)
 
 
 def validation_pairs(data: Path, count: int, skip: int = 0) -> list[dict]:
