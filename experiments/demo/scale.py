@@ -35,6 +35,7 @@ from demo.report import mean_std
 from demo.settings import (
     ANCHOR_CONFIG,
     INSTRUCTION,
+    PACKAGE_DATA_DIR,
     SMOLLM2_DIR,
     STAGE_I_CONFIG,
     STAGE_I_SCRIPT,
@@ -50,6 +51,7 @@ MEASURES = ("loss", "anchor_gain", "anchor_gain_first4", "rank_accuracy")
 ScaleError = stages.StageError
 POLL_SECONDS = 5.0  # how often a running stage's progress is read
 NOT_YET = "not reached: the run stopped before it, or is still running"
+NO_SAVE = {"save_strategy": "no"}  # a run saves its final model only
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +78,16 @@ class Preset:
     @property
     def global_batch(self) -> int:
         return self.per_device_batch * self.accumulation
+
+    def batch(self, stage: str) -> dict[str, Any]:
+        """The batch flags of Stage ``stage``: Stage I's ``per_device_batch x accumulation`` pairs (``token_budget``
+        tokens a pass), Stage II's ``stage_II_batch`` triples in one step."""
+        per_device, accumulation = (
+            (self.per_device_batch, self.accumulation) if stage == "I" else (self.stage_II_batch, 1)
+        )
+        return {"per_device_train_batch_size": per_device, "gradient_accumulation_steps": accumulation,
+                "total_batch_size": per_device * accumulation, **({"token_budget": self.token_budget} if stage == "I" else {}),
+                "max_seq_length": self.max_seq_length, "bf16": self.bf16}  # fmt: skip
 
 
 PRESETS = {
@@ -139,7 +151,7 @@ def prepare_model(preset: Preset, out: Path, model: Path, carry: Path) -> Path:
 def prepare_data(data: Path | None, carry: Path, out: Path) -> Path:
     if data is not None and not (data / "manifest.json").is_file():
         raise ScaleError(f"--data {data}: no manifest.json; give a built corpus folder (demo.package_data's layout)")
-    if data is not None or ((data := REPO / "cache" / "package-data") / "manifest.json").is_file():
+    if data is not None or ((data := PACKAGE_DATA_DIR) / "manifest.json").is_file():
         return data
     return gpu_carry.unpack_corpus(carry, out / "carried")
 
@@ -150,40 +162,6 @@ def prepare_data(data: Path | None, carry: Path, out: Path) -> Path:
 def run_script(script: Path, config: Path, flags: dict[str, Any], log: Path, poll=None) -> None:
     """A stage driver, its output into ``log``, ``poll()`` every :data:`POLL_SECONDS` (the live report)."""
     stages.run_command(stages.stage_command(script, config, flags), log=log, poll=poll, every=POLL_SECONDS)
-
-
-def stage_I_flags(preset: Preset, model: Path, train: Path, validation: Path, output: Path) -> dict[str, Any]:
-    batch = {
-        "per_device_train_batch_size": preset.per_device_batch,
-        "gradient_accumulation_steps": preset.accumulation,
-        "total_batch_size": preset.global_batch,
-        "token_budget": preset.token_budget,
-        "max_seq_length": preset.max_seq_length,
-        "bf16": preset.bf16,
-    }
-    flags = stages.stage_I_flags(
-        model, train, validation, output, preset.stage_I_steps, preset.eval_every, preset.eval_batch,
-        save={"save_strategy": "no"}, batch=batch,
-    )  # fmt: skip
-    return {**flags, "metrics_file": output.parent / "logs" / "stage_I_metrics.jsonl"}
-
-
-def stage_II_flags(preset: Preset, model: Path, train: Path, output: Path) -> dict[str, Any]:
-    return {
-        "model_name_or_path": str(model),
-        "dataset_file_path": str(train),
-        "output_dir": str(output),
-        "max_steps": preset.stage_II_steps,
-        "warmup_steps": stages.warmup_steps("II", preset.stage_II_steps),
-        "per_device_train_batch_size": preset.stage_II_batch,
-        "gradient_accumulation_steps": 1,
-        "total_batch_size": preset.stage_II_batch,
-        "max_seq_length": preset.max_seq_length,
-        "bf16": preset.bf16,
-        "save_strategy": "no",
-        "logging_steps": 1,
-        "report_to": "none",
-    }
 
 
 def retrieval_scores(model: Path, adapter: Path | None, split: Path, max_length: int, batch: int) -> dict[str, Any]:
@@ -465,7 +443,9 @@ def _stages(preset, out, data, model, carry, stage_I_run, budget, result, lap, s
     lap("inputs", "stage_I")
     stage_I = stage_I_run or out / "stage_I"
     if stage_I_run is None:
-        flags = stage_I_flags(preset, base, train, validation, stage_I)
+        evaluation = (validation, preset.eval_every, preset.eval_batch)
+        flags = stages.stage_flags("I", base, train, stage_I, steps, NO_SAVE, preset.batch("I"), evaluation)
+        flags["metrics_file"] = out / "logs" / "stage_I_metrics.jsonl"
         if (share := budget.share(arms_after=2 * len(seeds))) is not None:
             flags["stop_after_minutes"] = share
 
@@ -482,16 +462,14 @@ def _stages(preset, out, data, model, carry, stage_I_run, budget, result, lap, s
     result["stage_I_curve"] = stage_I_curve(state, global_batch)
     lap("stage_I", "stage_II_anchor")
     result["stage_II"] = {}
-    arms = [
-        (f"{arm}{suffix}", config, start, seed)
-        for suffix, seed in seeds
-        for arm, config, start in stages.arms(base, stage_I)
-    ]
+    arms = [(f"{arm}{suffix}", config, start, seed) for suffix, seed in seeds
+            for arm, config, start in stages.arms(base, stage_I)]  # fmt: skip
     rows = {"untrained": (base, None), "stage_I": (stage_I, None)}
     equal_steps = None  # the first arm's steps when its budget cut it short: every later arm stops there too
     for k, (arm, config, start, seed) in enumerate(arms):
         folder = out / f"stage_II_{arm}"
-        flags = stage_II_flags(preset, start, train, folder) | ({"seed": seed} if seed is not None else {})
+        flags = stages.stage_flags("II", start, train, folder, preset.stage_II_steps, NO_SAVE, preset.batch("II"))
+        flags |= {"seed": seed} if seed is not None else {}
         if (share := budget.share(arms_after=len(arms) - 1 - k)) is not None:
             flags["stop_after_minutes"] = share
         if equal_steps is not None:
@@ -499,12 +477,9 @@ def _stages(preset, out, data, model, carry, stage_I_run, budget, result, lap, s
         result["status"] = f"running: stage_II_{arm}"
         write_report(out, result)
         run_script(STAGE_II_SCRIPT, config, flags, out / "logs" / f"{arm}.log")
-        result["stage_II"][arm] = {
-            "planned_steps": preset.stage_II_steps,
-            "seed": seed,
-            **run_outcome(read_state(folder)),
-            "stop_after_n_steps": equal_steps,
-        }
+        outcome = run_outcome(read_state(folder))
+        result["stage_II"][arm] = {"planned_steps": preset.stage_II_steps, "seed": seed, **outcome,
+                                   "stop_after_n_steps": equal_steps}  # fmt: skip
         if k == 0 and result["stage_II"][arm]["steps"] < preset.stage_II_steps:
             equal_steps = result["stage_II"][arm]["steps"]
         rows[arm] = (start, folder)

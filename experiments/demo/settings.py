@@ -10,7 +10,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from . import smollm2, stdlib_data
+from . import package_data, smollm2, stdlib_data
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = REPO_ROOT / "experiments"
@@ -24,6 +24,7 @@ EVAL_SCRIPT = EXPERIMENTS / "mteb_eval_custom.py"
 SMOLLM2_SCRIPT = EXPERIMENTS / "demo" / "smollm2.py"
 SMOLLM2_DIR = REPO_ROOT / smollm2.DEFAULT_TARGET  # the converted model, kept apart from the demo's runs
 DATA_DIR = REPO_ROOT / stdlib_data.DEFAULT_OUT_DIR  # the full-size dataset; the smoke size keeps its own copy
+PACKAGE_DATA_DIR = REPO_ROOT / package_data.DEFAULT_OUT_DIR  # the larger corpus of demo.scale and demo.long_run
 
 TRAIN_SOURCE = "stdlib"  # the jsonl loader names a source by its file stem
 TASK_NAME = "StdlibDocRetrieval"
@@ -57,6 +58,11 @@ STAGE_II_EVAL = {"eval_steps": 10, "eval_on_start": True, "per_device_eval_batch
 WARMUP_SHARE = {"I": 0.15, "II": 0.3}
 
 
+def warmup_steps(stage: str, steps: int) -> int:
+    """The warm-up of a run of ``steps`` steps of Stage ``stage``, the paper's share (:data:`WARMUP_SHARE`)."""
+    return round(WARMUP_SHARE[stage] * steps)
+
+
 @dataclasses.dataclass(frozen=True)
 class DemoSize:
     """How big a demo run is. ``None`` keeps the value of the ``train_configs/demo`` config."""
@@ -79,7 +85,7 @@ class DemoSize:
         out: dict[str, Any] = {}
         steps = self.stage_I_steps if stage == "I" else self.stage_II_steps
         if steps is not None:
-            out.update(max_steps=steps, warmup_steps=int(round(WARMUP_SHARE[stage] * steps)))
+            out.update(max_steps=steps, warmup_steps=warmup_steps(stage, steps))
         if self.batch_size is not None:
             out.update(
                 per_device_train_batch_size=self.batch_size,

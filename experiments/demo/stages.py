@@ -27,7 +27,7 @@ from .settings import (
     REPO_ROOT,
     VALIDATION_PAIRS,
     VALIDATION_SOURCE,
-    WARMUP_SHARE,
+    warmup_steps,
 )
 
 
@@ -61,41 +61,19 @@ def write_validation_file(split: Path, folder: Path, count: int = VALIDATION_PAI
     return write_jsonl(folder / f"{VALIDATION_SOURCE}.jsonl", validation_rows(split, count))
 
 
-def warmup_steps(stage: str, steps: int) -> int:
-    """The warm-up of a run of ``steps`` steps of Stage ``stage``, the paper's share (:data:`WARMUP_SHARE`)."""
-    return round(WARMUP_SHARE[stage] * steps)
-
-
-def stage_I_flags(
-    model: Path,
-    train: Path,
-    validation: Path,
-    output: Path,
-    steps: int,
-    eval_every: int,
-    eval_batch: int,
-    save: dict[str, Any],
-    batch: dict[str, Any] | None = None,
+def stage_flags(
+    stage: str, model, train, output, steps: int, save: dict, batch: dict | None = None, evaluation=None
 ) -> dict[str, Any]:
-    """A Stage I run from ``model`` on ``train`` into ``output`` for ``steps`` steps, the anchor measures on the
-    pairs of ``validation`` at step 0 and every ``eval_every`` steps; ``save`` its checkpointing flags, ``batch``
-    its batch geometry (default: the config's). The order of the flags is that of the command line."""
-    return {
-        "model_name_or_path": model,
-        "dataset_file_path": train,
-        "validation_file": validation,
-        "output_dir": output,
-        "max_steps": steps,
-        "warmup_steps": warmup_steps("I", steps),
-        **(batch or {}),
-        "eval_strategy": "steps",
-        "eval_steps": eval_every,
-        "eval_on_start": True,
-        "per_device_eval_batch_size": eval_batch,
-        **save,
-        "logging_steps": 1,
-        "report_to": "none",
-    }
+    """A Stage ``stage`` run from ``model`` on ``train`` into ``output`` for ``steps`` steps (warm-up: the paper's
+    share); ``save`` its checkpointing flags, ``batch`` its batch geometry (default: the config's); ``evaluation``,
+    ``(validation file, every, batch)``: the validation file's pairs evaluated at step 0 and every ``every`` steps.
+    The order of the flags is that of the command line."""
+    validation, every, eval_batch = evaluation or (None, None, None)
+    flags = {"model_name_or_path": model, "dataset_file_path": train, "validation_file": validation}
+    flags.update(output_dir=output, max_steps=steps, warmup_steps=warmup_steps(stage, steps), **(batch or {}))
+    if evaluation:
+        flags.update(eval_strategy="steps", eval_steps=every, eval_on_start=True, per_device_eval_batch_size=eval_batch)
+    return {k: v for k, v in flags.items() if v is not None} | save | {"logging_steps": 1, "report_to": "none"}
 
 
 def arms(base, stage_I) -> list[tuple[str, Path, Any]]:

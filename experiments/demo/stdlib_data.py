@@ -1,39 +1,20 @@
-"""A small real retrieval dataset built from the documentation that ships with Python.
+"""The demo's retrieval dataset from the docstrings of standard-library modules, and the corpus writer that
+:mod:`demo.package_data` shares: what an example is, how modules are split and why, and the sizes are in
+``docs/demo.md`` (The data).
 
-Every example comes from one documented public object of a standard-library module: a module-level
-function or class, or a public method of such a class.
-
-- query: the first sentence of the object's docstring;
-- positive: the object's signature line (``module.name(args)``) followed by the rest of its
-  docstring, without that first sentence;
-- negative (hard): the positive-style text of another object of the same module (a method of the
-  same class when there is one, otherwise any other object of the module), picked with a seeded
-  random generator.
-
-Modules are a fixed, explicit list (:data:`STDLIB_MODULES`, read from ``stdlib_modules.json`` next to
-this file) of modules that import without side effects or platform-specific content on CPython 3.11+;
-one that fails to import is skipped and named in the manifest. The output depends only on the
-docstrings, so it is the same on machines with the same Python minor version (C accelerators such as
-``_decimal`` or ``_datetime`` are assumed present, as on every standard CPython build). Memory addresses
-in default values (``<object object at 0x...>``) are removed from signatures.
-
-The splits are by module: the modules are shuffled with the seed and taken into the eval (test)
-split, in that order, until it holds ``eval_target`` examples, then, continuing in the same order, into
-the validation split until it holds ``val_target``; all other modules are train. The validation split
-is carved from what would otherwise be training modules: it is where the demo's hyperparameters are
-chosen (``run_demo.py --validate``), so the test split is never looked at for that. The output folder:
+Each example is one documented public object (function, class, method): query, its docstring's first sentence;
+positive, its signature and the rest of the docstring; hard negative, another object of its module. The modules
+(:data:`STDLIB_MODULES`, from ``stdlib_modules.json``) are split, shuffled with the seed, into eval (test), then
+validation, then train (:func:`split_by_module`). The output folder:
 
 - ``train/stdlib.jsonl``: ``{"query", "positive", "negative"}`` per line (the E5 layout);
-- ``eval/corpus.jsonl`` (``{"_id", "title", "text"}``), ``eval/queries.jsonl`` (``{"_id", "text"}``),
-  ``eval/qrels.jsonl`` (``{"query-id", "corpus-id", "score"}``): a BEIR-style retrieval task whose
-  corpus is the positive of every eval-split object, so each query has one relevant document among
-  all the eval modules' documents (its same-module siblings included);
-- ``val/corpus.jsonl``, ``val/queries.jsonl``, ``val/qrels.jsonl``: the validation task, the same
-  layout (every query of the validation modules is kept);
-- ``provenance/train.jsonl``: for line i of the train file, the module and the dotted names of the
-  query's and the negative's objects (kept out of ``train/`` so that data loaders never read it);
-- ``manifest.json``: parameters, Python version, module lists, sizes and the SHA-256 of every file;
-  written last, so its presence (with matching hashes) marks a complete build.
+- ``eval/`` and ``val/``: ``corpus.jsonl`` (``{"_id", "title", "text"}``), ``queries.jsonl`` (``{"_id", "text"}``),
+  ``qrels.jsonl`` (``{"query-id", "corpus-id", "score"}``): BEIR-style tasks, each query with one relevant
+  document among all the split's documents;
+- ``provenance/train.jsonl``: for line i of the train file, the module and the dotted names of the query's and
+  the negative's objects (kept out of ``train/`` so that data loaders never read it);
+- ``manifest.json``: parameters, environment, module lists, sizes and the SHA-256 of every file; written last,
+  so its presence (with matching hashes) marks a complete build.
 """
 
 from __future__ import annotations
@@ -171,9 +152,7 @@ def _trim(text: str, max_chars: int) -> str:
     if len(text) <= max_chars:
         return text
     cut = text[:max_chars]
-    space = cut.rfind(" ", max_chars // 2)
-    newline = cut.rfind("\n", max_chars // 2)
-    boundary = max(space, newline)
+    boundary = max(cut.rfind(" ", max_chars // 2), cut.rfind("\n", max_chars // 2))
     return (cut[:boundary] if boundary > 0 else cut).rstrip()
 
 
@@ -193,20 +172,14 @@ def _describe(obj, name: str, module: str, owner: str, min_rest_chars: int, max_
         if signature is None:
             # "[async ]short.name(args) -> result": keep the arguments and result, under the full name
             signature = "\n".join(name + line[line.index("(") :] for line in hand_written)
-    if signature is None:
-        signature = name
-    signature = _ADDRESS.sub("", signature)
+    signature = _ADDRESS.sub("", signature or name)
     query, rest = split_first_sentence(doc)
-    if not query or len(query) > max_query_chars or len(query.split()) < 3:
+    if not query or len(query) > max_query_chars or len(query.split()) < 3 or len(rest) < min_rest_chars:
         return None
     if not query[0].isalpha() or _SIGNATURE_LINE.match(query):  # a doctest or a signature, not prose
         return None
-    if len(rest) < min_rest_chars:
-        return None
     text = _trim(signature + "\n" + rest, max_chars)
-    if _squash(query).lower() in _squash(text).lower():
-        return None
-    return DocObject(module=module, name=name, owner=owner, query=query, text=text)
+    return None if _squash(query).lower() in _squash(text).lower() else DocObject(module, name, owner, query, text)
 
 
 def _defined_here(obj, module: str) -> bool:
@@ -224,7 +197,7 @@ def collect_module(
     max_chars: int = 1500,
     properties: bool = False,
     module_docstring: bool = False,
-):
+) -> list[DocObject]:
     """The :class:`DocObject` of every usable public function, class and method of ``module``, sorted by name.
 
     Public means listed in ``__all__`` when the module has one, otherwise not starting with ``_``;
@@ -235,25 +208,16 @@ def collect_module(
     """
     with warnings.catch_warnings():  # e.g. typing.io warns when its attributes are read
         warnings.simplefilter("ignore")
-        return _collect(module, min_rest_chars, max_query_chars, max_chars, properties, module_docstring)
+        return _collect(module, (min_rest_chars, max_query_chars, max_chars), properties, module_docstring)
 
 
-def _collect(
-    module: str,
-    min_rest_chars: int,
-    max_query_chars: int,
-    max_chars: int,
-    properties: bool = False,
-    module_docstring: bool = False,
-) -> list[DocObject]:
+def _collect(module: str, limits: tuple[int, int, int], properties: bool, module_docstring: bool) -> list[DocObject]:
     mod = importlib.import_module(module)
     names = sorted(set(getattr(mod, "__all__", ())) | {n for n in vars(mod) if not n.startswith("_")})
     found: list[DocObject] = []
     seen: set[int] = set()
-    if module_docstring:
-        item = _describe(mod, module, module, module, min_rest_chars, max_query_chars, max_chars)
-        if item is not None:
-            found.append(item)
+    if module_docstring and (item := _describe(mod, module, module, module, *limits)) is not None:
+        found.append(item)
     alive = []  # keeps bound methods alive, so that no id() is reused while collecting
 
     def take(obj, name, owner):
@@ -262,31 +226,19 @@ def _collect(
         if id(target) in seen:
             return
         seen.add(id(target))
-        item = _describe(obj, name, module, owner, min_rest_chars, max_query_chars, max_chars)
-        if item is not None:
+        if (item := _describe(obj, name, module, owner, *limits)) is not None:
             found.append(item)
 
     for attr in names:
         obj = getattr(mod, attr, None)
-        if obj is None or not (inspect.isclass(obj) or inspect.isroutine(obj)):
-            continue
-        if not _defined_here(obj, module):
+        if obj is None or not (inspect.isclass(obj) or inspect.isroutine(obj)) or not _defined_here(obj, module):
             continue
         name = f"{module}.{attr}"
         take(obj, name, module)
-        if inspect.isclass(obj):
-            for meth_name in sorted(vars(obj)):
-                if meth_name.startswith("_"):
-                    continue
-                raw = vars(obj)[meth_name]
-                if isinstance(raw, (staticmethod, classmethod)):
-                    raw = raw.__func__
-                if isinstance(raw, property):
-                    if properties:
-                        take(raw, f"{name}.{meth_name}", name)
-                    continue
-                if not inspect.isroutine(raw):
-                    continue
+        for meth_name in sorted(vars(obj)) if inspect.isclass(obj) else ():
+            raw = vars(obj)[meth_name]
+            raw = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
+            if not meth_name.startswith("_") and (inspect.isroutine(raw) or properties and isinstance(raw, property)):
                 take(raw, f"{name}.{meth_name}", name)
     found.sort(key=lambda d: d.name)
     return found
@@ -327,25 +279,47 @@ def _pick_negatives(objects: list[DocObject], seed: int) -> dict[str, DocObject]
     return negatives
 
 
-def complete_build(out: Path, params: dict, environment: dict, fresh: bool, say, tag: str) -> dict | None:
-    """The manifest of a complete build in ``out`` made with ``params`` in ``environment`` (said reused), else None
-    (always with ``fresh``)."""
-    if fresh:
-        return None
+def read_modules(modules, limits: tuple[int, int, int], **options) -> tuple[list[DocObject], list[str], dict]:
+    """:func:`collect_module` of each of ``modules`` (with ``limits``: min_rest_chars, max_query_chars, max_chars,
+    and ``options``), in order: the objects, the modules read, and those that failed to import, with why."""
+    objects, used, skipped = [], [], {}
+    for module in modules:
+        try:
+            objects += collect_module(module, *limits, **options)
+        except (Exception, SystemExit) as exc:  # a module missing from this build, or needing an optional dependency
+            skipped[module] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            continue
+        used.append(module)
+    return objects, used, skipped
+
+
+NOT_PARAMETERS = ("out_dir", "fresh", "verbose", "workers", "timeout")  # a builder's arguments that leave its output
+
+
+def build_corpus(tag: str, format_version: int, arguments: dict, environment: dict, read) -> dict:
+    """What both corpus builders do with their ``arguments`` (their ``locals()``; all but :data:`NOT_PARAMETERS`
+    are the dataset's parameters): reuse the complete build in ``out_dir`` made with these parameters in
+    ``environment`` (same file hashes; never with ``fresh``), else ``read(say)`` gives the objects, the manifest's
+    header and the modules read and skipped, written by :func:`write_retrieval_dataset`; returns the manifest."""
+    say = (lambda text: print(f"[{tag}] {text}")) if arguments["verbose"] else (lambda text: None)
+    out = Path(arguments["out_dir"])
+    params = {"format_version": format_version}
+    params.update((k, list(v) if isinstance(v, tuple) else v) for k, v in arguments.items() if k not in NOT_PARAMETERS)
     try:
-        manifest = json.loads((out / MANIFEST_FILE).read_text(encoding="utf-8"))
+        manifest = None if arguments["fresh"] else json.loads((out / MANIFEST_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None
-    if manifest.get("parameters") != params or manifest.get("environment") != environment:
-        return None
-    for rel, digest in manifest.get("sha256", {}).items():
-        p = out / rel
-        if not p.is_file() or file_digest([p]) != digest:
-            return None
-    sizes = manifest["sizes"]
-    say(
-        f"[{tag}] reusing the complete build in {out} ({sizes['train']} train pairs, {sizes['eval_queries']} eval queries)"
-    )
+        manifest = None
+    if (
+        manifest is not None
+        and (manifest.get("parameters"), manifest.get("environment")) == (params, environment)
+        and all((out / f).is_file() and file_digest([out / f]) == d for f, d in manifest.get("sha256", {}).items())
+    ):
+        s = manifest["sizes"]
+        say(f"reusing the complete build in {out} ({s['train']} train pairs, {s['eval_queries']} eval queries)")
+        return manifest
+    start = time.perf_counter()
+    manifest = write_retrieval_dataset(out, *read(say), params, say)
+    say(f"wrote {out} in {time.perf_counter() - start:.1f} s")
     return manifest
 
 
@@ -373,50 +347,14 @@ def build_stdlib_dataset(
     keep seeded samples (the corpus keeps every eval-split document); ``eval_target`` and ``val_target`` size the
     splits (:func:`split_by_module`); an object is used when the rest of its docstring has ``min_rest_chars`` and
     its first sentence at most ``max_query_chars``; texts are cut to ``max_chars``."""
-    say = print if verbose else (lambda *a, **k: None)
-    out = Path(out_dir)
-    params = {
-        "format_version": FORMAT_VERSION,
-        "max_train": max_train,
-        "max_eval_queries": max_eval_queries,
-        "eval_target": eval_target,
-        "val_target": val_target,
-        "seed": seed,
-        "min_rest_chars": min_rest_chars,
-        "max_query_chars": max_query_chars,
-        "max_chars": max_chars,
-        "modules": list(modules),
-    }
-    environment = python_environment()
-    if (manifest := complete_build(out, params, environment, fresh, say, "stdlib-data")) is not None:
-        return manifest
+    arguments, environment = dict(locals()), python_environment()
 
-    start = time.perf_counter()
-    say(
-        f"[stdlib-data] reading the docstrings of {len(modules)} standard-library modules "
-        f"(Python {platform.python_version()})"
-    )
-    objects: list[DocObject] = []
-    used, skipped = [], {}
-    for module in sorted(set(modules)):
-        try:
-            found = collect_module(module, min_rest_chars, max_query_chars, max_chars)
-        except Exception as exc:  # an optional module missing from this build
-            skipped[module] = f"{type(exc).__name__}: {exc}"
-            continue
-        used.append(module)
-        objects.extend(found)
-    manifest = write_retrieval_dataset(
-        out,
-        objects,
-        params,
-        {"name": "stdlib-docstrings", "environment": environment, **environment},
-        used_modules=used,
-        skipped_modules=skipped,
-        say=lambda text: say(f"[stdlib-data] {text}"),
-    )
-    say(f"[stdlib-data] wrote {out} in {time.perf_counter() - start:.1f} s")
-    return manifest
+    def read(say):
+        say(f"reading the docstrings of {len(modules)} standard-library modules (Python {platform.python_version()})")
+        objects, used, skipped = read_modules(sorted(set(modules)), (min_rest_chars, max_query_chars, max_chars))
+        return objects, {"name": "stdlib-docstrings", "environment": environment, **environment}, used, skipped
+
+    return build_corpus("stdlib-data", FORMAT_VERSION, arguments, environment, read)
 
 
 def split_by_module(objects: list[DocObject], seed: int, eval_target: int, val_target: int) -> tuple[list, list]:
@@ -428,31 +366,20 @@ def split_by_module(objects: list[DocObject], seed: int, eval_target: int, val_t
         per_module[d.module] = per_module.get(d.module, 0) + 1
     order = sorted(per_module)
     random.Random(seed).shuffle(order)
-    eval_modules: list[str] = []
-    n_eval = 0
-    for module in order:
-        if n_eval >= eval_target:
-            break
-        eval_modules.append(module)
-        n_eval += per_module[module]
-    val_modules: list[str] = []
-    n_val = 0
-    for module in order[len(eval_modules) :]:
-        if n_val >= val_target:
-            break
-        val_modules.append(module)
-        n_val += per_module[module]
-    return eval_modules, val_modules
+    splits: list[list[str]] = []
+    for target in (eval_target, val_target):
+        taken, count = [], 0
+        for module in order[sum(map(len, splits)) :]:
+            if count >= target:
+                break
+            taken.append(module)
+            count += per_module[module]
+        splits.append(taken)
+    return splits[0], splits[1]
 
 
 def write_retrieval_dataset(
-    out: Path,
-    objects: list[DocObject],
-    params: dict,
-    header: dict,
-    used_modules: list[str],
-    skipped_modules: dict[str, str],
-    say=print,
+    out: Path, objects: list[DocObject], header: dict, used_modules: list, skipped_modules: dict, params: dict, say
 ) -> dict:
     """Deduplicate ``objects``, pick their hard negatives, split them by module and write the layout of the module
     docstring into ``out``; returns the manifest (``header`` first, then ``params`` and what was built), written
@@ -467,16 +394,15 @@ def write_retrieval_dataset(
     train_objs = [d for d in objects if d.module not in eval_set | val_set]
     eval_objs = [d for d in objects if d.module in eval_set]
     val_objs = [d for d in objects if d.module in val_set]
-    with_examples = {d.module for d in objects}
+    train_available = len(train_objs)
 
-    if max_train is not None and len(train_objs) > max_train:
-        keep = set(random.Random(f"{seed}:train").sample(range(len(train_objs)), max_train))
-        train_objs = [d for i, d in enumerate(train_objs) if i in keep]
-    query_objs = eval_objs
-    if max_eval_queries is not None and len(eval_objs) > max_eval_queries:
-        keep = set(random.Random(f"{seed}:eval").sample(range(len(eval_objs)), max_eval_queries))
-        query_objs = [d for i, d in enumerate(eval_objs) if i in keep]
+    def sample(items: list[DocObject], count: int | None, name: str) -> list[DocObject]:
+        if count is None or len(items) <= count:
+            return items
+        keep = set(random.Random(f"{seed}:{name}").sample(range(len(items)), count))
+        return [d for i, d in enumerate(items) if i in keep]
 
+    train_objs, query_objs = sample(train_objs, max_train, "train"), sample(eval_objs, max_eval_queries, "eval")
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST_FILE).unlink(missing_ok=True)  # the old build is incomplete from here on
     write_jsonl(
@@ -503,7 +429,7 @@ def write_retrieval_dataset(
         "parameters": params,
         "sizes": {
             "objects": len(objects),
-            "train_available": sum(1 for d in objects if d.module not in eval_set | val_set),
+            "train_available": train_available,
             "train": len(train_objs),
             "eval_objects": len(eval_objs),
             "eval_corpus": len(eval_objs),
@@ -518,7 +444,7 @@ def write_retrieval_dataset(
         "train_modules": train_modules,
         "eval_modules": sorted(eval_modules),
         "val_modules": sorted(val_modules),
-        "modules_without_examples": sorted(set(used_modules) - with_examples),
+        "modules_without_examples": sorted(set(used_modules) - {d.module for d in objects}),
         "skipped_modules": skipped_modules,
         "files": files,
         "sha256": {rel: file_digest([out / rel]) for rel in files},
@@ -537,16 +463,18 @@ def write_retrieval_dataset(
     return manifest
 
 
+def corpus_parser(description: str, default_out: str) -> argparse.ArgumentParser:
+    """A corpus builder's command line: ``--out_dir`` (default ``default_out`` in the repository) and ``--fresh``."""
+    parser = argparse.ArgumentParser(description=description)
+    out = Path(__file__).resolve().parents[2] / default_out
+    parser.add_argument("--out_dir", default=str(out), help=f"output folder (default: {default_out} in the repository)")
+    parser.add_argument("--fresh", action="store_true", help="rebuild even if a complete build exists")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python experiments/demo/stdlib_data.py [--out_dir DIR] [--fresh]``: build (or reuse) the dataset."""
-    parser = argparse.ArgumentParser(description="Build the standard-library docstring dataset of the demo.")
-    parser.add_argument(
-        "--out_dir",
-        default=str(Path(__file__).resolve().parents[2] / DEFAULT_OUT_DIR),
-        help=f"output folder (default: {DEFAULT_OUT_DIR} in the repository)",
-    )
-    parser.add_argument("--fresh", action="store_true", help="rebuild even if a complete build exists")
-    args = parser.parse_args(argv)
+    args = corpus_parser("Build the standard-library docstring dataset of the demo.", DEFAULT_OUT_DIR).parse_args(argv)
     build_stdlib_dataset(args.out_dir, fresh=args.fresh)
     return 0
 
