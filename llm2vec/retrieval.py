@@ -157,14 +157,15 @@ def embed_items(model, encoder, items: Sequence[tuple[str, str]], batch_size: in
         rows.append(embedded if turn < len(mine) else embedded[:0])
     local = torch.cat(rows)
     if size > 1:
-        local = _gather_batches(local, [len(b) for b in batches], turns * batch_size)
+        local = gather_batches(local, [len(b) for b in batches], turns * batch_size)
     embeddings = torch.empty_like(local)
     embeddings[torch.tensor(order, dtype=torch.long, device=local.device)] = local
     return embeddings
 
 
-def _gather_batches(local: torch.Tensor, sizes: list[int], width: int) -> torch.Tensor:
-    """Every rank's rows (its batches r, r + W, ... concatenated) back in batch order, on every rank."""
+def gather_batches(local: torch.Tensor, sizes: list[int], width: int) -> torch.Tensor:
+    """Every rank's rows (its batches r, r + W, ... of ``sizes`` rows, concatenated; at most ``width`` rows) back in
+    batch order, on every rank."""
     _, size = world()
     padded = local.new_zeros((width, local.shape[1]))
     padded[: len(local)] = local
