@@ -374,9 +374,10 @@ def check_anchor_measures(s: Setting) -> Result:
     return verdict.result("anchor_measures", f"{s.device.type} {str(s.dtype).split('.')[-1]} against CPU float32")
 
 
-def infonce_terms(q: torch.Tensor, p: torch.Tensor, n: torch.Tensor | None, scale: float) -> torch.Tensor:
-    """Each query's InfoNCE term (Eq. 6-7) in float64: logsumexp_j(scale cos(q_i, c_j)) - scale cos(q_i, p_i) over
-    the candidates c = every positive and every hard negative of the batch."""
+def infonce_terms(out, scale: float) -> torch.Tensor:
+    """Each query's InfoNCE term (Eq. 6-7) of a Stage II step's output in float64: logsumexp_j(scale cos(q_i, c_j)) -
+    scale cos(q_i, p_i) over the candidates c = every positive and every hard negative of the batch."""
+    q, p, n = out.query_embedding, out.positive_embedding, out.negative_embedding
     candidates = torch.cat([p, n]) if n is not None else p
     sims = scale * F.normalize(q.double(), dim=-1) @ F.normalize(candidates.double(), dim=-1).T
     return sims.logsumexp(-1) - sims.diagonal()[: len(q)]
@@ -408,10 +409,8 @@ def check_stage_II_step(s: Setting) -> Result:
         got = train_step(paper, batch)
     verdict = Verdict()
     verdict.embeddings(got, ref, ("query", "positive", "negative"), s)
-    scale = plain.loss_fn.scale
-    got_terms = infonce_terms(got.query_embedding, got.positive_embedding, got.negative_embedding, scale)
-    ref_terms = infonce_terms(ref.query_embedding, ref.positive_embedding, ref.negative_embedding, scale)
-    verdict.per_sequence("query InfoNCE term", got_terms, ref_terms, s.infonce_rtol)
+    terms = [infonce_terms(out, plain.loss_fn.scale) for out in (got, ref)]
+    verdict.per_sequence("query InfoNCE term", *terms, s.infonce_rtol)
     verdict.loss_and_gradients(got, ref, gradients(body), ref_grads, s)
     return verdict.result("stage_II_step", f"{s.attention}, gradient cache {budget} tokens, packed, {n} triples")
 
@@ -475,17 +474,11 @@ def peak_tflops(device_name: str) -> float | None:
 def stage_I_flops(
     body_parameters: int, hidden: int, layers: int, vocab: int, sequence_lengths: list[int], target_rows: int
 ) -> float:
-    """Model FLOPs of one training step (forward + backward) over the given decoder sequences:
+    """Model FLOPs of one training step (forward + backward) over the given decoder sequences (the formula and its
+    terms: docs/results/benchmarks.md; recomputed forwards of activation checkpointing are not counted):
 
-        6 x P_body x sum_s n_s            the decoder layers' matmuls (2 forward + 4 backward per weight and token)
-      + 6 x L x H x sum_s n_s^2           causal attention: QK^T and AV, 2 x 2 x H x n^2 / 2 per layer forward, x 3
-      + 6 x H x V x target_rows           the LM head at the rows that predict a target
-
-    with P_body the weight matrices of the decoder layers (:func:`body_parameters`; the embedding lookup and the
-    norms' scales cost no matmul FLOPs), n_s the real length
-    of each decoder sequence (encodings and reconstructions, packed: no padding), H the hidden size, L the
-    layers and V the vocabulary. Activation checkpointing's recomputed forward is not counted (model FLOPs,
-    not hardware FLOPs)."""
+        6 x P_body x sum_s n_s  +  6 x L x H x sum_s n_s^2  +  6 x H x V x target_rows
+    """
     tokens = sum(sequence_lengths)
     squares = sum(n * n for n in sequence_lengths)
     return 6.0 * body_parameters * tokens + 6.0 * layers * hidden * squares + 6.0 * hidden * vocab * target_rows

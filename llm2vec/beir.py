@@ -192,13 +192,9 @@ def read_beir_folder(data_dir: str | os.PathLike, queries_without_relevant: str 
         )
     if unjudged or nothing_relevant:
         logger.warning(
-            "%s: %d of %d queries are left out: %d without a qrels line, %d whose documents are all graded 0 "
-            "(nothing relevant to find)",
-            data_dir,
-            len(unjudged) + len(nothing_relevant),
-            len(query_ids),
-            len(unjudged),
-            len(nothing_relevant),
+            f"{data_dir}: {len(unjudged) + len(nothing_relevant)} of {len(query_ids)} queries are left out: "
+            f"{len(unjudged)} without a qrels line, {len(nothing_relevant)} whose documents are all graded 0 "
+            "(nothing relevant to find)"
         )
     return BeirFolder(
         path=data_dir,

@@ -232,11 +232,9 @@ class RetrievalEvaluation:
             }
         out = {f"{name}_{m}": values[m] for name, values in scores.items() for m in LOGGED}
         out.update({f"{MEAN}_{m}": sum(v[m] for v in scores.values()) / len(scores) for m in LOGGED})
+        texts = sum(v["queries"] + v["documents"] for v in scores.values())
         logger.info(
-            "retrieval evaluation of %d folder(s), %d texts: %.1f s",
-            len(scores),
-            sum(v["queries"] + v["documents"] for v in scores.values()),
-            time.perf_counter() - start,
+            f"retrieval evaluation of {len(scores)} folder(s), {texts:.0f} texts: {time.perf_counter() - start:.1f} s"
         )
         return out
 
