@@ -4,16 +4,16 @@
     python experiments/benchmark.py --tiny                           # a tiny random Llama-3 model (CI)
     python experiments/benchmark.py --json                           # one JSON object per measurement
     python experiments/benchmark.py --only stage_I --stage_I_batches 8
-    python experiments/benchmark.py --st_versus_project 64           # Stage II: this project vs sentence-transformers
 
 Benches (the first variant of each is the reference of its ratios): ``stage_I``: ``authors`` (left-padded batches,
 four decoder calls, full-vocabulary logits masked afterwards: :func:`authors_stage_I_loss`), ``plain`` (this
 project's step, its memory bounds off), ``optimised`` (:data:`OPTIMISED_STAGE_I`), ``packed`` (and packed decoder
 calls), ``checkpointed`` (and activation checkpointing: every setting of the paper configs); ``stage_II``: ``plain``
 vs ``cached`` (:data:`OPTIMISED_STAGE_II`); ``encode``: ``bare`` forwards vs ``LLM2Vec.encode``. Each variant runs in
-a fresh process, so ``peak_rss_mib`` is its own; ``seconds`` is the median of ``--repeats`` steps after a warm-up.
-The losses of a bench's variants must agree (1e-4 relative; 1e-2 in bf16) before any ratio is printed. Texts are
-the standard library's docstrings (first sentence as the query, another object of the module as the negative).
+a fresh process (:func:`in_own_process`, which ``research/benchmark_data.py`` uses too), so ``peak_rss_mib`` is its
+own; ``seconds`` is the median of ``--repeats`` steps after a warm-up. The losses of a bench's variants must agree
+(1e-4 relative; 1e-2 in bf16) before any ratio is printed. Texts are the standard library's docstrings (first
+sentence as the query, another object of the module as the negative).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -39,7 +38,38 @@ OPTIMISED_STAGE_II: dict = {"embedding_token_budget": 2048}
 REFERENCE = {"stage_I": "authors", "stage_II": "plain", "encode": "bare"}
 
 
-# ------------------------------------------------------------------------------------------------ data
+# ------------------------------------------------------------------------------ one process per measurement
+
+
+def status_mib() -> dict[str, float]:
+    """The memory lines of ``/proc/self/status`` (``VmRSS``, ``VmHWM``, ``RssAnon``, ``RssFile``, ...) in MiB."""
+    with open("/proc/self/status") as f:
+        rows = [line.partition(":") for line in f]
+    return {key: int(rest.split()[0]) / 1024 for key, _, rest in rows if rest.strip().endswith("kB")}
+
+
+def peak_rss_mib() -> float:
+    """The peak resident memory of this process: ``VmHWM``, which starts afresh at ``exec`` (``ru_maxrss`` would
+    carry the peak of the process that started this one)."""
+    return status_mib()["VmHWM"]
+
+
+def in_own_process(script: str, job: dict, label: str, identity: dict) -> dict:
+    """Runs ``script --worker JOB`` in a fresh Python (``job`` as JSON) and returns the JSON record its last line
+    prints. A worker killed by SIGKILL (on Linux the out-of-memory killer: the variant did not fit) gives
+    ``identity`` with ``failed``; any other failure stops the run, naming ``label``."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+    command = [sys.executable, script, "--worker", json.dumps(job, default=str)]
+    result = subprocess.run(command, capture_output=True, text=True, env=env)
+    if result.returncode in (-9, 137):
+        print(f"{label} was killed (out of memory?)", file=sys.stderr)
+        return {**identity, "failed": "killed (out of memory)"}
+    if result.returncode != 0:
+        raise SystemExit(f"{label} failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+# ------------------------------------------------------------------------------------------------ the steps
 
 
 def stdlib_triples(n: int, seed: int = 0) -> list[tuple[str, str, str]]:
@@ -62,23 +92,29 @@ def stdlib_triples(n: int, seed: int = 0) -> list[tuple[str, str, str]]:
     return triples[:n]
 
 
-# --------------------------------------------------------------------------------------------- worker
+def training_batch(encoder, n: int, device: str, **collator) -> dict:
+    """A collated batch of ``n`` standard-library triples on ``device``."""
+    from llm2vec.collator import TrainCollator
+    from llm2vec.dataset import TrainExample
+
+    examples = [TrainExample(q, d, neg, "", "stdlib") for q, d, neg in stdlib_triples(n)]
+    return to_device(TrainCollator.for_encoder(encoder, **collator)(examples), device)
 
 
-def rss_mib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+def train_step(encoder, batch):
+    """Forward and backward of one batch as the trainer takes it: the model's ``step_in_parts`` when it has chunks
+    (a token budget, a gradient cache), else one forward of the whole batch. Returns the output."""
+    out = encoder.step_in_parts(encoder, batch, lambda t, grad=None: t.backward(grad), contextlib.nullcontext)
+    if out is None:
+        out = encoder(**batch)
+        out.loss.backward()
+    return out
 
 
 def load_causal_lm(args):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    dtype = getattr(torch, args.dtype)
     if args.tiny:
         from llm2vec.testing import build_tiny_model
 
@@ -88,7 +124,7 @@ def load_causal_lm(args):
         model = AutoModelForCausalLM.from_pretrained(
             args.model, dtype=torch.float32, attn_implementation=args.attn_implementation, trust_remote_code=False
         )
-    return model.to(device=args.device, dtype=dtype), tokenizer
+    return model.to(device=args.device, dtype=getattr(torch, args.dtype)), tokenizer
 
 
 def to_device(batch, device):
@@ -142,26 +178,15 @@ def authors_stage_I_loss(encoder, batch, alpha: float):
 
 
 def stage_I_step(args, variant: str, batch_size: int):
-    from llm2vec.collator import TrainCollator
-    from llm2vec.dataset import TrainExample
     from llm2vec.llm2vec_q2d_d2q import LLM2Vec_q2d_d2q
 
     model, tokenizer = load_causal_lm(args)
-    options = {
-        **OPTIMISED_STAGE_I,
-        **{
-            k: v
-            for k, v in (("token_budget", args.token_budget), ("logit_chunk_rows", args.logit_chunk_rows))
-            if v is not None
-        },
-    }
-    packed = {**options, "packing": True}
-    options = {"optimised": options, "packed": packed, "checkpointed": packed}.get(variant, {})
+    packed = {**OPTIMISED_STAGE_I, "packing": True}
+    options = {"optimised": OPTIMISED_STAGE_I, "packed": packed, "checkpointed": packed}.get(variant, {})
     encoder = LLM2Vec_q2d_d2q(model, tokenizer, alpha=0.2, max_length=args.max_length, **options).train()
     if variant == "checkpointed":
         encoder.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    examples = [TrainExample(q, d, n, "", "stdlib") for q, d, n in stdlib_triples(batch_size)]
-    batch = to_device(TrainCollator.for_encoder(encoder, reconstruction="text")(examples), args.device)
+    batch = training_batch(encoder, batch_size, args.device, reconstruction="text")
     tokens = int(batch["query"]["attention_mask"].sum() + batch["positive"]["attention_mask"].sum())
 
     def step():
@@ -170,13 +195,7 @@ def stage_I_step(args, variant: str, batch_size: int):
             loss = authors_stage_I_loss(encoder, batch, 0.2)
             loss.backward()
             return loss.item()
-        if variant in ("optimised", "checkpointed", "packed"):
-            out = encoder.step_in_parts(encoder, batch, lambda t, grad=None: t.backward(grad), contextlib.nullcontext)
-            if out is not None:
-                return out.loss.item()
-        out = encoder(**batch)
-        out.loss.backward()
-        return out.loss.item()
+        return train_step(encoder, batch).loss.item()
 
     return step, {"tokens": tokens}
 
@@ -185,47 +204,27 @@ def paper_lora():
     """The paper's Stage II LoRA (r 16, alpha 32) on every projection, without dropout so that steps compare."""
     from peft import LoraConfig, TaskType
 
-    return LoraConfig(
-        r=16,
-        lora_alpha=32,
-        lora_dropout=0.0,
-        bias="none",
-        task_type=TaskType.FEATURE_EXTRACTION,
-        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-    )
+    projections = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    kind = TaskType.FEATURE_EXTRACTION
+    return LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, task_type=kind, target_modules=projections)
 
 
 def stage_II_step(args, variant: str, batch_size: int):
     from peft import get_peft_model
-    from transformers import AutoModel
 
-    from llm2vec.collator import TrainCollator
-    from llm2vec.dataset import TrainExample
+    from llm2vec.llm2vec import decoder_body
     from llm2vec.llm2vec_contrastive import LLM2VecContrastive
 
     causal, tokenizer = load_causal_lm(args)
-    body = causal.model if hasattr(causal, "model") else AutoModel.from_pretrained(args.model, trust_remote_code=False)
-    lora = paper_lora()
     options = OPTIMISED_STAGE_II if variant == "cached" else {}
-    encoder = LLM2VecContrastive(
-        get_peft_model(body, lora), tokenizer, max_length=args.stage_II_max_length, **options
-    ).train()
-    examples = [TrainExample(q, d, n, "", "stdlib") for q, d, n in stdlib_triples(batch_size)]
-    batch = to_device(TrainCollator.for_encoder(encoder, with_negative=True)(examples), args.device)
+    body = get_peft_model(decoder_body(causal), paper_lora())
+    encoder = LLM2VecContrastive(body, tokenizer, max_length=args.stage_II_max_length, **options).train()
+    batch = training_batch(encoder, batch_size, args.device, with_negative=True)
     tokens = int(sum(batch[k]["attention_mask"].sum() for k in ("query", "positive", "negative")))
 
     def step():
         encoder.zero_grad(set_to_none=True)
-        if variant == "cached":
-            out = encoder.step_in_parts(encoder, batch, lambda t, grad=None: t.backward(grad), contextlib.nullcontext)
-            if out is None:
-                raise SystemExit(
-                    "benchmark: the cached Stage II variant fell back to the plain step; check OPTIMISED_STAGE_II"
-                )
-            return out.loss.item()
-        out = encoder(**batch)
-        out.loss.backward()
-        return out.loss.item()
+        return train_step(encoder, batch).loss.item()
 
     return step, {"tokens": tokens}
 
@@ -247,17 +246,12 @@ def encode_step(args, variant: str, batch_size: int):
         out = []
         with torch.no_grad():
             for s in range(0, len(order), batch_size):
-                features = to_device(
-                    pad_batch([encoded[i] for i in order[s : s + batch_size]], encoder.pad_token_id, "left"),
-                    args.device,
-                )
-                hidden = causal.model(
-                    input_ids=features["input_ids"],
-                    attention_mask=features["attention_mask"],
-                    position_ids=(features["attention_mask"].cumsum(1) - 1).clamp(min=0),
-                    use_cache=False,
-                ).last_hidden_state
-                out.append(hidden[:, -1])
+                features = pad_batch([encoded[i] for i in order[s : s + batch_size]], encoder.pad_token_id, "left")
+                features = to_device(features, args.device)
+                ids, mask = features["input_ids"], features["attention_mask"]
+                positions = (mask.cumsum(1) - 1).clamp(min=0)
+                hidden = causal.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
+                out.append(hidden.last_hidden_state[:, -1])
         embeddings = torch.empty(len(texts), out[0].shape[-1], device=out[0].device, dtype=out[0].dtype)
         embeddings[order] = torch.cat(out)
         return embeddings
@@ -277,92 +271,15 @@ def encode_step(args, variant: str, batch_size: int):
 STEPS = {"stage_I": stage_I_step, "stage_II": stage_II_step, "encode": encode_step}
 
 
-# ------------------------------------------------------------------ Stage II: project step vs sentence-transformers
-
-
-def st_versus_project_step(args, variant: str, batch_size: int):
-    """One Stage II step at the same batch, both with a gradient cache of chunks of ``--st_mini_batch`` texts:
-    ``project`` (LLM2VecContrastive, embedding_token_budget = mini-batch x stage_II_max_length) or ``st``
-    (the project's model as a SentenceTransformer, CachedMultipleNegativesRankingLoss at scale 20)."""
-    import tempfile
-
-    from llm2vec.collator import TrainCollator
-    from llm2vec.dataset import TrainExample
-    from llm2vec.st_training import build_loss, sentence_transformer
-
-    lora = paper_lora()
-    examples = [TrainExample(q, d, n, "", "stdlib") for q, d, n in stdlib_triples(batch_size)]
-    if args.tiny:
-        from llm2vec.testing import save_tiny_model
-
-        path = str(save_tiny_model("llama3", Path(tempfile.mkdtemp()) / "tiny", hidden_size=64))
-    else:
-        path = str(args.model)
-    if variant == "project":
-        from peft import get_peft_model
-
-        from llm2vec.llm2vec_contrastive import LLM2VecContrastive
-
-        encoder = LLM2VecContrastive.load(
-            path,
-            max_length=args.stage_II_max_length,
-            embedding_token_budget=args.st_mini_batch * args.stage_II_max_length,
-        )
-        encoder.model = get_peft_model(encoder.model, lora)
-        encoder.train()
-        batch = TrainCollator.for_encoder(encoder, with_negative=True)(examples)
-
-        def step():
-            encoder.zero_grad(set_to_none=True)
-            out = encoder.step_in_parts(encoder, batch, lambda t, grad=None: t.backward(grad), contextlib.nullcontext)
-            return out.loss.item()
-
-        return step, {"tokens": int(sum(batch[k]["attention_mask"].sum() for k in ("query", "positive", "negative")))}
-    model = sentence_transformer(
-        path, Path(tempfile.mkdtemp()) / "st", lora=lora, max_length=args.stage_II_max_length
-    ).train()
-    loss = build_loss("CachedMultipleNegativesRankingLoss", {"mini_batch_size": args.st_mini_batch}, model, 20.0)
-    features = [model.preprocess([getattr(e, side) for e in examples]) for side in ("query", "positive", "negative")]
-
-    def step():
-        model.zero_grad(set_to_none=True)
-        value = loss(features, None)
-        value.backward()
-        return value.item()
-
-    return step, {"tokens": int(sum(f["attention_mask"].sum() for f in features))}
-
-
-STEPS["st_versus_project"] = st_versus_project_step  # --st_versus_project only; not in --only's default
-
-
-def st_versus_project(args) -> int:
-    """``--st_versus_project BATCH``: the two Stage II steps at one batch, each in its own worker (peak memory is a
-    process's), then their time and peak memory as ratios (project / sentence-transformers)."""
-    out = {}
-    for variant in ("project", "st"):
-        out[variant] = run_worker(args, "st_versus_project", variant, args.st_versus_project)
-    p, s = out["project"], out["st"]
-    print(json.dumps({"batch": args.st_versus_project, "mini_batch": args.st_mini_batch, "project": p, "st": s}))
-    print(
-        f"Stage II step, batch {args.st_versus_project} triples, chunks of {args.st_mini_batch} texts x "
-        f"{args.stage_II_max_length} tokens: time project/ST = {p['seconds'] / s['seconds']:.3f}, "
-        f"peak RSS project/ST = {p['peak_rss_mib'] / s['peak_rss_mib']:.3f} "
-        f"(project {p['seconds']:.1f} s, {p['peak_rss_mib']:.0f} MiB; ST {s['seconds']:.1f} s, {s['peak_rss_mib']:.0f} MiB)"
-    )
-    return 0
-
-
 def worker(args) -> None:
     import torch
 
     torch.manual_seed(0)
     if args.threads:
         torch.set_num_threads(args.threads)
-
     step, extra = STEPS[args.bench](args, args.variant, args.batch)
     cuda = args.device.startswith("cuda")
-    setup = rss_mib()
+    setup = status_mib()["VmRSS"]
     loss = step()  # warm-up (and the loss the variants must agree on)
     if cuda:
         torch.cuda.synchronize()
@@ -378,26 +295,15 @@ def worker(args) -> None:
             raise SystemExit(
                 f"benchmark: {args.bench}/{args.variant}: the loss changed between repeats ({loss} then {again})"
             )
-    print(
-        json.dumps(
-            {
-                "bench": args.bench,
-                "variant": args.variant,
-                "batch": args.batch,
-                "seconds": round(statistics.median(times), 4),
-                "peak_rss_mib": round(peak_rss_mib(), 1),
-                "setup_rss_mib": round(setup, 1),
-                "loss": loss,
-                "device": args.device,
-                "dtype": args.dtype,
-                **({"peak_cuda_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1)} if cuda else {}),
-                **extra,
-            }
-        )
-    )
+    record = {"bench": args.bench, "variant": args.variant, "batch": args.batch}
+    record.update(seconds=round(statistics.median(times), 4), peak_rss_mib=round(peak_rss_mib(), 1))
+    record.update(setup_rss_mib=round(setup, 1), loss=loss, device=args.device, dtype=args.dtype)
+    if cuda:
+        record["peak_cuda_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    print(json.dumps({**record, **extra}))
 
 
-# --------------------------------------------------------------------------------------------- driver
+# --------------------------------------------------------------------------------------------------- driver
 
 
 def plan(args) -> list[tuple[str, str, int]]:
@@ -414,41 +320,16 @@ def plan(args) -> list[tuple[str, str, int]]:
 
 
 def run_worker(args, bench: str, variant: str, batch: int) -> dict:
-    command = [sys.executable, __file__, "--worker", "--bench", bench, "--variant", variant, "--batch", str(batch)]
-    for name in (
-        "repeats",
-        "max_length",
-        "stage_II_max_length",
-        "encode_texts",
-        "device",
-        "dtype",
-        "attn_implementation",
-    ):
-        command += [f"--{name}", str(getattr(args, name))]
-    command += ["--threads", str(args.threads or 0)]
-    for name in ("token_budget", "logit_chunk_rows"):
-        if getattr(args, name) is not None:
-            command += [f"--{name}", str(getattr(args, name))]
-    command += ["--tiny"] if args.tiny else ["--model", str(args.model)]
-    command += ["--st_mini_batch", str(args.st_mini_batch)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
-    result = subprocess.run(command, capture_output=True, text=True, env=env)
-    if result.returncode in (-9, 137):  # SIGKILL: on Linux the out-of-memory killer; the variant did not fit
-        print(f"benchmark: {bench}/{variant} at batch {batch} was killed (out of memory?)", file=sys.stderr)
-        return {"bench": bench, "variant": variant, "batch": batch, "failed": "killed (out of memory)"}
-    if result.returncode != 0:
-        raise SystemExit(f"benchmark: {bench}/{variant} at batch {batch} failed:\n{result.stderr[-3000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    identity = {"bench": bench, "variant": variant, "batch": batch}
+    return in_own_process(
+        __file__, {**vars(args), **identity}, f"benchmark: {bench}/{variant} at batch {batch}", identity
+    )
 
 
 def check_and_print(records: list[dict], as_json: bool) -> None:
-    by_key: dict[tuple[str, int], list[dict]] = {}
-    for r in records:
-        by_key.setdefault((r["bench"], r["batch"]), []).append(r)
-    for (bench, batch), group in by_key.items():
-        group = [r for r in group if "failed" not in r]
-        if not group:
-            continue
+    done = [r for r in records if "failed" not in r]
+    for bench, batch in dict.fromkeys((r["bench"], r["batch"]) for r in done):
+        group = [r for r in done if (r["bench"], r["batch"]) == (bench, batch)]
         losses = [r["loss"] for r in group]
         rtol = 1e-4 if all(r.get("dtype", "float32") == "float32" for r in group) else 1e-2  # bf16 rounding
         if max(losses) - min(losses) > rtol * max(abs(x) for x in losses):
@@ -456,6 +337,8 @@ def check_and_print(records: list[dict], as_json: bool) -> None:
                 f"benchmark: {bench} at batch {batch}: the variants disagree: "
                 + ", ".join(f"{r['variant']} {r['loss']:.6f}" for r in group)
             )
+    references = {(r["bench"], r["batch"]): r for r in done if r["variant"] == REFERENCE[r["bench"]]}
+
     if as_json:
         for r in records:
             print(json.dumps(r))
@@ -468,17 +351,7 @@ def check_and_print(records: list[dict], as_json: bool) -> None:
         if "failed" in r:
             print(f"{r['bench']:9} {r['variant']:12} {r['batch']:>5} {r['failed']}")
             continue
-        ref = next(
-            (
-                x
-                for x in records
-                if x["bench"] == r["bench"]
-                and x["variant"] == REFERENCE[r["bench"]]
-                and x["batch"] == r["batch"]
-                and "failed" not in x
-            ),
-            None,
-        )
+        ref = references.get((r["bench"], r["batch"]))
         time_ratio = f"{r['seconds'] / ref['seconds']:.2f}" if ref else "-"
         mem_ratio = f"{r['peak_rss_mib'] / ref['peak_rss_mib']:.2f}" if ref else "-"
         print(
@@ -494,13 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tiny", action="store_true", help="a tiny random Llama-3 model instead of --model (CI)")
     p.add_argument("--json", action="store_true", help="one JSON object per measurement instead of the table")
     p.add_argument("--only", nargs="+", default=["stage_I", "stage_II", "encode"], choices=sorted(STEPS))
-    p.add_argument(
-        "--stage_I_batches",
-        type=int,
-        nargs="+",
-        default=[8, 32],
-        help="pairs: the first for every variant, the others for the optimised and checkpointed steps only",
-    )
+    batches = "pairs: the first for every variant, the others for optimised and checkpointed"
+    p.add_argument("--stage_I_batches", type=int, nargs="+", default=[8, 32], help=batches)
     p.add_argument("--stage_II_batches", type=int, nargs="+", default=[8, 32, 64], help="triples")
     p.add_argument("--encode_batch", type=int, default=32)
     p.add_argument("--encode_texts", type=int, default=128)
@@ -509,50 +377,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=2, help="timed steps after the warm-up step (median)")
     p.add_argument("--threads", type=int, default=None, help="torch threads per worker (default: torch's)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]; on CUDA peak_cuda_mib is reported too")
-    p.add_argument(
-        "--dtype",
-        default="float32",
-        choices=("float32", "bfloat16"),
-        help="weights and compute (bf16 is slow on most CPUs)",
-    )
-    p.add_argument(
-        "--attn_implementation",
-        default="sdpa",
-        choices=("sdpa", "eager", "flash_attention_2"),
-        help="attention of --model (flash_attention_2: CUDA and the flash extra)",
-    )
-    p.add_argument(
-        "--token_budget",
-        type=int,
-        default=None,
-        help=f"the optimised Stage I step's token_budget (default {OPTIMISED_STAGE_I['token_budget']})",
-    )
-    p.add_argument(
-        "--logit_chunk_rows",
-        type=int,
-        default=None,
-        help=f"its logit_chunk_rows (default {OPTIMISED_STAGE_I['logit_chunk_rows']})",
-    )
-    p.add_argument(
-        "--st_versus_project",
-        type=int,
-        metavar="BATCH",
-        default=None,
-        help="only the Stage II step of this project and of sentence-transformers' cached loss at BATCH triples, "
-        "as ratios (docs/results/benchmarks.md)",
-    )
-    p.add_argument("--st_mini_batch", type=int, default=16, help="texts per gradient-cache chunk of both steps")
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--bench", choices=sorted(STEPS), help=argparse.SUPPRESS)
-    p.add_argument("--variant", help=argparse.SUPPRESS)
-    p.add_argument("--batch", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--attn_implementation", default="sdpa", choices=("sdpa", "eager", "flash_attention_2"))
+    p.add_argument("--worker", help=argparse.SUPPRESS)  # a measurement's settings as JSON: run it here
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.worker:
-        worker(args)
+        worker(argparse.Namespace(**json.loads(args.worker)))
         return 0
     if not args.tiny and not (args.model / "config.json").is_file():
         print(
@@ -561,10 +395,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.st_versus_project:
-        return st_versus_project(args)
-    records = [run_worker(args, *run) for run in plan(args)]
-    check_and_print(records, args.json)
+    check_and_print([run_worker(args, *run) for run in plan(args)], args.json)
     return 0
 
 

@@ -34,102 +34,26 @@ DEFAULT_TASKS_FILE = Path(__file__).resolve().parents[1] / "test_configs" / "mte
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The options; docs/export.md says what each does."""
     p = argparse.ArgumentParser(prog="export_sentence_transformers.py", description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--base_model_name_or_path",
-        required=True,
-        help="the trained model folder (Stage I output, a full model) or a hub id",
-    )
-    p.add_argument(
-        "--peft_model_name_or_path",
-        default=None,
-        help="a LoRA adapter folder (Stage II output); merged into the exported weights",
-    )
+    p.add_argument("--base_model_name_or_path", required=True, help="the trained model folder, or a hub id")
+    p.add_argument("--peft_model_name_or_path", help="a LoRA adapter folder (Stage II output), merged in")
     p.add_argument("--output_dir", required=True, help="the sentence-transformers folder to write")
-    p.add_argument(
-        "--task_to_instructions_fp",
-        default=None,
-        help="JSON object task name -> instruction; each task named by --tasks becomes a prompt",
-    )
-    p.add_argument(
-        "--tasks",
-        nargs="+",
-        default=None,
-        help="the tasks of --task_to_instructions_fp to write prompts for (default: all of its entries)",
-    )
-    p.add_argument(
-        "--query_instruction",
-        default=None,
-        help="instruction of the 'query' prompt that encode_query uses (default: the one instruction the run "
-        "trained its queries with, read from its run_config.json; refused when there is not exactly one). "
-        '--query_instruction "" writes an empty query prompt (encode_query then equals encode_document)',
-    )
-    p.add_argument("--pooling_mode", default=None, help="override the model's pooling (exportable: eos_token, mean)")
-    p.add_argument(
-        "--max_length",
-        type=int,
-        default=None,
-        help="tokens per input, template and anchor included (default: the model's llm2vec_config.json, "
-        "else 512); becomes max_seq_length",
-    )
-    p.add_argument(
-        "--template",
-        default=None,
-        help="prompt template name, or chat_template: the one derived from the tokenizer's chat template (default: "
-        "detected from the model)",
-    )
-    p.add_argument(
-        "--no_normalize",
-        dest="normalize",
-        action="store_false",
-        help="leave out the Normalize module (embeddings not scaled to unit length)",
-    )
-    p.add_argument(
-        "--dtype",
-        default=None,
-        help="dtype of the saved weights: bfloat16, float16, float32 (default: the base checkpoint's)",
-    )
-    p.add_argument(
-        "--mteb_results",
-        nargs="+",
-        default=(),
-        help="folders of mteb result files to show in the model card (the paper's Table 1 layout)",
-    )
-    p.add_argument(
-        "--mteb_tasks_file",
-        default=str(DEFAULT_TASKS_FILE),
-        help="tasks file grouping --mteb_results into the paper's categories (default: %(default)s)",
-    )
-    p.add_argument(
-        "--no_verify_embeddings",
-        dest="verify_embeddings",
-        action="store_false",
-        help="skip the embedding comparison after saving (token ids are still compared)",
-    )
-    p.add_argument(
-        "--named_prompts_only",
-        action="store_true",
-        help="write the text layout: only the exported prompts embed exactly, an ad-hoc prompt= does not (needed "
-        "for mean pooling); default: any instruction passed as prompt= embeds as LLM2Vec.encode",
-    )
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace a previous export in --output_dir (only an export: a run's folder, other files or a folder "
-        "above runs are refused)",
-    )
-    p.add_argument(
-        "--accept_other_base",
-        action="store_true",
-        help="load --peft_model_name_or_path although its run_config.json records another base model (same "
-        "shape, other weights; default: refused)",
-    )
-    p.add_argument(
-        "--trust_remote_code",
-        action="store_true",
-        help="run the Python code that the model folder's config.json or tokenizer_config.json names in its "
-        "auto_map (default: such a model is refused)",
-    )
+    p.add_argument("--task_to_instructions_fp", help="JSON object task name -> instruction: prompts to write")
+    p.add_argument("--tasks", nargs="+", help="the tasks of --task_to_instructions_fp to write (default: all)")
+    p.add_argument("--query_instruction", help="the query prompt's instruction (default: the run's; '' = none)")
+    p.add_argument("--pooling_mode", help="override the model's pooling (exportable: eos_token, mean)")
+    p.add_argument("--max_length", type=int, help="tokens per input (default: the model's, else 512)")
+    p.add_argument("--template", help="prompt template name, or chat_template (default: detected)")
+    p.add_argument("--no_normalize", dest="normalize", action="store_false", help="no Normalize module")
+    p.add_argument("--dtype", help="bfloat16, float16, float32 (default: the base checkpoint's)")
+    p.add_argument("--mteb_results", nargs="+", default=(), help="mteb result folders to show in the model card")
+    p.add_argument("--mteb_tasks_file", default=str(DEFAULT_TASKS_FILE), help="their tasks (default: %(default)s)")
+    p.add_argument("--no_verify_embeddings", dest="verify_embeddings", action="store_false", help="skip the check")
+    p.add_argument("--named_prompts_only", action="store_true", help="the text layout (needed for mean pooling)")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous export in --output_dir")
+    p.add_argument("--accept_other_base", action="store_true", help="an adapter trained on another base")
+    p.add_argument("--trust_remote_code", action="store_true", help="run the code the model folder names")
     return p
 
 
@@ -155,31 +79,10 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
     try:
-        report = export_sentence_transformers(
-            args.base_model_name_or_path,
-            args.output_dir,
-            args.peft_model_name_or_path,
-            task_to_instructions_fp=args.task_to_instructions_fp,
-            tasks=args.tasks,
-            query_instruction=args.query_instruction,
-            pooling_mode=args.pooling_mode,
-            max_length=args.max_length,
-            template=args.template,
-            normalize=args.normalize,
-            dtype=args.dtype,
-            mteb_results=args.mteb_results,
-            mteb_tasks_file=args.mteb_tasks_file,
-            verify_embeddings=args.verify_embeddings,
-            overwrite=args.overwrite,
-            named_prompts_only=args.named_prompts_only,
-            trust_remote_code=args.trust_remote_code,
-            accept_other_base=args.accept_other_base,
-        )
+        report = export_sentence_transformers(**vars(args))  # the options are the function's arguments
     except (ExportError, ValueError, OSError) as e:
-        if isinstance(e, HFValidationError) or isinstance(e.__cause__, HFValidationError):
-            print(f"{parser.prog}: error: {wrong_model_id(args, e)}", file=sys.stderr)
-            return 2
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        wrong_id = isinstance(e, HFValidationError) or isinstance(e.__cause__, HFValidationError)
+        print(f"{parser.prog}: error: {wrong_model_id(args, e) if wrong_id else e}", file=sys.stderr)
         return 2
     query = report["query_instruction"]
     print(

@@ -7,17 +7,8 @@ Prints the versions and the device, one line per check (``name STATUS numbers``)
 exits 1 when a check fails. A check whose subject cannot run here (no CUDA, no flash-attn or liger-kernel) says
 SKIP and why: it never runs a stand-in and calls it a pass. Every comparison is per sequence (each text's
 embedding, each pair's NLL per target token and direction, each query's InfoNCE term), besides the loss and each
-parameter's gradient. The bf16 tolerances (:class:`Setting`) sit 10 times or more above what a correct packed or
-chunked path differs by in bf16 on CPU (at most 4e-3 for an embedding, 9e-4 for an InfoNCE term), while sequence
-boundaries one token late, or attention across them, move some embedding by 0.13 or more and some InfoNCE term by
-0.28 or more (tests/test_gpu.py plants both defects and sees the checks fail in bf16).
-
-The checks: ``packed_sdpa`` and ``packed_flash`` (a packed call against padded calls and against each text alone);
-``stage_I_step`` and ``stage_II_step`` (the paper configs' step: token-budget chunks or gradient cache, LM-head
-blocks, packing, checkpointing, the fast attention; against the plain padded sdpa step on the same weights);
-``anchor_measures`` (:mod:`llm2vec.anchor_gain` on the device against float32 on the CPU); ``liger`` (the fused
-linear cross-entropy against the blockwise one); ``stage_I_1b`` (Llama-3.2-1B-shaped Stage I steps: memory,
-tokens per second and MFU beside the paper's, :data:`PAPER_MFU`). Needs only torch, transformers, peft, accelerate.
+parameter's gradient. The checks, their sizes and why the bf16 tolerances (:class:`Setting`) are what they are:
+docs/scaling.md ("Checking on a GPU"). Needs only torch, transformers, peft, accelerate.
 """
 
 from __future__ import annotations
@@ -28,11 +19,11 @@ import importlib.metadata
 import importlib.util
 import os
 import platform
-import resource
 import sys
 import time
+import unittest.mock
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -40,7 +31,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmark import paper_lora, peak_rss_mib, train_step  # noqa: E402 - experiments/benchmark.py
+
 from llm2vec import LLM2Vec  # noqa: E402
+from llm2vec.compat import disable_activation_checkpointing, enable_activation_checkpointing  # noqa: E402
 from llm2vec.llm2vec import decoder_body  # noqa: E402
 from llm2vec.packing import accepts_varlen_kwargs  # noqa: E402
 
@@ -95,14 +89,6 @@ class Result:
         return f"{self.name:<15} {self.status:<5} {self.detail}"
 
 
-def installed(module: str) -> bool:
-    """Whether ``module`` can be imported here (without importing it)."""
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
-
 def version(distribution: str) -> str:
     try:
         return importlib.metadata.version(distribution)
@@ -111,10 +97,11 @@ def version(distribution: str) -> str:
 
 
 def versions() -> str:
-    """One line: the versions this run uses (CUDA as torch was built for it, and the driver's GPU)."""
+    """One line: the versions this run uses (CUDA as torch was built for it)."""
     cuda = torch.version.cuda or "none (CPU build)"
-    packages = ["transformers", "peft", "accelerate", "flash-attn", "liger-kernel"]
-    listed = ", ".join(f"{p} {version(p)}" for p in packages)
+    listed = ", ".join(
+        f"{p} {version(p)}" for p in ("transformers", "peft", "accelerate", "flash-attn", "liger-kernel")
+    )
     return f"versions: Python {platform.python_version()}, torch {torch.__version__} (CUDA {cuda}), {listed}"
 
 
@@ -122,7 +109,7 @@ def setting(quick: bool) -> Setting:
     if quick or not torch.cuda.is_available():
         why = "quick mode, CPU" if quick else "no CUDA device"
         return Setting(torch.device("cpu"), torch.float32, "sdpa", True, why)
-    if not installed("flash_attn"):
+    if importlib.util.find_spec("flash_attn") is None:
         return Setting(torch.device("cuda"), torch.bfloat16, "sdpa", False, "flash-attn not installed")
     return Setting(torch.device("cuda"), torch.bfloat16, "flash_attention_2", False)
 
@@ -134,20 +121,10 @@ def llama(hidden: int, layers: int, heads: int, kv_heads: int, mlp: int, vocab: 
     from llm2vec.testing import build_tokenizer
 
     tokenizer = build_tokenizer("llama3")
-    config = AutoConfig.for_model(
-        "llama",
-        vocab_size=max(vocab, len(tokenizer)),
-        hidden_size=hidden,
-        intermediate_size=mlp,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        max_position_embeddings=2048,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=True,
-    )
+    sizes = dict(hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers, num_attention_heads=heads)
+    sizes.update(num_key_value_heads=kv_heads, vocab_size=max(vocab, len(tokenizer)), max_position_embeddings=2048)
+    ids = {f"{k}_token_id": getattr(tokenizer, f"{k}_token_id") for k in ("bos", "eos", "pad")}
+    config = AutoConfig.for_model("llama", tie_word_embeddings=True, **sizes, **ids)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=s.dtype, attn_implementation="sdpa")
     return model.to(s.device), tokenizer
@@ -166,18 +143,19 @@ def texts(n: int, min_words: int, max_words: int, seed: int, taken: tuple[str, .
     return out
 
 
-def checkpointing(model, on: bool) -> None:
-    """Activation checkpointing of the model's layers on or off, under the name the installed transformers
-    gives it (``activation_checkpointing_*`` in recent releases, ``gradient_checkpointing_*`` before)."""
-    prefix = "activation" if hasattr(model, "activation_checkpointing_enable") else "gradient"
-    if on:
-        getattr(model, f"{prefix}_checkpointing_enable")({"use_reentrant": False})
-    else:
-        getattr(model, f"{prefix}_checkpointing_disable")()
-
-
-def use_attention(model, name: str) -> None:
+@contextlib.contextmanager
+def attention(model, name: str, checkpointed: bool = False):
+    """The decoder's attention set to ``name`` (and activation checkpointing on, when ``checkpointed``) within the
+    block; ``sdpa`` (what :func:`llama` builds) and no checkpointing after it."""
     decoder_body(model).set_attn_implementation(name)
+    if checkpointed:
+        enable_activation_checkpointing(model, {"use_reentrant": False})
+    try:
+        yield
+    finally:
+        decoder_body(model).set_attn_implementation("sdpa")
+        if checkpointed:
+            disable_activation_checkpointing(model)
 
 
 def to_device(batch, device):
@@ -209,7 +187,7 @@ def gradients(model) -> dict[str, torch.Tensor]:
 class Verdict:
     """Several named comparisons of one check; it passes only when all of them do."""
 
-    parts: list[tuple[str, bool, str]]
+    parts: list[tuple[str, bool, str]] = field(default_factory=list)
 
     def add(self, what: str, worst: float, limit: float, above: bool = False) -> None:
         ok = worst >= limit if above else worst <= limit
@@ -219,12 +197,21 @@ class Verdict:
         """The worst relative error over sequences; every sequence must be within ``limit``."""
         self.add(f"worst {what}", relative_errors(got, ref).max().item(), limit)
 
+    def embeddings(self, got, ref, sides: tuple[str, ...], s: Setting) -> None:
+        """Each text's embedding of each side (``<side>_embedding`` of two step outputs)."""
+        for side in sides:
+            what = f"{side}_embedding"
+            self.per_sequence(f"{side} embedding", getattr(got, what), getattr(ref, what), s.embedding_rtol)
+
+    def loss_and_gradients(self, got, ref, grads: dict, ref_grads: dict, s: Setting) -> None:
+        self.add("loss", relative_errors(got.loss[None], ref.loss.detach()[None]).item(), s.loss_rtol)
+        self.gradients(grads, ref_grads, s.min_cosine)
+
     def gradients(self, got: dict, ref: dict, limit: float) -> None:
         if got.keys() != ref.keys():
-            self.parts.append(
-                ("gradients", False, f"gradients of different parameters: {sorted(got.keys() ^ ref.keys())}")
+            return self.parts.append(
+                ("gradients", False, f"gradients of other parameters: {sorted(got.keys() ^ ref.keys())}")
             )
-            return
         worst = min(cosine(got[n], ref[n]) for n in ref)
         self.parts.append(("gradients", worst >= limit, f"lowest gradient cosine {worst:.9f} (>= {limit:.9g})"))
 
@@ -239,56 +226,34 @@ class Verdict:
 # ---------------------------------------------------------------------------------------------- the checks
 
 
-def packed_embeddings(model, tokenizer, items: list[str], attention: str) -> torch.Tensor:
-    packed = LLM2Vec(model.model, tokenizer, max_length=512, packing=True)
-    features = to_device(packed.tokenize(items), model.device)
-    use_attention(model, attention)
-    with torch.no_grad():
-        return packed.embed(features)
+def embeddings(model, tokenizer, items: list[str], name: str, packing: bool = False, alone: bool = False):
+    """Each text's embedding under attention ``name``: packed, padded, or each text as a batch of one (``alone``)."""
+    encoder = LLM2Vec(model.model, tokenizer, max_length=512, packing=packing)
+    with attention(model, name), torch.no_grad():
+        batches = [[t] for t in items] if alone else [items]
+        return torch.cat([encoder.embed(to_device(encoder.tokenize(b), model.device)) for b in batches])
 
 
-def padded_embeddings(model, tokenizer, items: list[str], attention: str, alone: bool = False) -> torch.Tensor:
-    padded = LLM2Vec(model.model, tokenizer, max_length=512)
-    use_attention(model, attention)
-    with torch.no_grad():
-        if alone:  # each text as a batch of one: no padding, no packing
-            return torch.cat([padded.embed(to_device(padded.tokenize([t]), model.device)) for t in items])
-        return padded.embed(to_device(padded.tokenize(items), model.device))
-
-
-def embedding_texts(s: Setting) -> list[str]:
-    return texts(16, 3, 20 if s.quick else 300, seed=1)
-
-
-def check_packed_sdpa(s: Setting) -> Result:
+def check_packed(s: Setting, name: str) -> Result:
+    """Each text's embedding from one packed call under ``name`` against padded calls (and, for sdpa, each text
+    run alone; for flash, padded sdpa)."""
+    check = "packed_flash" if name == "flash_attention_2" else "packed_sdpa"
+    if s.fast_attention != name and name != "sdpa":
+        return Result(check, "SKIP", f"{s.why_not_flash}: FlashAttention was not run")
     model, tokenizer = llama(*s.size(), vocab=1024, s=s)
-    items = embedding_texts(s)
-    got = packed_embeddings(model, tokenizer, items, "sdpa")
-    verdict = Verdict([])
-    verdict.per_sequence(
-        "text embedding vs padded sdpa", got, padded_embeddings(model, tokenizer, items, "sdpa"), s.embedding_rtol
-    )
-    alone = padded_embeddings(model, tokenizer, items, "sdpa", alone=True)
-    verdict.per_sequence("text embedding vs run alone", got, alone, s.embedding_rtol)
-    use_attention(model, "sdpa")
-    return verdict.result("packed_sdpa", f"sdpa packed, {len(items)} texts")
-
-
-def check_packed_flash(s: Setting) -> Result:
-    if s.fast_attention != "flash_attention_2":
-        return Result("packed_flash", "SKIP", f"{s.why_not_flash}: FlashAttention was not run")
-    model, tokenizer = llama(*s.size(), vocab=1024, s=s)
-    items = embedding_texts(s)
-    got = packed_embeddings(model, tokenizer, items, "flash_attention_2")
-    verdict = Verdict([])
-    padded_flash = padded_embeddings(model, tokenizer, items, "flash_attention_2")
-    verdict.per_sequence("text embedding vs padded flash", got, padded_flash, s.embedding_rtol)
-    verdict.per_sequence(
-        "text embedding vs padded sdpa", got, padded_embeddings(model, tokenizer, items, "sdpa"), s.embedding_rtol
-    )
-    use_attention(model, "sdpa")
+    items = texts(16, 3, 20 if s.quick else 300, seed=1)
+    got = embeddings(model, tokenizer, items, name, packing=True)
+    references = {"padded sdpa": ("sdpa", False), "run alone": ("sdpa", True)}
+    if name != "sdpa":
+        references = {"padded flash": (name, False), "padded sdpa": ("sdpa", False)}
+    verdict = Verdict()
+    for what, (ref_name, alone) in references.items():
+        ref = embeddings(model, tokenizer, items, ref_name, alone=alone)
+        verdict.per_sequence(f"text embedding vs {what}", got, ref, s.embedding_rtol)
+    if name == "sdpa":
+        return verdict.result(check, f"sdpa packed, {len(items)} texts")
     varlen = "cu_seq_lens passed" if accepts_varlen_kwargs(decoder_body(model)) else "boundaries from position ids"
-    return verdict.result("packed_flash", f"flash_attention_2 packed ({varlen}), {len(items)} texts")
+    return verdict.result(check, f"flash_attention_2 packed ({varlen}), {len(items)} texts")
 
 
 @contextlib.contextmanager
@@ -309,11 +274,8 @@ def recorded_nll():
         calls.append((targets.tolist(), torch.cat(rows).double().cpu() if rows else torch.zeros(0)))
         return original(hidden, lm_head, targets, chunk_rows, fused)
 
-    reconstruction.linear_cross_entropy_sum = recording
-    try:
+    with unittest.mock.patch.object(reconstruction, "linear_cross_entropy_sum", recording):
         yield calls
-    finally:
-        reconstruction.linear_cross_entropy_sum = original
 
 
 def nll_per_sequence(calls, sequences: list[tuple[int, ...]]) -> torch.Tensor:
@@ -337,29 +299,25 @@ def target_sequences(targets: dict) -> list[tuple[int, ...]]:
     return [tuple(ids[m.bool()].tolist()) for ids, m in zip(targets["input_ids"], targets["attention_mask"])]
 
 
-def stage_I_batch(model, n: int, max_words: int, seed: int):
+def training_batch(model, n: int, max_words: int, seed: int, negatives: bool = False):
+    """A collated batch of ``n`` random pairs (Stage I: with their reconstruction targets) or triples (Stage II)."""
     from llm2vec.collator import TrainCollator
     from llm2vec.dataset import TrainExample
 
     queries = texts(n, 3, max(4, max_words // 4), seed)
-    documents = texts(n, 5, max_words, seed + 1, taken=tuple(queries))
-    examples = [
-        TrainExample(query=q, positive=d, negative=None, query_instruction="Retrieve passages", source="t")
-        for q, d in zip(queries, documents)
-    ]
-    return TrainCollator.for_encoder(model, reconstruction="text")(examples)
+    documents = texts(n, 5, max_words, seed + 1, taken=() if negatives else tuple(queries))
+    others = texts(n, 5, max_words, seed + 2) if negatives else [None] * n
+    instruction = "Retrieve" if negatives else "Retrieve passages"
+    examples = [TrainExample(q, d, x, instruction, "t") for q, d, x in zip(queries, documents, others)]
+    options = {"with_negative": True} if negatives else {"reconstruction": "text"}
+    return TrainCollator.for_encoder(model, **options)(examples)
 
 
 def stage_I_step(model, batch):
-    """One Stage I step as the trainer takes it (its ``step_in_parts`` when the model has chunks): the detached
-    output (loss, embeddings, chunks) and the recorded cross-entropy rows."""
+    """One Stage I step as the trainer takes it: the output and the recorded cross-entropy rows."""
     model.zero_grad(set_to_none=True)
     with recorded_nll() as calls:
-        out = model.step_in_parts(model, batch, lambda t, grad=None: t.backward(grad), contextlib.nullcontext)
-        if out is None:
-            out = model(**batch)
-            out.loss.backward()
-    return out, calls
+        return train_step(model, batch), calls
 
 
 def check_stage_I_step(s: Setting) -> Result:
@@ -371,23 +329,14 @@ def check_stage_I_step(s: Setting) -> Result:
     paper = LLM2Vec_q2d_d2q(
         causal_lm, tokenizer, max_length=512, token_budget=budget, logit_chunk_rows=rows, packing=True
     )
-    batch = to_device(stage_I_batch(plain, 8 if s.quick else 32, 24 if s.quick else 400, seed=3), s.device)
+    batch = to_device(training_batch(plain, 8 if s.quick else 32, 24 if s.quick else 400, seed=3), s.device)
     causal_lm.train()
-    use_attention(causal_lm, "sdpa")
     ref, ref_calls = stage_I_step(plain, batch)
     ref_grads = gradients(causal_lm)
-    use_attention(causal_lm, s.fast_attention)
-    checkpointing(causal_lm, True)
-    try:
+    with attention(causal_lm, s.fast_attention, checkpointed=True):
         got, got_calls = stage_I_step(paper, batch)
-    finally:
-        checkpointing(causal_lm, False)
-        use_attention(causal_lm, "sdpa")
-    grads = gradients(causal_lm)
-    causal_lm.zero_grad(set_to_none=True)
-    verdict = Verdict([])
-    verdict.per_sequence("query embedding", got.query_embedding, ref.query_embedding, s.embedding_rtol)
-    verdict.per_sequence("document embedding", got.document_embedding, ref.document_embedding, s.embedding_rtol)
+    verdict = Verdict()
+    verdict.embeddings(got, ref, ("query", "document"), s)
     for direction, side in (("q2d", "positive_targets"), ("d2q", "query_targets")):
         sequences = target_sequences(batch[side])
         got_nll, ref_nll = nll_per_sequence(got_calls, sequences), nll_per_sequence(ref_calls, sequences)
@@ -395,10 +344,10 @@ def check_stage_I_step(s: Setting) -> Result:
             verdict.parts.append(
                 (f"{direction} NLL", False, f"{direction}: a pair's targets were not found in the rows")
             )
-            continue
-        verdict.per_sequence(f"pair {direction} NLL/token", got_nll, ref_nll, s.nll_rtol)
-    verdict.add("loss", relative_errors(got.loss[None], ref.loss[None]).item(), s.loss_rtol)
-    verdict.gradients(grads, ref_grads, s.min_cosine)
+        else:
+            verdict.per_sequence(f"pair {direction} NLL/token", got_nll, ref_nll, s.nll_rtol)
+    verdict.loss_and_gradients(got, ref, gradients(causal_lm), ref_grads, s)
+    causal_lm.zero_grad(set_to_none=True)
     prefix = f"{s.attention}, token budget {budget} ({got.chunks} chunks), LM-head blocks {rows}, packed, checkpointed"
     return verdict.result("stage_I_step", prefix)
 
@@ -411,11 +360,11 @@ def check_anchor_measures(s: Setting) -> Result:
 
     causal_lm, tokenizer = llama(*s.size(), vocab=512 if s.quick else 128256, s=s, seed=4)
     model = LLM2Vec_q2d_d2q(causal_lm, tokenizer, max_length=512)
-    batches = [stage_I_batch(model, 8, 24 if s.quick else 120, seed=5 + k) for k in range(2)]
+    batches = [training_batch(model, 8, 24 if s.quick else 120, seed=5 + k) for k in range(2)]
     got = anchor_gain(model, [to_device(b, s.device) for b in batches])
     causal_lm.to(device="cpu", dtype=torch.float32)
     ref = anchor_gain(LLM2Vec_q2d_d2q(causal_lm, tokenizer, max_length=512), batches)
-    verdict = Verdict([])
+    verdict = Verdict()
     for direction in ("q2d", "d2q"):
         loss = ref[f"loss_{direction}"]
         verdict.add(f"{direction} loss", abs(got[f"loss_{direction}"] - loss) / loss, s.loss_rtol)
@@ -425,28 +374,23 @@ def check_anchor_measures(s: Setting) -> Result:
     return verdict.result("anchor_measures", f"{s.device.type} {str(s.dtype).split('.')[-1]} against CPU float32")
 
 
-def infonce_terms(q: torch.Tensor, p: torch.Tensor, n: torch.Tensor | None, scale: float) -> torch.Tensor:
-    """Each query's InfoNCE term (Eq. 6-7) in float64: logsumexp_j(scale cos(q_i, c_j)) - scale cos(q_i, p_i) over
-    the candidates c = every positive and every hard negative of the batch."""
+def infonce_terms(out, scale: float) -> torch.Tensor:
+    """Each query's InfoNCE term (Eq. 6-7) of a Stage II step's output in float64: logsumexp_j(scale cos(q_i, c_j)) -
+    scale cos(q_i, p_i) over the candidates c = every positive and every hard negative of the batch."""
+    q, p, n = out.query_embedding, out.positive_embedding, out.negative_embedding
     candidates = torch.cat([p, n]) if n is not None else p
     sims = scale * F.normalize(q.double(), dim=-1) @ F.normalize(candidates.double(), dim=-1).T
     return sims.logsumexp(-1) - sims.diagonal()[: len(q)]
 
 
 def check_stage_II_step(s: Setting) -> Result:
-    from peft import LoraConfig, TaskType, get_peft_model
+    from peft import get_peft_model
 
-    from llm2vec.collator import TrainCollator
-    from llm2vec.dataset import TrainExample
     from llm2vec.llm2vec_contrastive import LLM2VecContrastive
 
     causal_lm, tokenizer = llama(*s.size(), vocab=1024, s=s, seed=4)
-    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    lora = LoraConfig(
-        r=16, lora_alpha=32, lora_dropout=0.0, target_modules=targets, task_type=TaskType.FEATURE_EXTRACTION
-    )
     torch.manual_seed(5)
-    body = get_peft_model(causal_lm.model, lora)
+    body = get_peft_model(causal_lm.model, paper_lora())
     with torch.no_grad():  # random B matrices, so every LoRA matrix gets a gradient
         for name, p in body.named_parameters():
             if "lora_B" in name:
@@ -455,35 +399,19 @@ def check_stage_II_step(s: Setting) -> Result:
     plain = LLM2VecContrastive(body, tokenizer, max_length=512)
     paper = LLM2VecContrastive(body, tokenizer, max_length=512, embedding_token_budget=budget, packing=True)
     n, words = (6, 20) if s.quick else (64, 350)
-    q, p, neg = texts(n, 3, words // 4, 6), texts(n, 5, words, 7), texts(n, 5, words, 8)
-    examples = [
-        TrainExample(query=a, positive=b, negative=c, query_instruction="Retrieve", source="t")
-        for a, b, c in zip(q, p, neg)
-    ]
-    batch = to_device(TrainCollator.for_encoder(plain, with_negative=True)(examples), s.device)
+    batch = to_device(training_batch(plain, n, words, seed=6, negatives=True), s.device)
     body.train()
-    use_attention(causal_lm, "sdpa")
     body.zero_grad(set_to_none=True)
-    ref = plain(**batch)
-    ref.loss.backward()
+    ref = train_step(plain, batch)
     ref_grads = gradients(body)
-    use_attention(causal_lm, s.fast_attention)
     body.zero_grad(set_to_none=True)
-    try:
-        got = paper.step_in_parts(paper, batch, lambda t, grad=None: t.backward(grad), contextlib.nullcontext)
-    finally:
-        use_attention(causal_lm, "sdpa")
-    grads = gradients(body)
-    verdict = Verdict([])
-    for side in ("query", "positive", "negative"):
-        name = f"{side}_embedding"
-        verdict.per_sequence(f"{side} embedding", getattr(got, name), getattr(ref, name), s.embedding_rtol)
-    scale = plain.loss_fn.scale
-    got_terms = infonce_terms(got.query_embedding, got.positive_embedding, got.negative_embedding, scale)
-    ref_terms = infonce_terms(ref.query_embedding, ref.positive_embedding, ref.negative_embedding, scale)
-    verdict.per_sequence("query InfoNCE term", got_terms, ref_terms, s.infonce_rtol)
-    verdict.add("loss", relative_errors(got.loss[None], ref.loss.detach()[None]).item(), s.loss_rtol)
-    verdict.gradients(grads, ref_grads, s.min_cosine)
+    with attention(causal_lm, s.fast_attention):
+        got = train_step(paper, batch)
+    verdict = Verdict()
+    verdict.embeddings(got, ref, ("query", "positive", "negative"), s)
+    terms = [infonce_terms(out, plain.loss_fn.scale) for out in (got, ref)]
+    verdict.per_sequence("query InfoNCE term", *terms, s.infonce_rtol)
+    verdict.loss_and_gradients(got, ref, gradients(body), ref_grads, s)
     return verdict.result("stage_II_step", f"{s.attention}, gradient cache {budget} tokens, packed, {n} triples")
 
 
@@ -505,7 +433,7 @@ def check_liger(s: Setting) -> Result:
         loss.backward()
         results.append((loss.detach(), {"hidden": hidden.grad.float(), "weight": head.weight.grad.float()}))
     (ref_loss, ref), (loss, got) = results
-    verdict = Verdict([])
+    verdict = Verdict()
     # each row's share of the gradient with respect to its hidden state: a row-wise comparison
     verdict.per_sequence("row's hidden-state gradient", got["hidden"], ref["hidden"], s.embedding_rtol)
     verdict.add("loss", relative_errors(loss[None], ref_loss[None]).item(), s.loss_rtol)
@@ -546,17 +474,11 @@ def peak_tflops(device_name: str) -> float | None:
 def stage_I_flops(
     body_parameters: int, hidden: int, layers: int, vocab: int, sequence_lengths: list[int], target_rows: int
 ) -> float:
-    """Model FLOPs of one training step (forward + backward) over the given decoder sequences:
+    """Model FLOPs of one training step (forward + backward) over the given decoder sequences (the formula and its
+    terms: docs/results/benchmarks.md; recomputed forwards of activation checkpointing are not counted):
 
-        6 x P_body x sum_s n_s            the decoder layers' matmuls (2 forward + 4 backward per weight and token)
-      + 6 x L x H x sum_s n_s^2           causal attention: QK^T and AV, 2 x 2 x H x n^2 / 2 per layer forward, x 3
-      + 6 x H x V x target_rows           the LM head at the rows that predict a target
-
-    with P_body the weight matrices of the decoder layers (:func:`body_parameters`; the embedding lookup and the
-    norms' scales cost no matmul FLOPs), n_s the real length
-    of each decoder sequence (encodings and reconstructions, packed: no padding), H the hidden size, L the
-    layers and V the vocabulary. Activation checkpointing's recomputed forward is not counted (model FLOPs,
-    not hardware FLOPs)."""
+        6 x P_body x sum_s n_s  +  6 x L x H x sum_s n_s^2  +  6 x H x V x target_rows
+    """
     tokens = sum(sequence_lengths)
     squares = sum(n * n for n in sequence_lengths)
     return 6.0 * body_parameters * tokens + 6.0 * layers * hidden * squares + 6.0 * hidden * vocab * target_rows
@@ -575,78 +497,65 @@ def stage_I_sequences(batch) -> tuple[list[int], int]:
     return encode + [1 + n for n in targets], sum(targets)
 
 
-def peak_memory_mib(s: Setting) -> float:
-    if s.device.type == "cuda":
-        return torch.cuda.max_memory_allocated(s.device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux: the process's peak RSS
-
-
 def check_stage_I_1b(s: Setting, steps: int = 2) -> Result:
     """Throughput, MFU and peak memory of Stage I steps, Llama-3.2-1B's shape (16 layers, hidden 2048, 32 / 8
     heads, MLP 8192, vocabulary 128256, tied embeddings) with random weights and the paper config's settings."""
     from llm2vec.llm2vec_q2d_d2q import LLM2Vec_q2d_d2q
 
-    size = s.size(LLAMA_1B_SIZE)
-    vocab = 512 if s.quick else 128256
-    causal_lm, tokenizer = llama(*size, vocab=vocab, s=s, seed=10)
-    use_attention(causal_lm, s.fast_attention)
+    size, cuda = s.size(LLAMA_1B_SIZE), s.device.type == "cuda"
+    causal_lm, tokenizer = llama(*size, vocab=512 if s.quick else 128256, s=s, seed=10)
     budget, rows = (400, 64) if s.quick else (16384, 4096)
     model = LLM2Vec_q2d_d2q(
         causal_lm, tokenizer, max_length=512, token_budget=budget, logit_chunk_rows=rows, packing=True
     )
     causal_lm.train()
-    checkpointing(causal_lm, True)
     optimizer = torch.optim.AdamW(causal_lm.parameters(), lr=4e-5)  # pure bf16 on a GPU, as the paper configs
     pairs = 8 if s.quick else 32
-    batches = [
-        to_device(stage_I_batch(model, pairs, 30 if s.quick else 420, seed=20 + k), s.device) for k in range(steps + 1)
-    ]
-    if s.device.type == "cuda":
+    batches = [training_batch(model, pairs, 30 if s.quick else 420, seed=20 + k) for k in range(steps + 1)]
+    if cuda:
         torch.cuda.reset_peak_memory_stats(s.device)
-    matrices = body_parameters(causal_lm)
+    synchronize = torch.cuda.synchronize if cuda else lambda device: None
     times, tokens, flops = [], [], []
-    for k, batch in enumerate(batches):
-        if s.device.type == "cuda":
-            torch.cuda.synchronize(s.device)
-        start = time.perf_counter()
-        model.zero_grad(set_to_none=True)
-        out = model.step_in_parts(model, batch, lambda t, grad=None: t.backward(grad), contextlib.nullcontext)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if s.device.type == "cuda":
-            torch.cuda.synchronize(s.device)
-        if k:  # the first step warms up kernels and the allocator
-            times.append(time.perf_counter() - start)
-            tokens.append(int(batch["query"]["attention_mask"].sum() + batch["positive"]["attention_mask"].sum()))
-            lengths, target_rows = stage_I_sequences(batch)
-            flops.append(stage_I_flops(matrices, size[0], size[1], causal_lm.config.vocab_size, lengths, target_rows))
-    checkpointing(causal_lm, False)
-    use_attention(causal_lm, "sdpa")
+    with attention(causal_lm, s.fast_attention, checkpointed=True):
+        for k, batch in enumerate(to_device(b, s.device) for b in batches):
+            synchronize(s.device)
+            start = time.perf_counter()
+            model.zero_grad(set_to_none=True)
+            out = train_step(model, batch)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            synchronize(s.device)
+            if k:  # the first step warms up kernels and the allocator
+                times.append(time.perf_counter() - start)
+                tokens.append(int(batch["query"]["attention_mask"].sum() + batch["positive"]["attention_mask"].sum()))
+                lengths, targets = stage_I_sequences(batch)
+                matrices, vocab = body_parameters(causal_lm), causal_lm.config.vocab_size
+                flops.append(stage_I_flops(matrices, size[0], size[1], vocab, lengths, targets))
     if not torch.isfinite(out.loss):
         return Result("stage_I_1b", "FAIL", f"loss {out.loss.item()}")
-    step_time = sum(times) / len(times)
     achieved = sum(flops) / sum(times)
-    name = torch.cuda.get_device_name(s.device) if s.device.type == "cuda" else "CPU"
+    name = torch.cuda.get_device_name(s.device) if cuda else "CPU"
     peak = peak_tflops(name) if s.bf16 else None
-    if peak is None:
-        why = "not a bf16 run" if not s.bf16 else f"no bf16 peak known for {name!r} (BF16_PEAK_TFLOPS)"
-        mfu = f"MFU n/a ({why})"
-    else:
-        mfu = f"MFU {achieved / (peak * 1e12):.1%} of {peak:g} TFLOP/s"
+    why = "not a bf16 run" if not s.bf16 else f"no bf16 peak known for {name!r} (BF16_PEAK_TFLOPS)"
+    mfu = f"MFU {achieved / (peak * 1e12):.1%} of {peak:g} TFLOP/s" if peak else f"MFU n/a ({why})"
+    memory = (
+        f"GPU memory allocated {torch.cuda.max_memory_allocated(s.device) / 2**20:.0f}"
+        if cuda
+        else f"RSS {peak_rss_mib():.0f}"
+    )
     parameters = sum(p.numel() for p in causal_lm.parameters())
     detail = (
         f"{parameters / 1e6:.2f} M parameters, {s.fast_attention}, {pairs} pairs per step, "
         f"{sum(tokens) / len(tokens):.0f} real tokens per step (queries + documents): "
-        f"{sum(tokens) / sum(times):.0f} tokens/s, {step_time:.2f} s/step, {achieved / 1e12:.1f} model TFLOP/s, {mfu} "
-        f"(paper: ~{PAPER_MFU:.0%} on A100); peak "
-        f"{'GPU memory allocated' if s.device.type == 'cuda' else 'RSS'} {peak_memory_mib(s):.0f} MiB"
+        f"{sum(tokens) / sum(times):.0f} tokens/s, {sum(times) / len(times):.2f} s/step, {achieved / 1e12:.1f} model "
+        f"TFLOP/s, {mfu} (paper: ~{PAPER_MFU:.0%} on A100); peak {memory} MiB"
     )
     return Result("stage_I_1b", "PASS", detail)
 
 
 CHECKS = {
-    "packed_sdpa": check_packed_sdpa,
-    "packed_flash": check_packed_flash,
+    "packed_sdpa": lambda s: check_packed(s, "sdpa"),
+    "packed_flash": lambda s: check_packed(s, "flash_attention_2"),
     "stage_I_step": check_stage_I_step,
     "stage_II_step": check_stage_II_step,
     "anchor_measures": check_anchor_measures,

@@ -25,6 +25,10 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "test_configs" / "mteb"
 DEFAULT_TASKS_FILE = CONFIG_DIR / "tasks.json"
 DEFAULT_INSTRUCTIONS_FILE = CONFIG_DIR / "task_to_instructions.json"
 PROG = "mteb_eval_custom.py"
+ENCODER_OPTIONS = (  # passed on as they are to LLM2VecMTEBEncoder.from_pretrained
+    "dtype", "pooling_mode", "max_length", "template", "attn_implementation", "doc_max_length", "model_name",
+    "revision", "allow_missing_instructions", "batch_size", "trust_remote_code", "accept_other_base",
+)  # fmt: skip
 
 
 class UsageError(ValueError):
@@ -32,104 +36,36 @@ class UsageError(ValueError):
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=PROG,
-        description="Evaluate an LLM2Vec / Anchor Embedding model on MTEB tasks (mteb 2.x) with per-task instructions.",
-    )
+    """The options; docs/evaluation.md says what each does."""
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--base_model_name_or_path", required=True, help="base model (hub id or folder)")
-    p.add_argument("--peft_model_name_or_path", default=None, help="LoRA adapter folder (merged before encoding)")
+    p.add_argument("--peft_model_name_or_path", help="LoRA adapter folder (merged before encoding)")
     p.add_argument("--task_name", nargs="+", default=[], help="mteb task name(s); several names or comma-separated")
-    p.add_argument(
-        "--task_set", default=None, help="a named task list of --tasks_fp: mteb56 (all 56) or subset15 (Table 8)"
-    )
-    p.add_argument(
-        "--tasks_fp",
-        default=str(DEFAULT_TASKS_FILE),
-        help="tasks file: task sets, split and subset per task (default: %(default)s)",
-    )
-    p.add_argument(
-        "--task_to_instructions_fp",
-        default=str(DEFAULT_INSTRUCTIONS_FILE),
-        help="JSON object: mteb task name -> instruction (default: %(default)s)",
-    )
-    p.add_argument(
-        "--allow-missing-instructions",
-        "--allow_missing_instructions",
-        dest="allow_missing_instructions",
-        action="store_true",
-        help="encode tasks absent from the instructions file without instruction (warns)",
-    )
-    p.add_argument(
-        "--local_retrieval_dir",
-        default=None,
-        help="a BEIR-style folder (corpus.jsonl, queries.jsonl, qrels.jsonl) to evaluate as a retrieval task",
-    )
-    p.add_argument(
-        "--local_task_name",
-        default="StdlibDocRetrieval",
-        help="task name of --local_retrieval_dir; not the name of a task mteb knows (default: %(default)s)",
-    )
-    p.add_argument(
-        "--local_instruction",
-        default=None,
-        help="query instruction of the local task (default: its entry in the instructions file)",
-    )
-    p.add_argument(
-        "--output_dir",
-        default="mteb_results",
-        help="mteb result cache; results go to <output_dir>/results/<model>/<revision>/<Task>.json",
-    )
+    p.add_argument("--task_set", help="a named task list of --tasks_fp: mteb56 (all 56) or subset15 (Table 8)")
+    p.add_argument("--tasks_fp", default=str(DEFAULT_TASKS_FILE), help="tasks file (default: %(default)s)")
+    instructions = "JSON object: task -> instruction (default: %(default)s)"
+    p.add_argument("--task_to_instructions_fp", default=str(DEFAULT_INSTRUCTIONS_FILE), help=instructions)
+    allow = ("--allow-missing-instructions", "--allow_missing_instructions")
+    p.add_argument(*allow, dest="allow_missing_instructions", action="store_true", help="encode those without one")
+    p.add_argument("--local_retrieval_dir", help="a BEIR-style folder to evaluate as a retrieval task")
+    p.add_argument("--local_task_name", default="StdlibDocRetrieval", help="its task name; no mteb task's")
+    p.add_argument("--local_instruction", help="its query instruction (default: its entry in the instructions file)")
+    p.add_argument("--output_dir", default="mteb_results", help="mteb result cache (results/<model>/<revision>/)")
     p.add_argument("--overwrite", action="store_true", help="recompute tasks whose results already exist")
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument(
-        "--dtype", default="auto", help="auto (bf16 on a GPU that has it, else fp32), bfloat16, float16, float32"
+        "--dtype", default="auto", help="auto (bf16 on a GPU with it, else fp32), bfloat16, float16, float32"
     )
-    p.add_argument(
-        "--max_length", type=int, default=None, help="tokens per input (default: the model's config, else 512)"
-    )
-    p.add_argument(
-        "--doc_max_length",
-        type=int,
-        default=None,
-        help="cut every text to this many tokens before the prompt is added and --max_length applies; "
-        "the authors' evaluation used 400 (default: no such cap)",
-    )
-    p.add_argument("--pooling_mode", default=None, help="eos_token (the paper's), last_token, mean, weighted_mean")
-    p.add_argument(
-        "--template",
-        default=None,
-        help="prompt template name, or chat_template: the one derived from the tokenizer's chat template (default: "
-        "detected from the model)",
-    )
-    p.add_argument("--attn_implementation", default=None, help="e.g. flash_attention_2, sdpa")
-    p.add_argument(
-        "--device",
-        default="auto",
-        help="auto (all visible GPUs, one replica each, else CPU), a device (cuda:1, cpu) or a comma-separated list",
-    )
-    p.add_argument(
-        "--model_name",
-        default=None,
-        help="org/name of the results folder, written as org__name (default: from the model path); "
-        "each part a plain name",
-    )
-    p.add_argument(
-        "--revision",
-        default=None,
-        help="revision folder (default: a hash of the model settings); a plain name, no '/' or '..'",
-    )
-    p.add_argument(
-        "--trust_remote_code",
-        action="store_true",
-        help="run the Python code that the model folder's config.json or tokenizer_config.json names in its "
-        "auto_map (default: such a model is refused)",
-    )
-    p.add_argument(
-        "--accept_other_base",
-        action="store_true",
-        help="load --peft_model_name_or_path although its run_config.json records another base model (same "
-        "shape, other weights; default: refused)",
-    )
+    p.add_argument("--max_length", type=int, help="tokens per input (default: the model's config, else 512)")
+    p.add_argument("--doc_max_length", type=int, help="cut every text to this many tokens first (the authors: 400)")
+    p.add_argument("--pooling_mode", help="eos_token (the paper's), last_token, mean, weighted_mean")
+    p.add_argument("--template", help="prompt template name, or chat_template (default: detected)")
+    p.add_argument("--attn_implementation", help="e.g. flash_attention_2, sdpa")
+    p.add_argument("--device", default="auto", help="auto (every GPU, else CPU), a device, or a comma-separated list")
+    p.add_argument("--model_name", help="org/name of the results folder (default: from the model path)")
+    p.add_argument("--revision", help="revision folder (default: a hash of the model settings)")
+    p.add_argument("--trust_remote_code", action="store_true", help="run the code the model folder names")
+    p.add_argument("--accept_other_base", action="store_true", help="an adapter trained on another base")
     return p
 
 
@@ -247,18 +183,7 @@ def run(args: argparse.Namespace) -> int:
             args.peft_model_name_or_path,
             instructions=args.task_to_instructions_fp,
             devices=device_list,
-            dtype=args.dtype,
-            pooling_mode=args.pooling_mode,
-            max_length=args.max_length,
-            template=args.template,
-            attn_implementation=args.attn_implementation,
-            doc_max_length=args.doc_max_length,
-            model_name=args.model_name,
-            revision=args.revision,
-            allow_missing_instructions=args.allow_missing_instructions,
-            batch_size=args.batch_size,
-            trust_remote_code=args.trust_remote_code,
-            accept_other_base=args.accept_other_base,
+            **{name: getattr(args, name) for name in ENCODER_OPTIONS},
         )
     except (PathNameError, ModelFilesError) as e:  # a model name from a path that is no plain name
         raise UsageError(str(e)) from None

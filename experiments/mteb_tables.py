@@ -24,44 +24,15 @@ DEFAULT_PAPER_FILE = CONFIG_DIR / "paper_results.json"
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
+    """The options; docs/evaluation.md ("Tables") says what each does."""
     parser = argparse.ArgumentParser(prog="mteb_tables.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "result_dirs",
-        nargs="+",
-        type=Path,
-        metavar="RESULT_DIR",
-        help="folder with mteb result files of one run (searched recursively)",
-    )
-    parser.add_argument(
-        "--paper-model",
-        default=None,
-        help="paper model to compare with, e.g. Llama-3.2-1B-Instruct, Qwen2.5-1.5B-Instruct, "
-        "Llama-3.2-3B-Instruct, Mistral-7B, Llama-3.1-8B-Instruct (default: no comparison)",
-    )
-    parser.add_argument(
-        "--paper-row",
-        default="anchor",
-        help="row of the paper for that model: anchor or baseline (Table 1); only_d2q or only_q2d "
-        "(Table 3, Llama-3.2-1B-Instruct) (default: anchor)",
-    )
-    parser.add_argument(
-        "--subset",
-        default=None,
-        help="restrict to a task subset of the tasks file: 15 = the ablation subset of Table 8 (default: all 56 tasks)",
-    )
-    parser.add_argument(
-        "--tasks-file",
-        type=Path,
-        default=DEFAULT_TASKS_FILE,
-        help="tasks, categories, splits and subsets (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--paper-file",
-        type=Path,
-        default=DEFAULT_PAPER_FILE,
-        help="the paper's numbers, read with --paper-model (default: %(default)s)",
-    )
-    parser.add_argument("--output", type=Path, default=None, help="also write the Markdown to this file")
+    parser.add_argument("result_dirs", nargs="+", type=Path, metavar="RESULT_DIR", help="mteb results of one run")
+    parser.add_argument("--paper-model", help="the paper's model to compare with, e.g. Llama-3.2-1B-Instruct")
+    parser.add_argument("--paper-row", default="anchor", help="anchor, baseline, only_d2q or only_q2d")
+    parser.add_argument("--subset", help="a task subset of the tasks file: 15 (Table 8) (default: all 56 tasks)")
+    parser.add_argument("--tasks-file", type=Path, default=DEFAULT_TASKS_FILE, help="default: %(default)s")
+    parser.add_argument("--paper-file", type=Path, default=DEFAULT_PAPER_FILE, help="default: %(default)s")
+    parser.add_argument("--output", type=Path, help="also write the Markdown to this file")
     return parser
 
 

@@ -55,6 +55,10 @@ def _on(value, device: torch.device):
     return value.to(device) if isinstance(value, torch.Tensor) else value
 
 
+def _ratio(total: float, count: float) -> float:
+    return total / count if count else float("nan")
+
+
 def _first(mask: torch.Tensor, k: int) -> torch.Tensor:
     """The first ``k`` real targets of each row of a right-padded (B, M) mask."""
     return mask * (mask.cumsum(dim=1) <= k)
@@ -151,13 +155,9 @@ def anchor_gain(
         )
         if sources is not None:
             s = t.source
-            measured = s["pairs"]
-            result[f"anchor_gain_in_source_{direction}"] = (
-                (s["rolled"] - s["loss"]) / s["tokens"] if s["tokens"] else float("nan")
-            )
-            result[f"rank_accuracy_in_source_{direction}"] = s["hits"] / measured if measured else float("nan")
-            result["rank_chance_in_source"] = s["chance"] / measured if measured else float("nan")
-            result["pairs_in_source"] = float(measured)
+            result[f"anchor_gain_in_source_{direction}"] = _ratio(s["rolled"] - s["loss"], s["tokens"])
+            result[f"rank_accuracy_in_source_{direction}"] = _ratio(s["hits"], s["pairs"])
+            result.update(rank_chance_in_source=_ratio(s["chance"], s["pairs"]), pairs_in_source=float(s["pairs"]))
     return result
 
 

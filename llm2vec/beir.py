@@ -17,6 +17,7 @@ run's: qrels that miss its queries are more likely the wrong split than a choice
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -96,16 +97,12 @@ def _text(row: dict[str, Any], field: str, where: str, optional: bool = False) -
 
 def _grade(value: Any, where: str) -> int:
     """A relevance grade: a whole number >= 0 (a JSON integer, an integral float or a string of one)."""
-    grade = None
-    if isinstance(value, int) and not isinstance(value, bool):
-        grade = value
-    elif isinstance(value, float) and value.is_integer():
+    grade = value if isinstance(value, int) and not isinstance(value, bool) else None
+    if isinstance(value, float) and value.is_integer():
         grade = int(value)
     elif isinstance(value, str):
-        try:
+        with contextlib.suppress(ValueError):  # not a whole number: refused below
             grade = int(value.strip())
-        except ValueError:
-            grade = None
     if grade is None:
         raise ValueError(
             f"{where}: score {value!r} is not an integer; give a whole-number relevance grade (0 = not relevant)"
@@ -195,13 +192,9 @@ def read_beir_folder(data_dir: str | os.PathLike, queries_without_relevant: str 
         )
     if unjudged or nothing_relevant:
         logger.warning(
-            "%s: %d of %d queries are left out: %d without a qrels line, %d whose documents are all graded 0 "
-            "(nothing relevant to find)",
-            data_dir,
-            len(unjudged) + len(nothing_relevant),
-            len(query_ids),
-            len(unjudged),
-            len(nothing_relevant),
+            f"{data_dir}: {len(unjudged) + len(nothing_relevant)} of {len(query_ids)} queries are left out: "
+            f"{len(unjudged)} without a qrels line, {len(nothing_relevant)} whose documents are all graded 0 "
+            "(nothing relevant to find)"
         )
     return BeirFolder(
         path=data_dir,

@@ -21,26 +21,11 @@ adapter folder that holds only that file (peft reads ``adapter_model.safetensors
 
 **Adapters that do not belong to the base.** :func:`check_adapter` is the one check every adapter load goes through
 (training's ``peft_model_name_or_path``, :meth:`llm2vec.LLM2Vec.load` and so ``from_pretrained``, evaluation,
-the export), before any weights load:
+the export), before any weights load: a LoRA adapter folder, its tensors exactly those peft creates for its config
+on the base (:func:`_adapter_problem`), and the base it was trained on identified by content (SHA-256 of the
+weights files); ``accept_other_base=True`` loads one trained on another base, with a warning.
 
-- a folder without ``adapter_config.json`` (a full model given as an adapter is named as such) or without
-  ``adapter_model.safetensors``;
-- an adapter loaded strictly: the tensors of its safetensors file must be exactly those peft creates for its
-  ``adapter_config.json`` on the base model (built on the meta device, no weights read), each of the shape peft
-  gives it. A tensor missing (an incomplete copy), a tensor no module uses (a config whose ``target_modules``
-  was cut), a rank or layer of another size: the config and the weights disagree. LoRA matrices that do not fit
-  the base's layers (another hidden size) are named as such;
-- the base identified by its content: the SHA-256 of each weights file (:func:`llm2vec.io.sha256_file`)
-  against the fingerprint the adapter's ``run_config.json`` recorded, else against the folder its
-  ``adapter_config.json`` names (``base_model_name_or_path``); names and modification times aside, so a copy of
-  the right base passes. An adapter whose base cannot be compared (no record, the named base not here) counts as
-  trained on another base.
-
-``accept_other_base=True`` (a strict boolean) loads an adapter on another base, with a warning; nothing loads the
-rest.
-
-**Folders a live run holds.** :func:`check_not_in_use` refuses a base model or adapter folder that is, or lies
-inside, the folder of a live run (its run lock is held, :mod:`llm2vec.run.lock`), naming the holder.
+**Folders a live run holds** are refused (:func:`check_not_in_use`).
 
 A hub id is checked from its files in the local cache, downloading ``config.json`` and
 ``tokenizer_config.json`` when they are not there (the load would fetch them anyway); when they cannot be

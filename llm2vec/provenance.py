@@ -1,20 +1,9 @@
-"""What a saved model's run configs say about where it came from: the hub id of its base weights and the query
-instruction it was trained with.
+"""What a saved model's run configs say about where it came from: the hub id of its base weights
+(:func:`base_model_hub_id`) and the query instructions it was trained with (:func:`trained_query_instructions`).
 
 Each training run saves its resolved config as ``run_config.json`` beside the model (:mod:`llm2vec.model_card`
-follows them back from a Stage II folder to the first stage). Two facts are read from them:
-
-- **the base model's hub id** (:func:`base_model_hub_id`): ``base_model_hub_id`` of the first run when it
-  recorded one (a run that starts from a local download or conversion of a hub model names it there), else its
-  ``model_name_or_path`` when that is a hub id or a folder of the Hugging Face cache
-  (``.../models--<org>--<name>/snapshots/<revision>``); never a machine path;
-- **the query instructions** (:func:`trained_query_instructions`): what the training loader put before the
-  queries. ``query_instructions: false``: none. ``E5``: the Table 6 instructions of the sources used
-  (``e5_sources``, default all). ``jsonl``: each line's ``instruction`` field, else ``default_instruction``,
-  read from the data files the run recorded (``inputs.data``, else ``dataset_file_path``). ``hf``: the same, each
-  row's instruction column, from the datasets of ``dataset_file_path`` read with the run's ``column_map``.
-
-Nothing here imports the export or the evaluation: saving a checkpoint writes a model card, which reads this.
+follows them back from a Stage II folder to the first stage). Nothing here imports the export or the evaluation:
+saving a checkpoint writes a model card, which reads this.
 """
 
 from __future__ import annotations
@@ -74,8 +63,12 @@ def _data_files(run_config: Mapping[str, Any]) -> list[str]:
 
 
 def trained_query_instructions(run_config: Mapping[str, Any]) -> Counter[str]:
-    """``instruction -> number of training queries`` of the run (E5: one count per source using it; ``""``: queries
-    without one). Raises :class:`UnknownInstructions` when the data cannot be read back."""
+    """``instruction -> number of training queries`` of the run, as its training loader put them before the queries
+    (``""``: queries without one). ``query_instructions: false``: none; ``E5``: the Table 6 instructions of the sources
+    used (one count per source); ``jsonl``: each line's ``instruction``, else ``default_instruction``, read from the
+    data files the run recorded (``inputs.data``, else ``dataset_file_path``); ``hf``: the same from the instruction
+    column of its datasets, read with its ``column_map``. Raises :class:`UnknownInstructions` when the data cannot be
+    read back."""
     if run_config.get("query_instructions") is False:
         return Counter({"": 1})
     dataset = run_config.get("dataset_name", "E5")

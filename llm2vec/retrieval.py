@@ -157,14 +157,15 @@ def embed_items(model, encoder, items: Sequence[tuple[str, str]], batch_size: in
         rows.append(embedded if turn < len(mine) else embedded[:0])
     local = torch.cat(rows)
     if size > 1:
-        local = _gather_batches(local, [len(b) for b in batches], turns * batch_size)
+        local = gather_batches(local, [len(b) for b in batches], turns * batch_size)
     embeddings = torch.empty_like(local)
     embeddings[torch.tensor(order, dtype=torch.long, device=local.device)] = local
     return embeddings
 
 
-def _gather_batches(local: torch.Tensor, sizes: list[int], width: int) -> torch.Tensor:
-    """Every rank's rows (its batches r, r + W, ... concatenated) back in batch order, on every rank."""
+def gather_batches(local: torch.Tensor, sizes: list[int], width: int) -> torch.Tensor:
+    """Every rank's rows (its batches r, r + W, ... of ``sizes`` rows, concatenated; at most ``width`` rows) back in
+    batch order, on every rank."""
     _, size = world()
     padded = local.new_zeros((width, local.shape[1]))
     padded[: len(local)] = local
@@ -231,11 +232,9 @@ class RetrievalEvaluation:
             }
         out = {f"{name}_{m}": values[m] for name, values in scores.items() for m in LOGGED}
         out.update({f"{MEAN}_{m}": sum(v[m] for v in scores.values()) / len(scores) for m in LOGGED})
+        texts = sum(v["queries"] + v["documents"] for v in scores.values())
         logger.info(
-            "retrieval evaluation of %d folder(s), %d texts: %.1f s",
-            len(scores),
-            sum(v["queries"] + v["documents"] for v in scores.values()),
-            time.perf_counter() - start,
+            f"retrieval evaluation of {len(scores)} folder(s), {texts:.0f} texts: {time.perf_counter() - start:.1f} s"
         )
         return out
 

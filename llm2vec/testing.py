@@ -187,20 +187,10 @@ def build_tiny_model(family: str, seed: int = 0, hidden_size: int = 32, num_laye
 
     tokenizer = build_tokenizer(family, vocab_size)
     model_type = _FAMILIES[family][0]
-    config = AutoConfig.for_model(
-        model_type,
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
-    )
+    sizes = dict(hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers)
+    sizes.update(num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, vocab_size=len(tokenizer))
+    ids = {f"{k}_token_id": getattr(tokenizer, f"{k}_token_id") for k in ("bos", "eos", "pad")}
+    config = AutoConfig.for_model(model_type, tie_word_embeddings=False, **sizes, **ids)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.eval()

@@ -7,15 +7,9 @@ gathered, so any number of processes gives the one-process numbers.
 
 - ``loss``: InfoNCE as in training (Eq. 6-7, float32) over consecutive batches of ``contrastive_batch`` triples
   (what one training loss sees), averaged over all queries.
-- retrieval of every query against all distinct validation positives by cosine similarity. With one relevant
-  document per query and its rank r (1 + the number of documents scored strictly higher):
-
-      nDCG@10 = 1 / log2(r + 1) if r <= 10 else 0      (the ideal DCG is 1)
-      Recall@k = 1 if r <= k else 0                     (k = 1, 10)
-      MRR@10   = 1 / r if r <= 10 else 0
-
-  each averaged over the queries (mteb's definitions for a single relevant document; hard negatives are
-  not in the corpus).
+- retrieval of every query against all distinct validation positives by cosine similarity, its own positive the one
+  relevant document (hard negatives are not in the corpus): nDCG@10, Recall@1, Recall@10 and MRR@10 as
+  :mod:`llm2vec.retrieval` scores a retrieval folder (mteb's definitions), averaged over the queries.
 """
 
 from __future__ import annotations
@@ -24,51 +18,20 @@ import math
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
 
 from .distributed import world
 from .loss.infonce import InfoNCELoss
-from .retrieval import measuring
+from .retrieval import Judgments, cosine_metrics, gather_batches, measuring
 
 SIDES = ("query", "positive", "negative")
 
 
-def rank_of_relevant(scores: torch.Tensor, relevant: torch.Tensor) -> torch.Tensor:
-    """(Nq,) rank (1 = best) of each query's relevant document: 1 + documents scored strictly higher."""
-    target = scores.gather(1, relevant[:, None])
-    return 1 + (scores > target).sum(dim=1)
-
-
 def retrieval_metrics(queries: torch.Tensor, documents: torch.Tensor, relevant: torch.Tensor) -> dict[str, float]:
     """nDCG@10, Recall@1, Recall@10 and MRR@10 of ``queries`` (Nq, H) against ``documents`` (Nd, H), the relevant
-    document of query i being ``documents[relevant[i]]`` (module docstring)."""
-    scores = F.normalize(queries.float(), dim=-1) @ F.normalize(documents.float(), dim=-1).T
-    ranks = rank_of_relevant(scores, relevant.to(scores.device)).double()
-    top10 = ranks <= 10
-    return {
-        "ndcg_at_10": float(torch.where(top10, 1.0 / torch.log2(ranks + 1), 0.0).mean()),
-        "recall_at_1": float((ranks <= 1).double().mean()),
-        "recall_at_10": float(top10.double().mean()),
-        "mrr_at_10": float(torch.where(top10, 1.0 / ranks, 0.0).mean()),
-    }
-
-
-def _gather_rows(local: torch.Tensor, count: int) -> torch.Tensor:
-    """The (n_r, H) embeddings of every process's shard (triples r, r + W, ...) back in triple order (count, H)."""
-    rank, size = world()
-    if size == 1:
-        return local
-    width = math.ceil(count / size)
-    padded = local.new_zeros((width, local.shape[1]))
-    padded[: len(local)] = local
-    parts = [torch.empty_like(padded) for _ in range(size)]
-    dist.all_gather(parts, padded.contiguous())
-    out = local.new_empty((count, local.shape[1]))
-    for r, part in enumerate(parts):
-        rows = len(range(r, count, size))
-        out[r::size] = part[:rows]
-    return out
+    document of query i being ``documents[relevant[i]]`` (:func:`llm2vec.retrieval.cosine_metrics`)."""
+    judgments = Judgments.build([{int(d): 1} for d in relevant], [f"{d:09d}" for d in range(len(documents))])
+    metrics = cosine_metrics(queries, documents, judgments)
+    return {name: metrics[name] for name in ("ndcg_at_10", "recall_at_1", "recall_at_10", "mrr_at_10")}
 
 
 @torch.no_grad()
@@ -95,7 +58,11 @@ def embed_triples(
             features = {k: v.to(device) for k, v in batch[side].items()}
             embedded = model(features=features).float()
             out.setdefault(side, []).append(embedded[:0] if padding else embedded)
-    return {side: _gather_rows(torch.cat(parts), len(triples)) for side, parts in out.items()}
+    gathered = {side: torch.cat(parts) for side, parts in out.items()}
+    if size > 1:  # the shards back in triple order: batches of one triple, batch b embedded by rank b mod W
+        width = math.ceil(len(triples) / size)
+        gathered = {side: gather_batches(rows, [1] * len(triples), width) for side, rows in gathered.items()}
+    return gathered
 
 
 def contrastive_validation(

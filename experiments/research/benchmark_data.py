@@ -1,11 +1,13 @@
-"""Loading training data: time and memory of ``dataset_name: hf`` against the JSON-lines loader, each in its own process.
+"""Loading training data: time and memory of ``dataset_name: hf`` against the JSON-lines loader, each variant in its
+own process (:func:`benchmark.in_own_process`).
 
-    python experiments/research/benchmark_data.py                   # 2,000,000 pairs (about 4.5 GB in a temporary folder)
+    python experiments/research/benchmark_data.py              # 2,000,000 pairs (about 4.5 GB in a temporary folder)
     python experiments/research/benchmark_data.py --rows 200000 --json
 
 Writes ``--rows`` (query, positive) pairs of random words (a query of 6 to 16 words, a passage of 30 to 90,
 ``--passage_words``, as short E5 pairs are) once, as a JSON-lines file, a parquet file, an Arrow stream file and a
-``save_to_disk`` folder (those the variants read; ``--work`` keeps them for the next run), then loads them with global batches of ``--global_batch``, one variant per process:
+``save_to_disk`` folder (those the variants read; ``--work`` keeps them for the next run), then loads them with
+global batches of ``--global_batch``:
 
 - ``jsonl`` (the reference): :func:`llm2vec.dataset.load_jsonl`, every example a Python object;
 - ``hf_jsonl_cold``: :func:`llm2vec.dataset.load_hf` on the same JSON-lines file, converted into an empty
@@ -30,10 +32,7 @@ import argparse
 import contextlib
 import hashlib
 import json
-import os
-import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -41,6 +40,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO), str(REPO / "experiments")]
+from benchmark import in_own_process, peak_rss_mib, status_mib  # noqa: E402 - the worker runner of benchmark.py
+
 VARIANTS = ("jsonl", "hf_jsonl_cold", "hf_jsonl", "hf_parquet_cold", "hf_parquet", "hf_arrow", "hf_disk")
 REFERENCE = "jsonl"
 BLOCK = 100_000
@@ -49,15 +51,8 @@ BLOCK = 100_000
 # ------------------------------------------------------------------------------------------------ data
 
 
-FORMATS = {  # what each variant reads
-    "jsonl": "jsonl",
-    "hf_jsonl_cold": "jsonl",
-    "hf_jsonl": "jsonl",
-    "hf_parquet_cold": "parquet",
-    "hf_parquet": "parquet",
-    "hf_arrow": "arrow",
-    "hf_disk": "disk",
-}
+FILES = {"jsonl": "pairs.jsonl", "parquet": "pairs.parquet", "arrow": "pairs.arrow", "disk": "disk/pairs"}
+FORMATS = {v: v.removeprefix("hf_").removesuffix("_cold") for v in VARIANTS}  # what each variant reads
 
 
 def write_data(work: Path, rows: int, formats: set[str], passage_words=(30, 90), seed: int = 0) -> None:
@@ -78,8 +73,7 @@ def write_data(work: Path, rows: int, formats: set[str], passage_words=(30, 90),
         return " ".join(vocabulary[rng.integers(0, len(vocabulary), rng.integers(low, high + 1))])
 
     work.mkdir(parents=True, exist_ok=True)
-    names = {"jsonl": "pairs.jsonl", "parquet": "pairs.parquet", "arrow": "pairs.arrow", "disk": "disk/pairs"}
-    wanted = {f for f in formats | ({"arrow"} if "disk" in formats else set()) if not (work / names[f]).exists()}
+    wanted = {f for f in formats | ({"arrow"} if "disk" in formats else set()) if not (work / FILES[f]).exists()}
     if not wanted:
         return
     print(f"benchmark_data: writing {rows} pairs to {work} ({', '.join(sorted(wanted))})", file=sys.stderr)
@@ -101,55 +95,33 @@ def write_data(work: Path, rows: int, formats: set[str], passage_words=(30, 90),
                 if writer is not None:
                     writer.write_table(table)
     if "disk" in wanted:
-        datasets.Dataset.from_file(str(work / "pairs.arrow")).save_to_disk(str(work / "disk" / "pairs"))
+        datasets.Dataset.from_file(str(work / FILES["arrow"])).save_to_disk(str(work / FILES["disk"]))
 
 
 # ---------------------------------------------------------------------------------------------- worker
 
 
-def rss_mib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+@contextlib.contextmanager
+def anon_peak(interval: float = 0.005):
+    """Yields a dict whose ``"peak"`` is, once the block has run, the peak of ``RssAnon`` (the process's own resident
+    memory, mapped files left out) sampled every ``interval`` seconds by a thread (the kernel keeps a peak of the
+    whole resident memory only)."""
+    seen, stop = {"peak": 0.0}, threading.Event()
 
+    def sample() -> None:
+        while True:
+            seen["peak"] = max(seen["peak"], status_mib().get("RssAnon", 0.0))
+            if stop.wait(interval):
+                return
 
-def status_mib() -> dict[str, float]:
-    """The memory lines of ``/proc/self/status`` (``VmHWM``, ``RssAnon``, ``RssFile``, ...) in MiB."""
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            if rest.strip().endswith("kB"):
-                out[key] = int(rest.split()[0]) / 1024
-    return out
-
-
-def peak_rss_mib() -> float:
-    """The peak resident memory of this process: ``VmHWM``, which starts afresh at ``exec`` (``ru_maxrss`` would
-    carry the peak of the process that started this one, the driver holding the data it wrote)."""
-    return status_mib().get("VmHWM", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-
-
-class AnonPeak:
-    """The peak of ``RssAnon`` (the process's own resident memory, mapped files left out) while the block runs,
-    sampled every ``interval`` seconds by a thread (the kernel keeps a peak of the whole resident memory only)."""
-
-    def __init__(self, interval: float = 0.005):
-        self.interval, self.peak, self._stop = interval, 0.0, threading.Event()
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, status_mib().get("RssAnon", 0.0))
-            self._stop.wait(self.interval)
-
-    def __enter__(self) -> AnonPeak:
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, status_mib().get("RssAnon", 0.0))
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        thread.join()
+        seen["peak"] = max(seen["peak"], status_mib().get("RssAnon", 0.0))
 
 
 def digest(dataset, every: int = 1000) -> str:
@@ -172,54 +144,28 @@ def worker(args) -> None:
     cache = work / "hf_cache"
     if args.variant.endswith("_cold"):
         shutil.rmtree(cache, ignore_errors=True)
-    paths = {
-        "hf_jsonl_cold": work / "pairs.jsonl",
-        "hf_jsonl": work / "pairs.jsonl",
-        "hf_parquet_cold": work / "pairs.parquet",
-        "hf_parquet": work / "pairs.parquet",
-        "hf_arrow": work / "pairs.arrow",
-        "hf_disk": work / "disk" / "pairs",
-    }
-    setup, setup_anon = rss_mib(), status_mib().get("RssAnon", 0.0)
-    with AnonPeak() as anon_peak:
+    path = str(work / FILES[FORMATS[args.variant]])
+    setup, setup_anon = status_mib()["VmRSS"], status_mib().get("RssAnon", 0.0)
+    with anon_peak() as anon:
         start = time.perf_counter()
         if args.variant == "jsonl":
-            dataset = load_jsonl([str(work / "pairs.jsonl")], args.global_batch, seed=args.seed)
+            dataset = load_jsonl([path], args.global_batch, seed=args.seed)
         else:
-            dataset = load_hf([str(paths[args.variant])], args.global_batch, seed=args.seed, cache_dir=str(cache))
+            dataset = load_hf([path], args.global_batch, seed=args.seed, cache_dir=str(cache))
         seconds = time.perf_counter() - start
-    peak = peak_rss_mib()
-    anon, mapped = status_mib().get("RssAnon", 0.0), status_mib().get("RssFile", 0.0)
-    record = {
-        "variant": args.variant,
-        "rows": args.rows,
-        "examples": len(dataset),
-        "seconds": round(seconds, 3),
-        "peak_rss_mib": round(peak, 1),
-        "setup_rss_mib": round(setup, 1),
-        "setup_anon_mib": round(setup_anon, 1),
-        "peak_anon_mib": round(anon_peak.peak, 1),
-        "anon_mib": round(anon, 1),
-        "file_mib": round(mapped, 1),
-        "digest": digest(dataset),
-    }
-    print(json.dumps(record))
+    after = status_mib()
+    mib = {"peak_rss_mib": peak_rss_mib(), "setup_rss_mib": setup, "setup_anon_mib": setup_anon}
+    mib.update(peak_anon_mib=anon["peak"], anon_mib=after.get("RssAnon", 0.0), file_mib=after.get("RssFile", 0.0))
+    record = {"variant": args.variant, "rows": args.rows, "examples": len(dataset), "seconds": round(seconds, 3)}
+    print(json.dumps({**record, **{k: round(v, 1) for k, v in mib.items()}, "digest": digest(dataset)}))
 
 
 # ---------------------------------------------------------------------------------------------- driver
 
 
 def run_worker(args, variant: str) -> dict:
-    command = [sys.executable, __file__, "--worker", "--variant", variant, "--work", str(args.work)]
-    command += ["--rows", str(args.rows), "--global_batch", str(args.global_batch), "--seed", str(args.seed)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    result = subprocess.run(command, capture_output=True, text=True, env=env)
-    if result.returncode in (-9, 137):
-        print(f"benchmark_data: {variant} was killed (out of memory?)", file=sys.stderr)
-        return {"variant": variant, "failed": "killed (out of memory)"}
-    if result.returncode != 0:
-        raise SystemExit(f"benchmark_data: {variant} failed:\n{result.stderr[-3000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    job = {**vars(args), "variant": variant}
+    return in_own_process(__file__, job, f"benchmark_data: {variant}", {"variant": variant})
 
 
 def check_and_print(records: list[dict], as_json: bool) -> None:
@@ -247,8 +193,11 @@ def check_and_print(records: list[dict], as_json: bool) -> None:
             print(f"{r['variant']:16} {r['failed']}")
             continue
         load, own = grown(r)
-        ratios = [f"{r['seconds'] / ref['seconds']:.2f}", f"{load / grown(ref)[0]:.3f}", f"{own / grown(ref)[1]:.3f}"]
-        ratios = ratios if ref else ["-"] * 3
+        ratios = ["-"] * 3
+        if ref:
+            ratios = [
+                f"{x / y:.{d}f}" for x, y, d in zip((r["seconds"], load, own), (ref["seconds"], *grown(ref)), (2, 3, 3))
+            ]
         print(
             f"{r['variant']:16} {r['rows']:>9} {r['seconds']:>8.2f} {r['peak_rss_mib']:>9.0f} {load:>9.0f} {own:>8.0f} "
             f"{r['file_mib']:>9.0f} {ratios[0]:>10} {ratios[1]:>10} {ratios[2]:>9}"
@@ -266,15 +215,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", nargs="+", default=list(VARIANTS), choices=VARIANTS, help="variants to run")
     p.add_argument("--work", type=Path, default=None, help="folder for the data (default: a temporary one, deleted)")
     p.add_argument("--json", action="store_true", help="one JSON object per variant instead of the table")
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
+    p.add_argument("--worker", help=argparse.SUPPRESS)  # a variant's settings as JSON: run it here
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.worker:
-        worker(args)
+        worker(argparse.Namespace(**json.loads(args.worker)))
         return 0
     with contextlib.ExitStack() as stack:
         if args.work is None:
@@ -287,6 +235,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO))
     with contextlib.suppress(BrokenPipeError):
         sys.exit(main())

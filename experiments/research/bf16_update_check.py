@@ -76,17 +76,11 @@ PAIRS = [
 ]
 
 
+KINDS = {"embed_tokens": "embeddings", "lm_head": "lm_head", "norm": "norms", "self_attn": "attention", "mlp": "mlp"}
+
+
 def kind(name: str) -> str:
-    for key, label in (
-        ("embed_tokens", "embeddings"),
-        ("lm_head", "lm_head"),
-        ("norm", "norms"),
-        ("self_attn", "attention"),
-        ("mlp", "mlp"),
-    ):
-        if key in name:
-            return label
-    return "other"
+    return next((label for key, label in KINDS.items() if key in name), "other")
 
 
 def load(args) -> LLM2Vec_q2d_d2q:
@@ -96,10 +90,8 @@ def load(args) -> LLM2Vec_q2d_d2q:
         causal_lm, tokenizer = build_tiny_model("llama3", hidden_size=64)
         return LLM2Vec_q2d_d2q(causal_lm.to(torch.bfloat16), tokenizer, max_length=args.max_length)
     if not os.path.isdir(args.model):
-        raise SystemExit(
-            f'error: {args.model} not found; make it with `python -c "from llm2vec.demo.smollm2 import '
-            f"materialise_smollm2; materialise_smollm2('{args.model}')\"`, pass --model, or use --tiny"
-        )
+        how = "convert SmolLM2 first (python experiments/demo/smollm2.py), pass --model, or use --tiny"
+        raise SystemExit(f"error: no model at {args.model}; {how}")
     return LLM2Vec_q2d_d2q.load(args.model, dtype=torch.bfloat16, max_length=args.max_length)
 
 
@@ -142,13 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     for lr in args.lr:
         bf16 = adamw_step(params, grads, lr)
         fp32 = adamw_step([p.float() for p in params], [g.float() for g in grads], lr)
-        same_bf16, same_fp32 = defaultdict(int), defaultdict(int)
-        sizes = defaultdict(int)
+        sizes, same_bf16, same_fp32 = defaultdict(int), defaultdict(int), defaultdict(int)
         for (name, p), new_bf16, new_fp32 in zip(named, bf16, fp32):
-            k = kind(name)
-            sizes[k] += p.numel()
-            same_bf16[k] += int((new_bf16 == p).sum())
-            same_fp32[k] += int((new_fp32 == p.float()).sum())
+            sizes[kind(name)] += p.numel()
+            same_bf16[kind(name)] += int((new_bf16 == p).sum())
+            same_fp32[kind(name)] += int((new_fp32 == p.float()).sum())
         print(f"\nlr {lr:g}: weights left exactly unchanged by one step")
         print(f"  {'tensors':<12}{'weights':>12}{'bf16 (pure)':>14}{'fp32 master':>14}")
         for k in sorted(sizes):

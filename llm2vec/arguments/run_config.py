@@ -184,16 +184,11 @@ class RunConfig:
         warmup = args.get_warmup_steps(args.max_steps)
         if warmup > 0 and 2 * warmup > args.max_steps:
             top = min(args.max_steps - 1, warmup) / warmup
+            where = "the whole run is warm-up" if warmup >= args.max_steps else "warm-up takes most of the run"
             logger.warning(
-                "%s: max_steps %d with warmup_steps %s: %s, so the learning rate reaches at most %.0f %% of "
-                "learning_rate %g; lower warmup_steps (e.g. --warmup_steps %d) for a short run",
-                self.source,
-                args.max_steps,
-                args.warmup_steps,
-                "the whole run is warm-up" if warmup >= args.max_steps else "warm-up takes most of the run",
-                100 * top,
-                args.learning_rate,
-                args.max_steps // 10,
+                f"{self.source}: max_steps {args.max_steps} with warmup_steps {args.warmup_steps}: {where}, so the "
+                f"learning rate reaches at most {100 * top:.0f} % of learning_rate {args.learning_rate:g}; lower "
+                f"warmup_steps (e.g. --warmup_steps {args.max_steps // 10}) for a short run"
             )
 
     def resolved(self) -> dict[str, Any]:

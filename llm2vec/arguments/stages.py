@@ -338,18 +338,12 @@ class StageIIArguments(_StageArguments):
         micro = args.per_device_train_batch_size * args.world_size
         total = micro * args.gradient_accumulation_steps
         logger.warning(
-            "gradient_accumulation_steps = %d: each optimizer step covers %d examples, but InfoNCE only sees the "
-            "%d examples of one micro-batch (per_device_train_batch_size %d x %d process(es)), so each query has "
-            "%d in-batch positives of other queries (plus hard negatives) as negatives instead of %d. "
-            "Raise per_device_train_batch_size or the number of processes to keep the whole batch in one step "
-            "(embedding_token_budget bounds the memory of a large per-device batch).",
-            args.gradient_accumulation_steps,
-            total,
-            micro,
-            args.per_device_train_batch_size,
-            args.world_size,
-            micro - 1,
-            total - 1,
+            f"gradient_accumulation_steps = {args.gradient_accumulation_steps}: each optimizer step covers {total} "
+            f"examples, but InfoNCE only sees the {micro} examples of one micro-batch (per_device_train_batch_size "
+            f"{args.per_device_train_batch_size} x {args.world_size} process(es)), so each query has {micro - 1} "
+            f"in-batch positives of other queries (plus hard negatives) as negatives instead of {total - 1}. Raise "
+            "per_device_train_batch_size or the number of processes to keep the whole batch in one step "
+            "(embedding_token_budget bounds the memory of a large per-device batch)."
         )
 
 

@@ -108,15 +108,9 @@ def load_benchmark(tasks_file: str | os.PathLike, subset: str | None = None) -> 
     holds = "it lists the tasks, their categories, and the split and subset each is scored on"
     config = read_input_json(path, "tasks file", holds, BenchmarkError)
     try:
+        fields = ("category", "split", "hf_subset", "main_score")
         tasks = [
-            Task(
-                name=name,
-                category=spec["category"],
-                split=spec["split"],
-                hf_subset=spec["hf_subset"],
-                main_score=spec["main_score"],
-                subtasks=tuple(spec.get("subtasks", ())),
-            )
+            Task(name, *(spec[f] for f in fields), subtasks=tuple(spec.get("subtasks", ())))
             for name, spec in config["tasks"].items()
         ]
         categories = tuple(

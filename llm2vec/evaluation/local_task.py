@@ -30,6 +30,9 @@ from .paths import check_name
 logger = logging.getLogger(__name__)
 
 
+NOT_KNOWN = ("date", "domains", "task_subtypes", "license", "annotations_creators", "dialect", "sample_creation")
+
+
 class TaskNameError(ValueError):
     """A local task's name that is the name of a task mteb knows (one line)."""
 
@@ -144,14 +147,8 @@ def local_retrieval_task(
         eval_splits=["test"],
         eval_langs=["eng-Latn"],
         main_score="ndcg_at_10",
-        date=None,
-        domains=None,
-        task_subtypes=None,
-        license=None,
-        annotations_creators=None,
-        dialect=None,
-        sample_creation=None,
         bibtex_citation="",
+        **dict.fromkeys(NOT_KNOWN),  # of a local folder
     )
     # mteb keeps a task's published metadata on its class (unloading data drops instance-level metadata),
     # so each local dataset gets its own subclass

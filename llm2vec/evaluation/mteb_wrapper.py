@@ -221,12 +221,9 @@ class LLM2VecMTEBEncoder(AbsEncoder):
             accept_other_base=accept_other_base,
         )
         replicas = [first] if len(device_list) == 1 else replicate(first, device_list)
-        identity = {
+        identity = {  # pooling_mode, max_length and template: the loaded model's (__init__)
             "base_model_name_or_path": path_or_id(base_model_name_or_path),
             "peft_model_name_or_path": path_or_id(peft_model_name_or_path),
-            "pooling_mode": first.pooling_mode,
-            "max_length": first.max_length,
-            "template": first.template.name,
             "dtype": str(torch_dtype).replace("torch.", ""),
         }
         if doc_max_length is not None:  # absent when unset, so earlier result folders keep their revision

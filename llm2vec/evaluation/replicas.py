@@ -1,7 +1,7 @@
 """Encoding on several devices: one model replica per device (:func:`replicate`), fed by threads from a shared queue.
 
 :func:`encode_on_replicas` sorts the items by length, cuts them into contiguous chunks, and has one thread per replica
-take chunks until none is left (long and short chunks balance out; threads share the process, so nothing is pickled,
+(each chunk taking a replica no other thread uses) take chunks until none is left (long and short chunks balance out; threads share the process, so nothing is pickled,
 and PyTorch releases the GIL in its kernels); the embeddings are written back to the items' positions.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import queue
-import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import numpy as np
 import torch
@@ -66,46 +66,33 @@ def encode_on_replicas(
     # longest first, by characters: cheap, and LLM2Vec.encode re-sorts each chunk by tokens
     order = sorted(range(len(items)), key=lambda i: -len(items[i][0]) - len(items[i][1]))
     chunk = int(chunk_size or 4 * batch_size)
-    work: queue.Queue[list[int]] = queue.Queue()
-    for start in range(0, len(order), chunk):
-        work.put(order[start : start + chunk])
-    done: list[tuple[list[int], np.ndarray]] = []
-    errors: list[BaseException] = []
-    lock = threading.Lock()
+    free: queue.SimpleQueue[LLM2Vec] = queue.SimpleQueue()  # the replicas no thread is using
+    for replica in replicas:
+        free.put(replica)
+
+    def embed(indices: list[int]) -> tuple[list[int], np.ndarray]:
+        replica = free.get()
+        try:
+            cuda = replica.device.type == "cuda"
+            with torch.cuda.device(replica.device) if cuda else contextlib.nullcontext():
+                texts = [items[i] for i in indices]
+                emb = replica.encode(texts, batch_size=batch_size, show_progress_bar=False, convert_to_numpy=True)
+            return indices, np.asarray(emb, dtype=np.float32)
+        finally:
+            free.put(replica)
+
+    out = None
     bar = tqdm(total=len(items), desc=f"Encoding on {len(replicas)} devices", disable=not show_progress_bar)
-
-    def worker(replica: LLM2Vec) -> None:
-        device = replica.device
-        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-            while not errors:
-                try:
-                    indices = work.get_nowait()
-                except queue.Empty:
-                    return
-                try:
-                    emb = replica.encode(
-                        [items[i] for i in indices],
-                        batch_size=batch_size,
-                        show_progress_bar=False,
-                        convert_to_numpy=True,
-                    )
-                except BaseException as e:  # noqa: BLE001 -- re-raised in the calling thread
-                    with lock:
-                        errors.append(e)
-                    return
-                with lock:
-                    done.append((indices, np.asarray(emb, dtype=np.float32)))
-                    bar.update(len(indices))
-
-    threads = [threading.Thread(target=worker, args=(r,), daemon=True) for r in replicas]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    bar.close()
-    if errors:
-        raise errors[0]
-    out = np.empty((len(items), done[0][1].shape[1]), dtype=np.float32)
-    for indices, emb in done:
-        out[indices] = emb
+    with bar, ThreadPoolExecutor(max_workers=len(replicas)) as pool:
+        work = [pool.submit(embed, order[start : start + chunk]) for start in range(0, len(order), chunk)]
+        try:
+            for done in as_completed(work):
+                indices, emb = done.result()
+                out = np.empty((len(items), emb.shape[1]), dtype=np.float32) if out is None else out
+                out[indices] = emb
+                bar.update(len(indices))
+        except BaseException:
+            for future in work:  # the others stop after their current chunk
+                future.cancel()
+            raise
     return out

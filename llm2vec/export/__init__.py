@@ -38,78 +38,38 @@ suffix (the anchor token) after truncation. Here:
      ad-hoc ``prompt=`` string has no marker and no chat header and gives other vectors, which the text path
      cannot detect, so this layout is written only when asked for;
 
-   in both, the rendered string carries :data:`TEXT_MARKER` between prefix and text (and, in the chat layout,
-   between text and closing); the exported tokenizer's pre-tokenizer splits the input there and drops the
-   marker, so the pieces are tokenized separately, exactly as ``templates.encode`` does, even where
-   tokenizing them as one string would merge tokens across a boundary (Mistral's ``"[INST] "`` followed by a
-   word);
+   in both, the tokenizer splits the input at :data:`TEXT_MARKER` and tokenizes the pieces separately, as
+   ``templates.encode`` does (:mod:`.tokenizer`);
 3. truncation is from the right at ``model_max_length = max_length``: the prompt is on the left, so only
    the text is cut; padding is on the right (position ids then equal LLM2Vec's).
 
 Modules: :mod:`.prompts` (the prompts and the query instruction), :mod:`.tokenizer` (the exported tokenizer
 and chat template), :mod:`.verify` (what is refused, and the checks of the written folder), :mod:`.writer` (the
 export itself). ``llm2vec_config.json`` records the settings and the prompts as plain instructions, so
-``LLM2Vec.from_pretrained(<export>)`` embeds as the source does and its ``encode_query`` uses the same ``query``
-prompt; the exported tokenizer tokenizes an input without the markers as the source's does
-(:mod:`.tokenizer`), which the checks require.
+``LLM2Vec.from_pretrained(<export>)`` embeds as the source does, its ``encode_query`` with the same ``query`` prompt.
 
-What cannot be exported (:class:`ExportError`, nothing is written): pooling modes sentence-transformers
-lacks (``last_token``: the token before the anchor; ``weighted_mean``: weights counted from the first text
-token), ``mean`` pooling without ``named_prompts_only``, a ``max_length`` above the model's
-``max_position_embeddings`` (sentence-transformers caps its
-length there), a template whose suffix depends on the instruction, no query instruction (none given and the run
-config does not name exactly one: :func:`resolve_query_instruction`), and a tokenizer for which the split
-at the marker does not reproduce separate tokenization (e.g. a SentencePiece ``Metaspace`` that prepends
-``"▁"`` to the first piece only). Before the folder is renamed into place it is loaded with
-``SentenceTransformer`` and checked on probe texts (short, starting or ending with spaces and newlines,
-digits, special tokens, and longer than ``max_length``): the same token ids as ``templates.encode`` for every
-prompt (and, in the chat layout, for the ad-hoc instructions of :data:`ADHOC_PROBES`), embeddings with cosine
->= :data:`MIN_COSINE` to ``LLM2Vec.encode``, (chat layout) that a conversation of two user turns is refused,
-and that the folder read by ``LLM2Vec.from_pretrained`` gives the source's token ids (:mod:`.verify`).
-
-What the chat layout cannot detect: an ad-hoc instruction so long that template, instruction and anchor fill
-``max_length`` (``templates.encode`` raises; sentence-transformers cuts the instruction, and a chat template
-cannot count tokens). The exported prompts are checked for this before anything is written.
+What cannot be exported (pooling modes sentence-transformers lacks, a ``max_length`` above the model's positions, a
+template whose suffix depends on the instruction, no single query instruction, a tokenizer whose split at the marker
+is not separate tokenization) is an :class:`ExportError` before anything is written; ``docs/export.md`` lists every
+refusal. Before the folder is renamed into place it is loaded and checked against ``LLM2Vec.encode`` on probe texts,
+token ids and embeddings (:mod:`.verify`).
 """
 
 from __future__ import annotations
 
-from .prompts import (
-    ADHOC_PROBES,
-    CHAT_LAYOUT,
-    DOCUMENT_PROMPT,
-    QUERY_PROMPT,
-    STRIP_MARKER,
-    TEXT_LAYOUT,
-    TEXT_MARKER,
-    ExportedPrompt,
-    ExportError,
-    build_prompts,
-    resolve_query_instruction,
-)
+from .prompts import ADHOC_PROBES, STRIP_MARKER, TEXT_MARKER, ExportError
 from .tokenizer import export_chat_template, export_tokenizer
-from .verify import MIN_COSINE, MIN_COSINE_16BIT, PROBE_TEXTS, verify_export
-from .writer import export_sentence_transformers, mteb_category_table, read_instructions
+from .verify import MIN_COSINE
+from .writer import export_sentence_transformers, read_instructions
 
 __all__ = [
     "ADHOC_PROBES",
-    "CHAT_LAYOUT",
-    "DOCUMENT_PROMPT",
     "MIN_COSINE",
-    "MIN_COSINE_16BIT",
-    "PROBE_TEXTS",
-    "QUERY_PROMPT",
     "STRIP_MARKER",
-    "TEXT_LAYOUT",
     "TEXT_MARKER",
     "ExportError",
-    "ExportedPrompt",
-    "build_prompts",
     "export_chat_template",
     "export_sentence_transformers",
     "export_tokenizer",
-    "mteb_category_table",
     "read_instructions",
-    "resolve_query_instruction",
-    "verify_export",
 ]

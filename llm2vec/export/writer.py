@@ -15,7 +15,6 @@ import torch
 
 from ..config_values import strict_booleans
 from ..devices import default_device, resolve_dtype
-from ..io import JsonFileError, read_json_file
 from ..llm2vec import CONFIG_NAME, LLM2Vec, decoder_body
 from ..model_card import ModelCardInputs, history_of, render_model_card
 from ..model_files import check_model_files
@@ -36,21 +35,18 @@ from .verify import ST_POOLING, check_exportable, probe_texts, verify_export, ve
 
 logger = logging.getLogger(__name__)
 
+_FORWARD = {"method": "forward", "method_output_name": "last_hidden_state"}
 ST_TRANSFORMER_CONFIG = {
     "transformer_task": "feature-extraction",
-    "modality_config": {"text": {"method": "forward", "method_output_name": "last_hidden_state"}},
+    "modality_config": {"text": _FORWARD},
     "module_output_name": "token_embeddings",
 }
 """``sentence_bert_config.json`` of the text layout: text only, so that sentence-transformers never renders a chat
 template."""
 
 ST_CHAT_TRANSFORMER_CONFIG = {
-    "transformer_task": "feature-extraction",
-    "modality_config": {
-        "text": {"method": "forward", "method_output_name": "last_hidden_state"},
-        "message": {"method": "forward", "method_output_name": "last_hidden_state", "format": "flat"},
-    },
-    "module_output_name": "token_embeddings",
+    **ST_TRANSFORMER_CONFIG,
+    "modality_config": {"text": _FORWARD, "message": {**_FORWARD, "format": "flat"}},
 }
 """``sentence_bert_config.json`` of the chat layout: with the ``message`` modality declared, sentence-transformers
 turns every text into a user message and a prompt into a system message, and renders them with the exported chat
@@ -60,16 +56,11 @@ template; ``flat`` gives the template string contents."""
 def read_instructions(path: str | os.PathLike, names: Sequence[str] | None = None) -> dict[str, str]:
     """``name -> instruction`` from a JSON object (the repository's MTEB ``task_to_instructions.json``), keeping
     ``names`` (all entries when None or ``["all"]``)."""
-    path = Path(path)
-    if not path.exists():
-        raise ExportError(
-            f"instructions file {str(path)!r} not found; pass a JSON object mapping task names to "
-            "instructions (the repository ships one as mteb/task_to_instructions.json among its test configs)"
-        )
-    try:
-        mapping = read_json_file(path, "instructions file")
-    except JsonFileError as e:
-        raise ExportError(str(e)) from None
+    from ..evaluation.paths import read_input_json
+
+    holds = "pass a JSON object mapping task names to instructions (the repository ships one as "
+    holds += "mteb/task_to_instructions.json among its test configs)"
+    mapping = read_input_json(path, "instructions file", holds, ExportError)
     if not isinstance(mapping, dict) or not all(isinstance(v, str) for v in mapping.values()):
         raise ExportError(f"instructions file {str(path)!r} must be a JSON object mapping names to instruction strings")
     if names is None or list(names) == ["all"]:
@@ -301,24 +292,14 @@ def _write_st_files(
     import sentence_transformers
     import transformers
 
+    kinds = ["base.modules.transformer.Transformer", "sentence_transformer.modules.pooling.Pooling"]
+    kinds += ["base.modules.normalize.Normalize"] if normalize else []
+    paths = ["", "1_Pooling", "2_Normalize"]
     modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.transformer.Transformer"},
-        {
-            "idx": 1,
-            "name": "1",
-            "path": "1_Pooling",
-            "type": "sentence_transformers.sentence_transformer.modules.pooling.Pooling",
-        },
+        {"idx": i, "name": str(i), "path": paths[i], "type": f"sentence_transformers.{kind}"}
+        for i, kind in enumerate(kinds)
     ]
     if normalize:
-        modules.append(
-            {
-                "idx": 2,
-                "name": "2",
-                "path": "2_Normalize",
-                "type": "sentence_transformers.base.modules.normalize.Normalize",
-            }
-        )
         _write_json(
             folder / "2_Normalize" / "config.json",
             {"module_input_name": "sentence_embedding", "module_output_name": "sentence_embedding"},

@@ -11,15 +11,13 @@ machine path (:func:`shown_path`); missing or unreadable history files leave a n
 :mod:`~llm2vec.model_card.history` gathers what a card shows; :mod:`~llm2vec.model_card.render` writes it as Markdown.
 """
 
-from .history import ModelCardInputs, StageRecord, history_of, loss_curve, read_stage
+from .history import ModelCardInputs, history_of, loss_curve
 from .render import render_model_card, shown_path, without_machine_paths, write_training_card
 
 __all__ = [
     "ModelCardInputs",
-    "StageRecord",
     "history_of",
     "loss_curve",
-    "read_stage",
     "render_model_card",
     "shown_path",
     "without_machine_paths",
