@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # What every tiny CPU training run of the tests shares (tests/test_fsdp.py, test_stage_I.py, ...): the fixture data
-# of llm2vec.testing.write_tiny_e5, no warm-up, batches of 4, a fixed seed, a loss line per step, no reporting.
+# of _tiny_data.write_tiny_e5, no warm-up, batches of 4, a fixed seed, a loss line per step, no reporting.
 TINY_RUN = {
     "e5_sources": '["nq","fever"]',
     "warmup_steps": 0,

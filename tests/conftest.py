@@ -14,8 +14,9 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, os.cpu_count() or 1)))
 
 from _drivers import quick, run_flags, six_step_flags  # noqa: E402
+from _tiny_data import write_tiny_e5  # noqa: E402
 
-from llm2vec.testing import FAMILIES, build_tiny_model, save_tiny_model, write_tiny_e5  # noqa: E402
+from llm2vec.testing import FAMILIES, build_tiny_model, save_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -22,13 +22,14 @@ import mteb_eval_custom
 import pytest
 from _drivers import GOOD, export_argv, lock_held_elsewhere, one_line, one_line_error, tiny_run_flags, write_beir
 from _drivers import run_flags as flags
+from _tiny_data import write_tiny_e5
 from safetensors.torch import load_file, save_file
 
 from llm2vec import LLM2Vec
 from llm2vec.io import file_digest
 from llm2vec.model_files import ModelFilesError
 from llm2vec.run.folder import CHECKPOINT_MANIFEST
-from llm2vec.testing import save_tiny_model, write_tiny_e5
+from llm2vec.testing import save_tiny_model
 from llm2vec.training import main, run
 
 export_main = export_sentence_transformers.main

@@ -35,8 +35,7 @@ pytest.importorskip("sentence_transformers")
 
 from _chat_families import save_chat_checkpoint  # noqa: E402
 from _drivers import subprocess_env  # noqa: E402
-
-from llm2vec.testing import write_tiny_beir, write_tiny_e5  # noqa: E402
+from _tiny_data import write_tiny_beir, write_tiny_e5  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 README_MODEL = "Qwen/Qwen3-1.7B"

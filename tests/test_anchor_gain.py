@@ -258,10 +258,11 @@ def test_a_stage_I_run_logs_the_anchor_gain_of_its_validation_pairs(tmp_path):
     saved model over the same pairs (held out by the seed), itself tested against the per-pair reference above."""
     import json
 
+    from _tiny_data import write_tiny_e5
     from test_stage_I import driver_args, run_stage_I
 
     from llm2vec.dataset import load_e5
-    from llm2vec.testing import save_tiny_model, write_tiny_e5
+    from llm2vec.testing import save_tiny_model
 
     model = save_tiny_model("llama3", tmp_path / "model")
     data = write_tiny_e5(tmp_path / "data")
@@ -394,10 +395,11 @@ def test_evaluations_reach_tensorboard_and_the_model_card(tmp_path):
     the scalars are the log history's; the model card lists each evaluation."""
     import json
 
+    from _tiny_data import write_tiny_e5
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from test_stage_I import driver_args, run_stage_I
 
-    from llm2vec.testing import save_tiny_model, write_tiny_e5
+    from llm2vec.testing import save_tiny_model
 
     model = save_tiny_model("llama3", tmp_path / "model")
     data = write_tiny_e5(tmp_path / "data")

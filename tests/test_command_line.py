@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 from _drivers import tiny_run_flags
+from _tiny_data import write_tiny_e5
 
 from llm2vec import LLM2Vec
 from llm2vec.arguments import ConfigError, parse_config
-from llm2vec.testing import build_tiny_model, save_tiny_model, write_tiny_e5
+from llm2vec.testing import build_tiny_model, save_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 

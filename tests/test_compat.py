@@ -10,10 +10,11 @@ import json
 import pytest
 import torch
 from _drivers import tiny_run_flags
+from _tiny_data import write_tiny_e5
 
 from llm2vec import LLM2Vec
 from llm2vec.compat import disable_activation_checkpointing, enable_activation_checkpointing
-from llm2vec.testing import build_tiny_model, write_tiny_e5
+from llm2vec.testing import build_tiny_model
 from llm2vec.training import run
 
 

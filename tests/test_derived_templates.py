@@ -224,8 +224,8 @@ def test_a_new_chat_model_trains_and_evaluates_with_no_code(qwen3_checkpoint, tm
     """Both stages train a Qwen3 checkpoint with a plain config; the runs record ``template: chat_template``, and the
     trained model loads with the same derived template and embeds at the anchor, the last token of every input."""
     from _drivers import tiny_run_flags
+    from _tiny_data import write_tiny_e5
 
-    from llm2vec.testing import write_tiny_e5
     from llm2vec.training import run
 
     data = write_tiny_e5(tmp_path / "data", n=8)

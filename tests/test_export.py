@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _tiny_data import write_tiny_e5
 
 from llm2vec import LLM2Vec, templates
 from llm2vec.export import (
@@ -29,7 +30,6 @@ from llm2vec.export import (
     read_instructions,
 )
 from llm2vec.model_card import shown_path, without_machine_paths
-from llm2vec.testing import write_tiny_e5
 
 pytest.importorskip("sentence_transformers")
 from sentence_transformers import SentenceTransformer  # noqa: E402

@@ -20,10 +20,11 @@ import numpy as np
 import pytest
 import torch
 from _drivers import free_port, launcher, subprocess_env, tiny_run_flags
+from _tiny_data import write_tiny_e5
 from safetensors.torch import load_file
 
 from llm2vec import LLM2Vec
-from llm2vec.testing import save_tiny_model, write_tiny_e5
+from llm2vec.testing import save_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 FSDP_CONFIG = {  # built here; test_shipped_configs checks that train_configs/fsdp/fsdp2_full_shard.json is this

@@ -13,12 +13,12 @@ import torch
 from _drivers import tiny_run_flags
 from _references import stage_II_loss_by_hand
 from _stage_II_dist_worker import build_encoder, run_gradcache_rank
+from _tiny_data import write_tiny_e5
 
 from llm2vec import chunked_steps
 from llm2vec.arguments import ConfigError, parse_config
 from llm2vec.chunked_steps import collate_rows, plan_chunks, rows_of
 from llm2vec.llm2vec_contrastive import LLM2VecContrastive
-from llm2vec.testing import write_tiny_e5
 
 SIDES = ("query", "positive", "negative")
 

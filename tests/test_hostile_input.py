@@ -36,6 +36,7 @@ import numpy as np
 import pytest
 from _drivers import GOOD, one_line_error, subprocess_env, tiny_run_flags, write_beir
 from _drivers import run_flags as flags
+from _tiny_data import write_tiny_e5
 
 import llm2vec.dataset
 import llm2vec.export
@@ -47,7 +48,7 @@ from llm2vec.evaluation.benchmark import BenchmarkError, load_benchmark
 from llm2vec.evaluation.local_task import local_retrieval_task
 from llm2vec.evaluation.mteb_wrapper import InstructionsFileError, LLM2VecMTEBEncoder, evaluate, load_instructions
 from llm2vec.model_files import ModelFilesError
-from llm2vec.testing import build_tokenizer, write_tiny_e5
+from llm2vec.testing import build_tokenizer
 from llm2vec.training import main as train_main
 from llm2vec.training import run
 

@@ -273,7 +273,8 @@ def test_packing_is_refused_for_a_family_that_does_not_declare_it(tiny_models, u
 
 
 def test_driver_refuses_packing_for_such_a_family_in_one_line(tiny_checkpoints, unverified_family, tmp_path, capsys):
-    from llm2vec.testing import write_tiny_e5
+    from _tiny_data import write_tiny_e5
+
     from llm2vec.training import main
 
     data = write_tiny_e5(tmp_path / "data", n=8, sources=("nq",))

@@ -291,9 +291,10 @@ def test_training_with_a_token_budget_equals_training_without(tmp_path):
     """Two optimizer steps (2 micro-batches each) of the Stage I driver, with and without chunks and LM-head
     blocks: the same weights; the padding fraction is logged, and one pair per chunk has no padding at all."""
     from _drivers import tiny_run_flags
+    from _tiny_data import write_tiny_e5
     from safetensors.torch import load_file
 
-    from llm2vec.testing import save_tiny_model, write_tiny_e5
+    from llm2vec.testing import save_tiny_model
     from llm2vec.training import run
 
     model, data = save_tiny_model("llama3", tmp_path / "model"), write_tiny_e5(tmp_path / "data")
@@ -325,9 +326,10 @@ def test_token_budget_under_ddp_and_fsdp_equals_one_plain_process(tmp_path):
     import sys
 
     from _drivers import launcher, subprocess_env
+    from _tiny_data import write_tiny_e5
     from test_fsdp import FSDP_CONFIG, ROOT, check, flags, run_checked, weights
 
-    from llm2vec.testing import save_tiny_model, write_tiny_e5
+    from llm2vec.testing import save_tiny_model
 
     model, data = save_tiny_model("llama3", tmp_path / "model"), write_tiny_e5(tmp_path / "data")
     common = {"max_steps": 2, "save_strategy": "no", "optim": "sgd"}

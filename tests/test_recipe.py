@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 from _drivers import launcher, subprocess_env, tiny_run_flags
+from _tiny_data import write_tiny_e5
 from safetensors.torch import load_file
 
 from llm2vec.arguments import ConfigError, DataArguments, parse_config
-from llm2vec.testing import save_tiny_model, write_tiny_e5
+from llm2vec.testing import save_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 PER_SOURCE, BATCH = 24, 4  # two sources of 24 pairs in global batches of 4: 12 optimizer steps per epoch

@@ -20,11 +20,12 @@ from pathlib import Path
 import pytest
 import torch
 from _drivers import launcher, subprocess_env, tiny_run_flags
+from _tiny_data import write_tiny_beir, write_tiny_e5
 
 from llm2vec import LLM2Vec
 from llm2vec.beir import read_beir_folder
 from llm2vec.retrieval import Judgments, RetrievalEvaluation, cosine_metrics, embed_items, ranking_metrics
-from llm2vec.testing import save_tiny_model, write_tiny_beir, write_tiny_e5
+from llm2vec.testing import save_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTRUCTION = "Given a query, retrieve the passages that answer it"

@@ -21,6 +21,7 @@ import torch
 
 pytest.importorskip("sentence_transformers")
 
+from _tiny_data import write_tiny_beir, write_tiny_e5  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from llm2vec import LLM2Vec  # noqa: E402
@@ -30,7 +31,6 @@ from llm2vec.collator import TrainCollator  # noqa: E402
 from llm2vec.dataset import TrainExample  # noqa: E402
 from llm2vec.llm2vec_contrastive import LLM2VecContrastive  # noqa: E402
 from llm2vec.st_training import build_loss, lora_config, sentence_transformer, separator  # noqa: E402
-from llm2vec.testing import write_tiny_beir, write_tiny_e5  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LENGTH = 64

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from _drivers import launcher, subprocess_env, tiny_run_flags
+from _tiny_data import write_tiny_e5 as write_e5
 from safetensors.torch import load_file
 
 from llm2vec import LLM2Vec
@@ -16,7 +17,6 @@ from llm2vec.dataset import TrainExample
 from llm2vec.llm2vec_q2d_d2q import LLM2Vec_q2d_d2q
 from llm2vec.templates import encode as template_encode
 from llm2vec.testing import save_tiny_model
-from llm2vec.testing import write_tiny_e5 as write_e5
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 from _references import stage_II_loss_by_hand
 from _stage_II_dist_worker import LR, build_encoder, lora_state, run_gather_rank, run_rank, sgd_step
+from _tiny_data import write_tiny_e5
 
 from llm2vec.arguments import StageIIArguments, load_config, parse_config
 from llm2vec.llm2vec import LLM2Vec
 from llm2vec.loss.infonce import InfoNCELoss
-from llm2vec.testing import write_tiny_e5
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

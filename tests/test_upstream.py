@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 from _drivers import tiny_run_flags
+from _tiny_data import write_tiny_e5
 from transformers import Trainer
 
-from llm2vec.testing import save_tiny_model, write_tiny_e5
+from llm2vec.testing import save_tiny_model
 from llm2vec.trainer import PRIVATE_OVERRIDES, LLM2VecTrainer
 from llm2vec.training import run
 

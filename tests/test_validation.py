@@ -96,7 +96,9 @@ def test_two_processes_give_the_one_process_numbers(checkpoint, tmp_path):
 
 
 def test_a_stage_II_run_logs_its_validation_measures(tmp_path):
-    from llm2vec.testing import save_tiny_model, write_tiny_e5
+    from _tiny_data import write_tiny_e5
+
+    from llm2vec.testing import save_tiny_model
     from llm2vec.training import run
 
     model = save_tiny_model("llama3", tmp_path / "model")
