@@ -4,12 +4,15 @@
     python experiments/benchmark.py --tiny                           # a tiny random Llama-3 model (CI)
     python experiments/benchmark.py --json                           # one JSON object per measurement
     python experiments/benchmark.py --only stage_I --stage_I_batches 8
+    python experiments/benchmark.py --only stage_II_st --stage_II_st_batches 64   # Stage II: project vs ST
 
 Benches (the first variant of each is the reference of its ratios): ``stage_I``: ``authors`` (left-padded batches,
 four decoder calls, full-vocabulary logits masked afterwards: :func:`authors_stage_I_loss`), ``plain`` (this
 project's step, its memory bounds off), ``optimised`` (:data:`OPTIMISED_STAGE_I`), ``packed`` (and packed decoder
 calls), ``checkpointed`` (and activation checkpointing: every setting of the paper configs); ``stage_II``: ``plain``
-vs ``cached`` (:data:`OPTIMISED_STAGE_II`); ``encode``: ``bare`` forwards vs ``LLM2Vec.encode``. Each variant runs in
+vs ``cached`` (:data:`OPTIMISED_STAGE_II`); ``encode``: ``bare`` forwards vs ``LLM2Vec.encode``; ``stage_II_st`` (only
+when named in ``--only``): this project's cached Stage II step vs sentence-transformers' cached loss on the same
+model (:func:`stage_II_st_step`). Each variant runs in
 a fresh process (:func:`in_own_process`, which ``research/benchmark_data.py`` uses too), so ``peak_rss_mib`` is its
 own; ``seconds`` is the median of ``--repeats`` steps after a warm-up. The losses of a bench's variants must agree
 (1e-4 relative; 1e-2 in bf16) before any ratio is printed. Texts are the standard library's docstrings (first
@@ -35,7 +38,7 @@ DEFAULT_MODEL = HERE.parent / "cache" / "models" / "SmolLM2-135M-Instruct"
 OPTIMISED_STAGE_I: dict = {"token_budget": 1024, "logit_chunk_rows": 512}
 OPTIMISED_STAGE_II: dict = {"embedding_token_budget": 2048}
 
-REFERENCE = {"stage_I": "authors", "stage_II": "plain", "encode": "bare"}
+REFERENCE = {"stage_I": "authors", "stage_II": "plain", "encode": "bare", "stage_II_st": "project"}
 
 
 # ------------------------------------------------------------------------------ one process per measurement
@@ -268,7 +271,54 @@ def encode_step(args, variant: str, batch_size: int):
     return step, {"tokens": tokens}
 
 
-STEPS = {"stage_I": stage_I_step, "stage_II": stage_II_step, "encode": encode_step}
+def stage_II_st_step(args, variant: str, batch_size: int):
+    """Stage II at one batch through both trainers, each with a gradient cache of ``--st_mini_batch`` texts a chunk:
+    ``project`` (LLM2VecContrastive, embedding_token_budget = mini-batch x stage_II_max_length) and ``st`` (the same
+    model as a SentenceTransformer, :mod:`llm2vec.st_training`, CachedMultipleNegativesRankingLoss at scale 20). The
+    LoRA's B starts at zero, so both first losses are the untouched model's and must agree."""
+    import tempfile
+
+    from llm2vec.collator import TrainCollator
+    from llm2vec.dataset import TrainExample
+
+    examples = [TrainExample(q, d, n, "", "stdlib") for q, d, n in stdlib_triples(batch_size)]
+    path = args.model
+    if args.tiny:
+        from llm2vec.testing import save_tiny_model
+
+        path = save_tiny_model("llama3", Path(tempfile.mkdtemp()) / "tiny", hidden_size=64)
+    if variant == "project":
+        from peft import get_peft_model
+
+        from llm2vec.llm2vec_contrastive import LLM2VecContrastive
+
+        budget = args.st_mini_batch * args.stage_II_max_length
+        encoder = LLM2VecContrastive.load(str(path), max_length=args.stage_II_max_length, embedding_token_budget=budget)
+        encoder.model = get_peft_model(encoder.model, paper_lora())
+        batch = TrainCollator.for_encoder(encoder.train(), with_negative=True)(examples)
+
+        def step():
+            encoder.zero_grad(set_to_none=True)
+            return train_step(encoder, batch).loss.item()
+
+        return step, {"tokens": int(sum(batch[k]["attention_mask"].sum() for k in ("query", "positive", "negative")))}
+    from llm2vec.st_training import build_loss, sentence_transformer
+
+    st_dir = Path(tempfile.mkdtemp()) / "st"
+    model = sentence_transformer(str(path), st_dir, lora=paper_lora(), max_length=args.stage_II_max_length).train()
+    loss = build_loss("CachedMultipleNegativesRankingLoss", {"mini_batch_size": args.st_mini_batch}, model, 20.0)
+    features = [model.preprocess([getattr(e, side) for e in examples]) for side in ("query", "positive", "negative")]
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        value = loss(features, None)
+        value.backward()
+        return value.item()
+
+    return step, {"tokens": int(sum(f["attention_mask"].sum() for f in features))}
+
+
+STEPS = {"stage_I": stage_I_step, "stage_II": stage_II_step, "encode": encode_step, "stage_II_st": stage_II_st_step}
 
 
 def worker(args) -> None:
@@ -316,6 +366,8 @@ def plan(args) -> list[tuple[str, str, int]]:
         runs += [("stage_II", v, b) for b in args.stage_II_batches for v in ("plain", "cached")]
     if "encode" in args.only:
         runs += [("encode", v, args.encode_batch) for v in ("bare", "encode")]
+    if "stage_II_st" in args.only:
+        runs += [("stage_II_st", v, b) for b in args.stage_II_st_batches for v in ("project", "st")]
     return runs
 
 
@@ -370,6 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
     batches = "pairs: the first for every variant, the others for optimised and checkpointed"
     p.add_argument("--stage_I_batches", type=int, nargs="+", default=[8, 32], help=batches)
     p.add_argument("--stage_II_batches", type=int, nargs="+", default=[8, 32, 64], help="triples")
+    p.add_argument("--stage_II_st_batches", type=int, nargs="+", default=[64], help="triples (--only stage_II_st)")
+    p.add_argument("--st_mini_batch", type=int, default=8, help="texts per gradient-cache chunk (stage_II_st)")
     p.add_argument("--encode_batch", type=int, default=32)
     p.add_argument("--encode_texts", type=int, default=128)
     p.add_argument("--max_length", type=int, default=256, help="tokens per Stage I text and encoded text")

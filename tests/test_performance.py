@@ -490,3 +490,27 @@ def test_benchmark_reports_a_variant_killed_for_memory_and_goes_on(capsys, monke
     records.append({"bench": "stage_II", "variant": "cached", "batch": 32, "loss": 2.5, **ok})
     with pytest.raises(SystemExit, match="disagree"):
         benchmark.check_and_print(records, as_json=False)
+
+
+def test_benchmark_compares_the_stage_II_step_with_sentence_transformers_at_one_loss():
+    """``--only stage_II_st``: this project's cached Stage II step and sentence-transformers' cached loss on the same
+    tiny model and batch, each in its own process, agree on the loss (checked before any ratio is printed)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    flags = ["--tiny", "--json", "--only", "stage_II_st", "--stage_II_st_batches", "4", "--st_mini_batch", "2"]
+    flags += ["--repeats", "1", "--stage_II_max_length", "48", "--threads", "1"]
+    result = subprocess.run(
+        [sys.executable, str(root / "experiments" / "benchmark.py"), *flags],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = {r["variant"]: r for r in map(json.loads, result.stdout.splitlines())}
+    assert set(records) == {"project", "st"} and {r["batch"] for r in records.values()} == {4}
+    project, st = records["project"]["loss"], records["st"]["loss"]
+    assert abs(project - st) <= 1e-5 * abs(project) and project > 0
