@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _drivers import DOCUMENTS, nq_run_flags, write_beir
 from _tiny_data import write_tiny_e5
 
 from llm2vec import LLM2Vec, templates
@@ -538,14 +539,6 @@ def test_smollm2_export_loads_offline_and_embeds_like_llm2vec(tmp_path_factory, 
 # ----------------------------------------------------------------------------------------------- mteb
 
 
-DOCS = [
-    "Return the number of items in a container.",
-    "Open a file and read its lines.",
-    "Paris is the capital of France.",
-    "The quick brown fox jumps over the lazy dog.",
-    "Embeddings are vectors that capture meaning.",
-    "Large language models are trained on text.",
-]
 QUERIES = {
     "qa": ("quick fox", "d3"),
     "qb": ("how many items", "d0"),
@@ -556,15 +549,9 @@ QUERIES = {
 
 
 def write_local_task(folder: Path) -> Path:
-    folder.mkdir(parents=True)
-    rows = {
-        "corpus.jsonl": [{"_id": f"d{i}", "title": "", "text": t} for i, t in enumerate(DOCS)],
-        "queries.jsonl": [{"_id": q, "text": t} for q, (t, _) in QUERIES.items()],
-        "qrels.jsonl": [{"query-id": q, "corpus-id": d, "score": 1} for q, (_, d) in QUERIES.items()],
-    }
-    for name, lines in rows.items():
-        (folder / name).write_text("".join(json.dumps(r) + "\n" for r in lines))
-    return folder
+    corpus = [(f"d{i}", t) for i, t in enumerate(DOCUMENTS)]
+    queries = [(q, t) for q, (t, _) in QUERIES.items()]
+    return write_beir(folder, corpus, queries, [(q, d, 1) for q, (_, d) in QUERIES.items()])
 
 
 @pytest.fixture(scope="module")
@@ -742,26 +729,7 @@ def test_model_cards_of_a_two_stage_run_and_its_export(tiny_checkpoints, mteb_ru
     from llm2vec.training import run
 
     data = write_tiny_e5(tmp_path / "data", n=16, sources=("nq",))
-    common = [
-        "--dataset_file_path",
-        str(data),
-        "--e5_sources",
-        '["nq"]',
-        "--use_cpu",
-        "true",
-        "--max_seq_length",
-        str(MAX_LENGTH),
-        "--logging_steps",
-        "1",
-        "--per_device_train_batch_size",
-        "4",
-        "--max_steps",
-        "3",
-        "--save_steps",
-        "2",
-        "--report_to",
-        "none",
-    ]
+    common = nq_run_flags(data, MAX_LENGTH, per_device_train_batch_size=4, max_steps=3, save_steps=2, report_to="none")
     stage_I, stage_II = tmp_path / "stage_I", tmp_path / "stage_II"
     hub_id = "example-org/tiny-llama3"  # where a run records the hub id its local base folder came from
     run(
