@@ -344,18 +344,25 @@ def make_adapter(checkpoint, folder):
     return folder
 
 
-def test_export_merges_a_lora_adapter(tiny_checkpoints, tmp_path):
-    checkpoint = tiny_checkpoints["llama3"]
-    adapter = make_adapter(checkpoint, tmp_path / "adapter")
+def export_with_questions(checkpoint, out: Path, *adapter, **options) -> SentenceTransformer:
+    """``checkpoint`` (merged with ``adapter`` if given) exported into ``out`` with ``options``, its query prompt
+    and the "Questions" prompt both :data:`INSTRUCTION`, and loaded back offline on CPU."""
     export_sentence_transformers(
         str(checkpoint),
-        tmp_path / "st",
-        str(adapter),
+        out,
+        *adapter,
         max_length=MAX_LENGTH,
         instructions={"Questions": INSTRUCTION},
         query_instruction=INSTRUCTION,
+        **options,
     )
-    st_model = SentenceTransformer(str(tmp_path / "st"), device="cpu", local_files_only=True)
+    return SentenceTransformer(str(out), device="cpu", local_files_only=True)
+
+
+def test_export_merges_a_lora_adapter(tiny_checkpoints, tmp_path):
+    checkpoint = tiny_checkpoints["llama3"]
+    adapter = make_adapter(checkpoint, tmp_path / "adapter")
+    st_model = export_with_questions(checkpoint, tmp_path / "st", str(adapter))
     ref = reference(checkpoint, adapter)
     assert_same_embeddings(st_model, ref, TEXTS, INSTRUCTION, prompt_name="Questions")
     assert_same_embeddings(st_model, ref, TEXTS, "")
@@ -365,17 +372,9 @@ def test_export_merges_a_lora_adapter(tiny_checkpoints, tmp_path):
 
 def test_export_mean_pooling_leaves_the_prompt_out(tiny_checkpoints, tmp_path):
     checkpoint = tiny_checkpoints["smollm2"]
-    export_sentence_transformers(
-        str(checkpoint),
-        tmp_path / "st",
-        max_length=MAX_LENGTH,
-        pooling_mode="mean",
-        instructions={"Questions": INSTRUCTION},
-        normalize=False,
-        named_prompts_only=True,
-        query_instruction=INSTRUCTION,
+    st_model = export_with_questions(
+        checkpoint, tmp_path / "st", pooling_mode="mean", normalize=False, named_prompts_only=True
     )
-    st_model = SentenceTransformer(str(tmp_path / "st"), device="cpu", local_files_only=True)
     assert [type(m).__name__ for m in st_model] == ["Transformer", "Pooling"]
     assert not (tmp_path / "st" / "chat_template.jinja").exists()  # the text layout: no message path
     ref = reference(checkpoint, pooling_mode="mean")
@@ -388,15 +387,7 @@ def test_export_mean_pooling_leaves_the_prompt_out(tiny_checkpoints, tmp_path):
 def test_bfloat16_export(tiny_checkpoints, tmp_path):
     """Weights saved in bfloat16 load in bfloat16 and match LLM2Vec loaded in bfloat16 (RoPE buffers stay float32)."""
     checkpoint = tiny_checkpoints["qwen2"]
-    export_sentence_transformers(
-        str(checkpoint),
-        tmp_path / "st",
-        max_length=MAX_LENGTH,
-        dtype="bfloat16",
-        instructions={"Questions": INSTRUCTION},
-        query_instruction=INSTRUCTION,
-    )
-    st_model = SentenceTransformer(str(tmp_path / "st"), device="cpu", local_files_only=True)
+    st_model = export_with_questions(checkpoint, tmp_path / "st", dtype="bfloat16")
     assert st_model[0].model.dtype == torch.bfloat16
     ref = reference(checkpoint, dtype="bfloat16")
     items = [[INSTRUCTION, t] for t in TEXTS]
