@@ -12,12 +12,13 @@ the chosen point, writes ``FOLDER/rank<r>.pid`` and sleeps; the test then SIGKIL
 - ``during_save``: checkpoint-N is being written: its weights are on disk, its optimizer state is not.
 
 The helpers the tests share to start runs live here too: :func:`tiny_run_flags` (the flags of a tiny CPU run),
+:func:`nq_run_flags` (those of the drivers' end-to-end runs on one source), :func:`eval_argv` (an evaluation's),
 :func:`run_flags` and :func:`six_step_flags` (the two run lengths of the run-folder, checkpoint and resume tests),
 :func:`launcher` (this interpreter, or ``torch.distributed.run`` over N local processes on a free port),
 :func:`subprocess_env` (offline, one thread per process, the checkout importable), :func:`lock_held_elsewhere`
 (another process holding a folder's run lock), :func:`assert_same_weights` (two saved models, bit for bit), the
 file listings compared before and after a refusal (:func:`files`, :func:`tree`, :func:`snapshot`) and a BEIR-layout
-retrieval folder (:func:`write_beir`).
+retrieval folder (:func:`write_beir`, with :data:`DOCUMENTS` a small corpus of distinct subjects).
 """
 
 from __future__ import annotations
@@ -49,11 +50,22 @@ TINY_RUN = {
 }
 
 
+def as_flags(**fields) -> list[str]:
+    """``--field value`` for each of ``fields`` in the order given; a field given ``None`` is left out."""
+    return [item for key, value in fields.items() if value is not None for item in (f"--{key}", str(value))]
+
+
 def tiny_run_flags(model, data, out, **fields) -> list[str]:
     """``--field value`` flags of a tiny CPU run of ``model`` on the E5-layout folder ``data`` into ``out``:
     :data:`TINY_RUN` overridden by ``fields`` (a field given ``None`` is left out)."""
-    args = {"model_name_or_path": model, "output_dir": out, "dataset_file_path": data, **TINY_RUN, **fields}
-    return [item for key, value in args.items() if value is not None for item in (f"--{key}", str(value))]
+    return as_flags(**{"model_name_or_path": model, "output_dir": out, "dataset_file_path": data, **TINY_RUN, **fields})
+
+
+def nq_run_flags(data, max_seq_length, **fields) -> list[str]:
+    """``--field value`` flags of a CPU run on the ``nq`` file of the E5-layout folder ``data``, texts cut at
+    ``max_seq_length`` tokens, a loss line per step, then ``fields``; the caller adds the model and output folder."""
+    common = {"e5_sources": '["nq"]', "use_cpu": "true", "max_seq_length": max_seq_length, "logging_steps": 1}
+    return as_flags(**{"dataset_file_path": data, **common, **fields})
 
 
 RESUME = ["--resume_from_checkpoint", "true"]
@@ -91,6 +103,14 @@ def export_argv(model, out, *extra) -> list[str]:
         *("--base_model_name_or_path", str(model), "--output_dir", str(out)),
         *("--max_length", "64", "--query_instruction", "", "--no_verify_embeddings", *extra),
     ]
+
+
+def eval_argv(model, data, out, *extra, instruction="") -> list[str]:
+    """The flags of an evaluation of ``model`` into ``out`` on CPU with batches of 2, then ``extra``; with ``data``
+    (a BEIR-layout folder; None: none), on that folder as a local retrieval task with ``instruction``."""
+    local = ["--local_retrieval_dir", str(data), "--local_instruction", instruction] if data is not None else []
+    device = ["--device", "cpu", "--batch_size", "2"]
+    return ["--base_model_name_or_path", str(model), *local, "--output_dir", str(out), *device, *extra]
 
 
 def files(folder) -> dict[str, bytes]:
@@ -140,6 +160,15 @@ GOOD = {
     "queries": [(f"q{i}", t) for i, t in enumerate(TEXTS)],
     "qrels": [(f"q{i}", f"d{i}", 1) for i in range(len(TEXTS))],
 }
+# six one-line documents on distinct subjects: the corpus of the local retrieval tasks that evaluations score
+DOCUMENTS = [
+    "Return the number of items in a container.",
+    "Open a file and read its lines.",
+    "Paris is the capital of France.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Embeddings are vectors that capture meaning.",
+    "Large language models are trained on text.",
+]
 
 
 def unfinished_copy(reference: Path, dest: Path) -> Path:

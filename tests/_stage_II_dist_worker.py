@@ -1,4 +1,5 @@
-"""Helpers for the Stage II tests: a tiny LoRA encoder, and one rank of the two-process (gloo) step."""
+"""Helpers for the Stage II tests: a tiny LoRA encoder, training triples for it, and one rank of the two-process
+(gloo) step."""
 
 from __future__ import annotations
 
@@ -32,6 +33,25 @@ def build_encoder(
             if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=generator) * 0.2)
     return model
+
+
+def fox_triples(
+    n: int, source: str, query: str = "which fox {} jumps over the dog?", distinct_positives: int | None = None
+) -> list:
+    """``n`` training triples of ``source`` with the instruction "Retrieve passages": query ``query.format(i)``,
+    a positive about fox ``i`` (fox ``i % distinct_positives`` with ``distinct_positives``), a negative about Berlin."""
+    from llm2vec.dataset import TrainExample
+
+    return [
+        TrainExample(
+            query=query.format(i),
+            positive=f"The quick brown fox {i % (distinct_positives or n)} jumps.",
+            negative=f"Berlin is the capital of Germany, {i} times.",
+            query_instruction="Retrieve passages",
+            source=source,
+        )
+        for i in range(n)
+    ]
 
 
 def lora_state(model) -> dict[str, torch.Tensor]:

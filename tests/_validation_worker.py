@@ -6,22 +6,12 @@ import json
 import os
 
 import torch
-from _stage_II_dist_worker import build_encoder
+from _stage_II_dist_worker import build_encoder, fox_triples
 
 
 def validation_triples(n: int = 7):
-    from llm2vec.dataset import TrainExample
-
-    return [
-        TrainExample(
-            query=f"which fox number {i} jumps over the dog?",
-            positive=f"The quick brown fox {i % 5} jumps.",
-            negative=f"Berlin is the capital of Germany, {i} times.",
-            query_instruction="Retrieve passages",
-            source="v",
-        )
-        for i in range(n)
-    ]
+    """``n`` triples whose positives repeat every 5 (7 triples share 5 documents)."""
+    return fox_triples(n, "v", query="which fox number {} jumps over the dog?", distinct_positives=5)
 
 
 def measure(encoder, model=None, batch_size: int = 2, contrastive_batch: int = 3) -> dict:

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _drivers import DOCUMENTS, nq_run_flags, write_beir
 from _tiny_data import write_tiny_e5
 
 from llm2vec import LLM2Vec, templates
@@ -343,18 +344,25 @@ def make_adapter(checkpoint, folder):
     return folder
 
 
-def test_export_merges_a_lora_adapter(tiny_checkpoints, tmp_path):
-    checkpoint = tiny_checkpoints["llama3"]
-    adapter = make_adapter(checkpoint, tmp_path / "adapter")
+def export_with_questions(checkpoint, out: Path, *adapter, **options) -> SentenceTransformer:
+    """``checkpoint`` (merged with ``adapter`` if given) exported into ``out`` with ``options``, its query prompt
+    and the "Questions" prompt both :data:`INSTRUCTION`, and loaded back offline on CPU."""
     export_sentence_transformers(
         str(checkpoint),
-        tmp_path / "st",
-        str(adapter),
+        out,
+        *adapter,
         max_length=MAX_LENGTH,
         instructions={"Questions": INSTRUCTION},
         query_instruction=INSTRUCTION,
+        **options,
     )
-    st_model = SentenceTransformer(str(tmp_path / "st"), device="cpu", local_files_only=True)
+    return SentenceTransformer(str(out), device="cpu", local_files_only=True)
+
+
+def test_export_merges_a_lora_adapter(tiny_checkpoints, tmp_path):
+    checkpoint = tiny_checkpoints["llama3"]
+    adapter = make_adapter(checkpoint, tmp_path / "adapter")
+    st_model = export_with_questions(checkpoint, tmp_path / "st", str(adapter))
     ref = reference(checkpoint, adapter)
     assert_same_embeddings(st_model, ref, TEXTS, INSTRUCTION, prompt_name="Questions")
     assert_same_embeddings(st_model, ref, TEXTS, "")
@@ -364,17 +372,9 @@ def test_export_merges_a_lora_adapter(tiny_checkpoints, tmp_path):
 
 def test_export_mean_pooling_leaves_the_prompt_out(tiny_checkpoints, tmp_path):
     checkpoint = tiny_checkpoints["smollm2"]
-    export_sentence_transformers(
-        str(checkpoint),
-        tmp_path / "st",
-        max_length=MAX_LENGTH,
-        pooling_mode="mean",
-        instructions={"Questions": INSTRUCTION},
-        normalize=False,
-        named_prompts_only=True,
-        query_instruction=INSTRUCTION,
+    st_model = export_with_questions(
+        checkpoint, tmp_path / "st", pooling_mode="mean", normalize=False, named_prompts_only=True
     )
-    st_model = SentenceTransformer(str(tmp_path / "st"), device="cpu", local_files_only=True)
     assert [type(m).__name__ for m in st_model] == ["Transformer", "Pooling"]
     assert not (tmp_path / "st" / "chat_template.jinja").exists()  # the text layout: no message path
     ref = reference(checkpoint, pooling_mode="mean")
@@ -387,15 +387,7 @@ def test_export_mean_pooling_leaves_the_prompt_out(tiny_checkpoints, tmp_path):
 def test_bfloat16_export(tiny_checkpoints, tmp_path):
     """Weights saved in bfloat16 load in bfloat16 and match LLM2Vec loaded in bfloat16 (RoPE buffers stay float32)."""
     checkpoint = tiny_checkpoints["qwen2"]
-    export_sentence_transformers(
-        str(checkpoint),
-        tmp_path / "st",
-        max_length=MAX_LENGTH,
-        dtype="bfloat16",
-        instructions={"Questions": INSTRUCTION},
-        query_instruction=INSTRUCTION,
-    )
-    st_model = SentenceTransformer(str(tmp_path / "st"), device="cpu", local_files_only=True)
+    st_model = export_with_questions(checkpoint, tmp_path / "st", dtype="bfloat16")
     assert st_model[0].model.dtype == torch.bfloat16
     ref = reference(checkpoint, dtype="bfloat16")
     items = [[INSTRUCTION, t] for t in TEXTS]
@@ -538,14 +530,6 @@ def test_smollm2_export_loads_offline_and_embeds_like_llm2vec(tmp_path_factory, 
 # ----------------------------------------------------------------------------------------------- mteb
 
 
-DOCS = [
-    "Return the number of items in a container.",
-    "Open a file and read its lines.",
-    "Paris is the capital of France.",
-    "The quick brown fox jumps over the lazy dog.",
-    "Embeddings are vectors that capture meaning.",
-    "Large language models are trained on text.",
-]
 QUERIES = {
     "qa": ("quick fox", "d3"),
     "qb": ("how many items", "d0"),
@@ -556,15 +540,9 @@ QUERIES = {
 
 
 def write_local_task(folder: Path) -> Path:
-    folder.mkdir(parents=True)
-    rows = {
-        "corpus.jsonl": [{"_id": f"d{i}", "title": "", "text": t} for i, t in enumerate(DOCS)],
-        "queries.jsonl": [{"_id": q, "text": t} for q, (t, _) in QUERIES.items()],
-        "qrels.jsonl": [{"query-id": q, "corpus-id": d, "score": 1} for q, (_, d) in QUERIES.items()],
-    }
-    for name, lines in rows.items():
-        (folder / name).write_text("".join(json.dumps(r) + "\n" for r in lines))
-    return folder
+    corpus = [(f"d{i}", t) for i, t in enumerate(DOCUMENTS)]
+    queries = [(q, t) for q, (t, _) in QUERIES.items()]
+    return write_beir(folder, corpus, queries, [(q, d, 1) for q, (_, d) in QUERIES.items()])
 
 
 @pytest.fixture(scope="module")
@@ -742,26 +720,7 @@ def test_model_cards_of_a_two_stage_run_and_its_export(tiny_checkpoints, mteb_ru
     from llm2vec.training import run
 
     data = write_tiny_e5(tmp_path / "data", n=16, sources=("nq",))
-    common = [
-        "--dataset_file_path",
-        str(data),
-        "--e5_sources",
-        '["nq"]',
-        "--use_cpu",
-        "true",
-        "--max_seq_length",
-        str(MAX_LENGTH),
-        "--logging_steps",
-        "1",
-        "--per_device_train_batch_size",
-        "4",
-        "--max_steps",
-        "3",
-        "--save_steps",
-        "2",
-        "--report_to",
-        "none",
-    ]
+    common = nq_run_flags(data, MAX_LENGTH, per_device_train_batch_size=4, max_steps=3, save_steps=2, report_to="none")
     stage_I, stage_II = tmp_path / "stage_I", tmp_path / "stage_II"
     hub_id = "example-org/tiny-llama3"  # where a run records the hub id its local base folder came from
     run(

@@ -35,6 +35,13 @@ FSDP_CONFIG = {  # built here; test_shipped_configs checks that train_configs/fs
     "state_dict_type": "FULL_STATE_DICT",  # the saves are ordinary safetensors that from_pretrained reads
     "activation_checkpointing": True,  # FSDP's own (so the training argument activation_checkpointing stays false)
 }
+# the flags of FSDP_CONFIG on two gloo processes, each with half of the one-process batch of 4
+FSDP_ON_TWO = {
+    "per_device_train_batch_size": 2,
+    "ddp_backend": "gloo",
+    "fsdp": "true",
+    "fsdp_config": json.dumps(FSDP_CONFIG),
+}
 TEXTS = ["The quick brown fox.", ["Given a question, retrieve passages", "who jumps over the dog?"]]
 
 
@@ -81,15 +88,7 @@ def test_fsdp_full_shard_two_processes_equal_one_process(setup):
         [sys.executable, str(ROOT / "experiments/run_stage_I.py"), *flags(model, data, root / "single")],
         "one process",
     )
-    fsdp_flags = flags(
-        model,
-        data,
-        root / "fsdp",
-        per_device_train_batch_size=2,
-        ddp_backend="gloo",
-        fsdp="true",
-        fsdp_config=json.dumps(FSDP_CONFIG),
-    )
+    fsdp_flags = flags(model, data, root / "fsdp", **FSDP_ON_TWO)
     run_checked(
         [*launcher(2), str(ROOT / "tests/_fsdp_worker.py"), str(root / "reports"), *fsdp_flags],
         "FSDP on two gloo processes",

@@ -34,7 +34,7 @@ from pathlib import Path
 import mteb_eval_custom
 import numpy as np
 import pytest
-from _drivers import GOOD, one_line_error, subprocess_env, tiny_run_flags, write_beir
+from _drivers import GOOD, eval_argv, one_line_error, subprocess_env, tiny_run_flags, write_beir
 from _drivers import run_flags as flags
 from _tiny_data import write_tiny_e5
 
@@ -75,24 +75,6 @@ def one_line(err: str) -> str:
     lines = [line for line in err.splitlines() if "error:" in line]
     assert len(lines) == 1 and "Traceback" not in err, err
     return lines[0]
-
-
-def eval_argv(model, data, out, *extra) -> list[str]:
-    return [
-        "--base_model_name_or_path",
-        str(model),
-        "--local_retrieval_dir",
-        str(data),
-        "--local_instruction",
-        "",
-        "--output_dir",
-        str(out),
-        "--device",
-        "cpu",
-        "--batch_size",
-        "2",
-        *extra,
-    ]
 
 
 # ---------------------------------------------------------------------------------------------- config values

@@ -12,6 +12,7 @@ import mteb_eval_custom
 import numpy as np
 import pytest
 import torch
+from _drivers import DOCUMENTS, eval_argv, write_beir
 from mteb.mocks import MockClassificationTask, MockRetrievalTask, MockSTSTask
 
 from llm2vec import LLM2Vec
@@ -226,53 +227,23 @@ def test_resolve_devices():
 # ---------------------------------------------------------------------------------------- local task
 
 
-def write_beir(folder: Path, texts: list[str], qrels: dict[str, str]) -> None:
+def write_local_task(folder: Path, texts: list[str], qrels: dict[str, str]) -> None:
     """Documents d0..dn with ``texts``; each query text equals the text of the document it is paired with."""
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / "corpus.jsonl", "w") as f:
-        for i, t in enumerate(texts):
-            f.write(json.dumps({"_id": f"d{i}", "title": "", "text": t}) + "\n")
-    with open(folder / "queries.jsonl", "w") as f:
-        for qid, did in qrels.items():
-            f.write(json.dumps({"_id": qid, "text": texts[int(did[1:])]}) + "\n")
-    with open(folder / "qrels.jsonl", "w") as f:
-        for qid, did in qrels.items():
-            f.write(json.dumps({"query-id": qid, "corpus-id": did, "score": 1}) + "\n")
+    corpus, queries = [(f"d{i}", t) for i, t in enumerate(texts)], [(q, texts[int(d[1:])]) for q, d in qrels.items()]
+    write_beir(folder, corpus, queries, [(q, d, 1) for q, d in qrels.items()])
 
 
-TEXTS = [
-    "Return the number of items in a container.",
-    "Open a file and read its lines.",
-    "Paris is the capital of France.",
-    "The quick brown fox jumps over the lazy dog.",
-    "Embeddings are vectors that capture meaning.",
-    "Large language models are trained on text.",
-]
 # queries in an order unrelated to the corpus order
 QRELS = {"qa": "d3", "qb": "d0", "qc": "d5", "qd": "d1"}
 
 
 def cli_argv(model, out, *extra, data=None, instruction=""):
-    local = ["--local_retrieval_dir", str(data), "--local_instruction", instruction] if data is not None else []
-    return [
-        "--base_model_name_or_path",
-        str(model),
-        *local,
-        "--output_dir",
-        str(out),
-        "--device",
-        "cpu",
-        "--batch_size",
-        "2",
-        "--model_name",
-        "tiny/llama3",
-        *extra,
-    ]
+    return eval_argv(model, data, out, "--model_name", "tiny/llama3", *extra, instruction=instruction)
 
 
 def test_local_retrieval_task_scores_ndcg_one_for_identical_texts(encoder, tmp_path):
     data = tmp_path / "eval"
-    write_beir(data, TEXTS, QRELS)
+    write_local_task(data, DOCUMENTS, QRELS)
     task = local_retrieval_task(data, name="StdlibDocRetrieval", instruction="")
     encoder.add_instruction(task.metadata.name, task.instruction)
     res = evaluate(encoder, [task], tmp_path / "out", show_progress_bar=False, raise_error=True)
@@ -283,11 +254,11 @@ def test_local_retrieval_task_scores_ndcg_one_for_identical_texts(encoder, tmp_p
 
     # control: the same texts with wrong qrels score below 1, so the check above can fail
     wrong = tmp_path / "wrong"
-    write_beir(wrong, TEXTS, QRELS)
+    write_local_task(wrong, DOCUMENTS, QRELS)
     with open(wrong / "qrels.jsonl", "w") as f:
         for qid, did in QRELS.items():
             f.write(
-                json.dumps({"query-id": qid, "corpus-id": f"d{(int(did[1:]) + 1) % len(TEXTS)}", "score": 1}) + "\n"
+                json.dumps({"query-id": qid, "corpus-id": f"d{(int(did[1:]) + 1) % len(DOCUMENTS)}", "score": 1}) + "\n"
             )
     task = local_retrieval_task(wrong, name="WrongQrels", instruction="")
     encoder.add_instruction("WrongQrels", "")
@@ -299,7 +270,7 @@ def test_a_local_tasks_own_instruction_reaches_its_queries(encoder, tmp_path, mo
     """A local task's instruction is used with no add_instruction and no entry in the mapping: its queries
     get it, its documents none; a task with no instruction anywhere fails with a message that says what to pass."""
     data = tmp_path / "eval"
-    write_beir(data, TEXTS, QRELS)
+    write_local_task(data, DOCUMENTS, QRELS)
     instruction = "Given a sentence, retrieve the same sentence"
     task = local_retrieval_task(data, name="OwnInstructionTask", instruction=instruction)
     assert task.metadata.name not in encoder.instructions
@@ -309,8 +280,8 @@ def test_a_local_tasks_own_instruction_reaches_its_queries(encoder, tmp_path, mo
     for given, text in spy.items():
         by_instruction.setdefault(given, []).append(text)
     assert sorted(by_instruction) == ["", instruction]
-    assert sorted(by_instruction[instruction]) == sorted(TEXTS[int(d[1:])] for d in QRELS.values())  # the queries
-    assert sorted(by_instruction[""]) == sorted(TEXTS)  # the corpus
+    assert sorted(by_instruction[instruction]) == sorted(DOCUMENTS[int(d[1:])] for d in QRELS.values())  # the queries
+    assert sorted(by_instruction[""]) == sorted(DOCUMENTS)  # the corpus
 
     bare = local_retrieval_task(data, name="NoInstructionTask")
     with pytest.raises(MissingInstructionError) as err:
@@ -350,20 +321,20 @@ def test_local_retrieval_task_rejects_bad_folders(tmp_path):
     ],
 )
 def test_local_retrieval_task_errors_name_file_and_line(tmp_path, name, content, message):
-    write_beir(tmp_path, ["x"], {"q0": "d0"})
+    write_local_task(tmp_path, ["x"], {"q0": "d0"})
     (tmp_path / name).write_text(content)
     with pytest.raises(ValueError, match=message):
         local_retrieval_task(tmp_path)
 
 
 def test_local_retrieval_task_reads_the_folder_and_hashes_its_files(tmp_path):
-    write_beir(tmp_path, TEXTS, QRELS)
+    write_local_task(tmp_path, DOCUMENTS, QRELS)
     with open(tmp_path / "queries.jsonl", "a") as f:
         f.write(json.dumps({"_id": "unjudged", "text": "no qrels line"}) + "\n")
     task = local_retrieval_task(tmp_path, name="Mine", instruction="Find it")
     task.load_data()
     split = task.dataset["default"]["test"]
-    assert split["corpus"]["id"] == [f"d{i}" for i in range(len(TEXTS))]
+    assert split["corpus"]["id"] == [f"d{i}" for i in range(len(DOCUMENTS))]
     assert sorted(split["queries"]["id"]) == sorted(QRELS)  # the unjudged query is left out
     assert split["relevant_docs"] == {q: {d: 1} for q, d in QRELS.items()}
     assert task.metadata.name == "Mine" and task.instruction == "Find it"
@@ -403,7 +374,7 @@ def test_cli_bad_input_is_a_one_line_error(extra, expected, llama_checkpoint, tm
 
 def test_cli_unloadable_model_is_a_one_line_error(tmp_path, capsys):
     data = tmp_path / "eval"
-    write_beir(data, TEXTS, QRELS)
+    write_local_task(data, DOCUMENTS, QRELS)
     rc = main(
         [
             "--base_model_name_or_path",
@@ -515,7 +486,7 @@ def test_load_instructions_rejects_malformed_files(tmp_path, content, message):
 
 def test_cli_evaluates_a_local_folder(llama_checkpoint, tmp_path, capsys):
     data = tmp_path / "eval"
-    write_beir(data, TEXTS, QRELS)
+    write_local_task(data, DOCUMENTS, QRELS)
     assert main(cli_argv(llama_checkpoint, tmp_path / "out", data=data)) == 0
     out = capsys.readouterr().out
     assert "StdlibDocRetrieval\t1.0000" in out
@@ -538,7 +509,7 @@ def test_cli_authors_command_with_a_lora_adapter(llama_checkpoint, tmp_path, cap
     lora.save_pretrained(adapter)
 
     data = tmp_path / "eval"
-    write_beir(data, TEXTS, QRELS)
+    write_local_task(data, DOCUMENTS, QRELS)
     instructions = tmp_path / "instr.json"
     instructions.write_text(json.dumps({"StdlibDocRetrieval": ""}))
     out = tmp_path / "out"
@@ -565,6 +536,6 @@ def test_cli_authors_command_with_a_lora_adapter(llama_checkpoint, tmp_path, cap
     merged = LLM2VecMTEBEncoder.from_pretrained(llama_checkpoint, str(adapter), instructions={}, devices="cpu")
     plain = LLM2VecMTEBEncoder.from_pretrained(llama_checkpoint, instructions={}, devices="cpu")
     with torch.no_grad():
-        a = merged.encode_items([["", TEXTS[0]]], show_progress_bar=False)
-        b = plain.encode_items([["", TEXTS[0]]], show_progress_bar=False)
+        a = merged.encode_items([["", DOCUMENTS[0]]], show_progress_bar=False)
+        b = plain.encode_items([["", DOCUMENTS[0]]], show_progress_bar=False)
     assert not np.allclose(a, b)

@@ -327,7 +327,7 @@ def test_token_budget_under_ddp_and_fsdp_equals_one_plain_process(tmp_path):
 
     from _drivers import launcher, subprocess_env
     from _tiny_data import write_tiny_e5
-    from test_fsdp import FSDP_CONFIG, ROOT, check, flags, run_checked, weights
+    from test_fsdp import FSDP_ON_TWO, ROOT, check, flags, run_checked, weights
 
     from llm2vec.testing import save_tiny_model
 
@@ -356,17 +356,7 @@ def test_token_budget_under_ddp_and_fsdp_equals_one_plain_process(tmp_path):
         "fsdp": [
             "tests/_fsdp_worker.py",
             str(tmp_path / "reports"),
-            *flags(
-                model,
-                data,
-                tmp_path / "fsdp",
-                per_device_train_batch_size=2,
-                ddp_backend="gloo",
-                fsdp="true",
-                fsdp_config=json.dumps(FSDP_CONFIG),
-                token_budget=1,
-                **common,
-            ),
+            *flags(model, data, tmp_path / "fsdp", **FSDP_ON_TWO, token_budget=1, **common),
         ],
     }
     for name, (script, *argv) in runs.items():

@@ -14,19 +14,20 @@ from pathlib import Path
 
 import mteb_eval_custom
 import pytest
-from test_mteb_eval import QRELS, TEXTS, cli_argv  # the local task tests' corpus, queries and command line
+from _drivers import DOCUMENTS  # the local task tests' corpus
+from test_mteb_eval import QRELS, cli_argv  # their queries and command line
 
 main = mteb_eval_custom.main
 
 
-def write_beir(folder: Path, texts=TEXTS, qrels=QRELS) -> Path:
+def write_beir(folder: Path, texts=DOCUMENTS, qrels=QRELS) -> Path:
     """Documents d0..dn with ``texts``; each query's text is the text of its relevant document."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "corpus.jsonl").write_text(
         "".join(json.dumps({"_id": f"d{i}", "title": "", "text": t}) + "\n" for i, t in enumerate(texts))
     )
     (folder / "queries.jsonl").write_text(
-        "".join(json.dumps({"_id": q, "text": TEXTS[int(d[1:])]}) + "\n" for q, d in qrels.items())
+        "".join(json.dumps({"_id": q, "text": DOCUMENTS[int(d[1:])]}) + "\n" for q, d in qrels.items())
     )
     (folder / "qrels.jsonl").write_text(
         "".join(json.dumps({"query-id": q, "corpus-id": d, "score": 1}) + "\n" for q, d in qrels.items())
@@ -94,7 +95,7 @@ def test_an_edited_local_folder_is_scored_again(model, tmp_path, capsys):
     assert main(cli_argv(model, out, data=data)) == 0
     assert printed_scores(capsys.readouterr().out) == {"StdlibDocRetrieval": 1.0}
 
-    edited = list(TEXTS)
+    edited = list(DOCUMENTS)
     edited[3], edited[0] = "A completely different sentence about rivers.", "Nothing about containers here."
     write_beir(data, texts=edited)
     assert main(cli_argv(model, out, data=data)) == 0

@@ -21,6 +21,7 @@ import torch
 
 pytest.importorskip("sentence_transformers")
 
+from _drivers import nq_run_flags  # noqa: E402
 from _tiny_data import write_tiny_beir, write_tiny_e5  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
@@ -144,35 +145,9 @@ def test_cached_mnrl_at_the_papers_scale_gives_the_infonce_loss_and_gradients(bo
 
 
 def flags(checkpoint, data, out, *extra):
-    return [
-        "--model_name_or_path",
-        checkpoint,
-        "--output_dir",
-        str(out),
-        "--dataset_file_path",
-        str(data),
-        "--e5_sources",
-        '["nq"]',
-        "--use_cpu",
-        "true",
-        "--max_seq_length",
-        str(MAX_LENGTH),
-        "--logging_steps",
-        "1",
-        "--attn_implementation",
-        "sdpa",
-        "--per_device_train_batch_size",
-        "4",
-        "--save_strategy",
-        "no",
-        "--report_to",
-        "none",
-        "--lora_dropout",
-        "0",
-        "--learning_rate",
-        "2e-4",
-        *extra,
-    ]
+    settings = dict(attn_implementation="sdpa", per_device_train_batch_size=4, save_strategy="no", report_to="none")
+    common = nq_run_flags(data, MAX_LENGTH, **settings, lora_dropout=0, learning_rate="2e-4")
+    return ["--model_name_or_path", checkpoint, "--output_dir", str(out), *common, *extra]
 
 
 @pytest.fixture(scope="module")

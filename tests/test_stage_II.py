@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from _drivers import nq_run_flags
 from _references import stage_II_loss_by_hand
-from _stage_II_dist_worker import LR, build_encoder, lora_state, run_gather_rank, run_rank, sgd_step
+from _stage_II_dist_worker import LR, build_encoder, fox_triples, lora_state, run_gather_rank, run_rank, sgd_step
 from _tiny_data import write_tiny_e5
 
 from llm2vec.arguments import StageIIArguments, load_config, parse_config
@@ -70,19 +71,8 @@ def test_infonce_low_precision_inputs_give_float32_loss():
 
 def union_batch(encoder, n: int = 4) -> dict:
     from llm2vec.collator import TrainCollator
-    from llm2vec.dataset import TrainExample
 
-    examples = [
-        TrainExample(
-            query=f"which fox {i} jumps over the dog?",
-            positive=f"The quick brown fox {i} jumps.",
-            negative=f"Berlin is the capital of Germany, {i} times.",
-            query_instruction="Retrieve passages",
-            source="nq",
-        )
-        for i in range(n)
-    ]
-    return TrainCollator.for_encoder(encoder, with_negative=True)(examples)
+    return TrainCollator.for_encoder(encoder, with_negative=True)(fox_triples(n, "nq"))
 
 
 @pytest.fixture(scope="module")
@@ -202,20 +192,7 @@ def test_adapter_round_trip_merged_and_unmerged(llama_checkpoint, tmp_path):
 
 
 def common_flags(data: Path) -> list[str]:
-    return [
-        "--dataset_file_path",
-        str(data),
-        "--e5_sources",
-        '["nq"]',
-        "--use_cpu",
-        "true",
-        "--max_seq_length",
-        "96",
-        "--logging_steps",
-        "1",
-        "--attn_implementation",
-        "sdpa",
-    ]
+    return nq_run_flags(data, 96, attn_implementation="sdpa")
 
 
 def test_stage_I_then_stage_II_then_load(llama_checkpoint, tmp_path, caplog):
