@@ -282,11 +282,14 @@ def stage_II_st_step(args, variant: str, batch_size: int):
     from llm2vec.dataset import TrainExample
 
     examples = [TrainExample(q, d, n, "", "stdlib") for q, d, n in stdlib_triples(batch_size)]
+    # the tiny model and the SentenceTransformer folder (an export: the model's size again), removed when the step
+    # is collected or this worker process ends
+    work = tempfile.TemporaryDirectory(prefix="benchmark-")
     path = args.model
     if args.tiny:
         from llm2vec.testing import save_tiny_model
 
-        path = save_tiny_model("llama3", Path(tempfile.mkdtemp()) / "tiny", hidden_size=64)
+        path = save_tiny_model("llama3", Path(work.name) / "tiny", hidden_size=64)
     if variant == "project":
         from peft import get_peft_model
 
@@ -297,19 +300,19 @@ def stage_II_st_step(args, variant: str, batch_size: int):
         encoder.model = get_peft_model(encoder.model, paper_lora())
         batch = TrainCollator.for_encoder(encoder.train(), with_negative=True)(examples)
 
-        def step():
+        def step(_folder=work):  # the folder lives as long as the step
             encoder.zero_grad(set_to_none=True)
             return train_step(encoder, batch).loss.item()
 
         return step, {"tokens": int(sum(batch[k]["attention_mask"].sum() for k in ("query", "positive", "negative")))}
     from llm2vec.st_training import build_loss, sentence_transformer
 
-    st_dir = Path(tempfile.mkdtemp()) / "st"
+    st_dir = Path(work.name) / "st"
     model = sentence_transformer(str(path), st_dir, lora=paper_lora(), max_length=args.stage_II_max_length).train()
     loss = build_loss("CachedMultipleNegativesRankingLoss", {"mini_batch_size": args.st_mini_batch}, model, 20.0)
     features = [model.preprocess([getattr(e, side) for e in examples]) for side in ("query", "positive", "negative")]
 
-    def step():
+    def step(_folder=work):
         model.zero_grad(set_to_none=True)
         value = loss(features, None)
         value.backward()
