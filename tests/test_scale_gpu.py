@@ -36,7 +36,7 @@ def smoke(tmp_path_factory):
 def test_smoke_runs_every_stage_and_reports_them(smoke):
     _, out, report = smoke
     preset = scale.PRESETS["smoke"]
-    curve = report["stage_I_curve"]
+    curve = report["stage_I_curve"]["stage_I"]
     assert [r["step"] for r in curve] == list(range(0, preset.stage_I_steps + 1, preset.eval_every))
     assert [r["pairs_seen"] for r in curve] == [r["step"] * preset.global_batch for r in curve]
     for r in curve:
@@ -61,9 +61,9 @@ def test_a_time_budget_cuts_stage_I_short_and_the_report_is_still_complete(smoke
     preset = dataclasses.replace(scale.PRESETS["smoke"], stage_I_steps=40, eval_every=10)
     report = scale.run(preset, tmp_path / "out", data, tmp_path / "unused", tmp_path / "unused", minutes=0.01)
     assert report["status"] == "complete" and report["budget"]["minutes"] == 0.01
-    s1 = report["stage_I"]
+    s1 = report["stage_I"]["stage_I"]
     assert (s1["steps"], s1["planned_steps"]) == (1, 40) and s1["stopped_by"]["stopped_by"] == "stop_after_minutes"
-    assert [r["step"] for r in report["stage_I_curve"]] == [0, 1]  # evaluated on start and at the stop
+    assert [r["step"] for r in report["stage_I_curve"]["stage_I"]] == [0, 1]  # evaluated on start and at the stop
     assert set(report["evaluation"]) == set(scale.ROWS) and report["differences"]
     for arm in ("anchor", "baseline"):
         assert report["stage_II"][arm]["steps"] <= preset.stage_II_steps
@@ -100,7 +100,7 @@ def test_a_run_killed_in_stage_II_leaves_a_report_of_what_finished(smoke, tmp_pa
     def write_report(folder, result):
         real_write(folder, result)
         if result["status"] == "running: stage_I":
-            during_stage_I.append(len(result["stage_I_curve"]))
+            during_stage_I.append(len(result["stage_I_curve"]["stage_I"]))
 
     def run_script(script, config, flags, log, poll=None):
         if log.name == "baseline.log":  # killed here: keep what is on disk
@@ -117,7 +117,8 @@ def test_a_run_killed_in_stage_II_leaves_a_report_of_what_finished(smoke, tmp_pa
     assert max(during_stage_I) >= 1  # a curve row in the report before Stage I ended
     report, text = seen["json"], seen["md"]
     assert report["status"] == "running: stage_II_baseline"
-    assert [r["step"] for r in report["stage_I_curve"]] == [0, 1, 2] and report["stage_I"]["steps"] == 2
+    assert [r["step"] for r in report["stage_I_curve"]["stage_I"]] == [0, 1, 2]
+    assert report["stage_I"]["stage_I"]["steps"] == 2
     assert list(report["stage_II"]) == ["anchor"] and "evaluation" not in report
     assert "## Retrieval on the test split (no mteb)\n\n" + scale.NOT_YET in text
     final = json.loads((out / "report.json").read_text())  # the error is then named in the status
@@ -145,7 +146,8 @@ def test_a_finished_stage_I_run_is_taken_to_stage_II_and_the_test_split(smoke, t
     assert scale.main(argv) == 0
     report = json.loads((again / "report.json").read_text())
     assert not (again / "stage_I").exists() and not (again / "logs" / "stage_I.log").exists()
-    assert report["stage_I"] == {"from": str(out / "stage_I"), "planned_steps": 2, "steps": 2, "global_batch": 4}
+    given = {"from": str(out / "stage_I"), "planned_steps": 2, "steps": 2, "global_batch": 4}
+    assert report["stage_I"] == {"stage_I": given}
     assert report["stage_I_curve"] == first["stage_I_curve"]
     assert report["evaluation"]["stage_I"] == first["evaluation"]["stage_I"]
     assert report["evaluation"]["untrained"] == first["evaluation"]["untrained"]
@@ -157,12 +159,15 @@ def test_a_finished_stage_I_run_is_taken_to_stage_II_and_the_test_split(smoke, t
         assert (again / f"stage_II_{arm}" / "adapter_config.json").is_file()
         assert f"seed {seed}" in (again / "logs" / f"{arm}.log").read_text()
     gaps = {s: e[f"anchor_{s}"]["ndcg_at_10"] - e[f"baseline_{s}"]["ndcg_at_10"] for s in ("seed42", "seed43")}
-    assert d["anchor_minus_baseline_by_seed"] == gaps
+    assert d["anchor_minus_baseline_by_pair"] == gaps
     assert d["anchor_minus_baseline"] == pytest.approx(sum(gaps.values()) / 2, rel=1e-12)
     assert d["anchor_minus_baseline_sd"] == pytest.approx(abs(gaps["seed42"] - gaps["seed43"]) / math.sqrt(2))
     text = (again / "report.md").read_text()
     assert f"(the run in `{out / 'stage_I'}`, not trained by this command)" in text
-    assert "mean of 2 Stage II seeds" in text and "| Stage I + II (Anchor), seed 43 |" in text
+    assert (
+        "mean of 2 pairs of an Anchor arm and the Baseline of its seed" in text
+        and "| Stage I + II (Anchor), seed 43 |" in text
+    )
     capsys.readouterr()
     argv[-1] = str(out / "stage_II_anchor")
     assert scale.main(argv) == 2
@@ -173,6 +178,36 @@ def test_a_finished_stage_I_run_is_taken_to_stage_II_and_the_test_split(smoke, t
     assert scale.main(argv) == 2
     assert "not trained on the train split of --data" in capsys.readouterr().err
     assert not any(again.glob("stage_II_*"))
+
+
+def test_several_finished_stage_I_runs_each_get_an_anchor_arm_and_share_the_baseline(smoke, tmp_path):
+    """--stage_I twice: an Anchor arm from each run, one Baseline arm per seed (it does not depend on Stage I), a
+    Stage I only row per run, and Anchor - Baseline per pair of an Anchor arm and its seed's Baseline. The same run
+    given under two names trains the same Anchor arm twice: equal rows, both gaps equal, SD 0."""
+    import shutil
+
+    data, out, first = smoke
+    second = tmp_path / "second" / "stage_I"
+    shutil.copytree(out / "stage_I", second)
+    again = tmp_path / "again"
+    argv = ["--preset", "smoke", "--data", str(data), "--out", str(again), "--stage_I", str(out / "stage_I")]
+    assert scale.main([*argv, "--stage_I", str(second)]) == 0
+    report = json.loads((again / "report.json").read_text())
+    assert list(report["stage_I"]) == ["stage_I_out", "stage_I_second"]
+    assert list(report["stage_II"]) == ["anchor_out", "anchor_second", "baseline"]
+    assert sorted(p.name for p in again.glob("stage_II_*")) == ["stage_II_anchor_out", "stage_II_anchor_second",
+                                                               "stage_II_baseline"]  # fmt: skip
+    e, d = report["evaluation"], report["differences"]
+    assert e["stage_I_out"] == e["stage_I_second"] == first["evaluation"]["stage_I"]
+    assert e["anchor_out"] == e["anchor_second"] and e["baseline"] == first["evaluation"]["baseline"]
+    gap = e["anchor_out"]["ndcg_at_10"] - e["baseline"]["ndcg_at_10"]
+    assert d["anchor_minus_baseline_by_pair"] == {"out": gap, "second": gap} and d["anchor_minus_baseline_sd"] == 0
+    assert d["stage_I_minus_untrained"] == {
+        run: e[run]["ndcg_at_10"] - e["untrained"]["ndcg_at_10"] for run in ("stage_I_out", "stage_I_second")
+    }
+    text = (again / "report.md").read_text()
+    assert "| Stage I + II (Anchor), second |" in text and "| Stage I only (out) |" in text
+    assert text.index("| Stage II only (Baseline) |") < text.index("| Stage I + II (Anchor), out |")
 
 
 def test_a_resumed_runs_repeated_evaluation_is_one_row(tmp_path):

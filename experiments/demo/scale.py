@@ -2,10 +2,11 @@
 
     python experiments/demo/scale.py --preset gpu   [--minutes 11] [--carry cache/gpu-carry] [--out cache/scale-gpu]
     python experiments/demo/scale.py --preset smoke --data <corpus folder> [--out cache/scale-smoke]
-    python experiments/demo/scale.py --preset cpu --stage_I cache/long-run/stage_I --data <its corpus folder> [--seeds 2]
+    python experiments/demo/scale.py --preset cpu --stage_I cache/long-run/stage_I [--stage_I RUN2 ...] \
+        --data <their corpus folder> [--seeds 2]
 
 A preset of the demo's machinery (:mod:`demo.stages`: the input files, the arms, the commands; :mod:`demo.report`:
-the tables): ``inputs``, ``stage_I`` (or ``--stage_I RUN``, a finished run), ``stage_II`` (the arms per ``--seeds``),
+the tables): ``inputs``, ``stage_I`` (or ``--stage_I RUN``, finished runs), ``stage_II`` (:func:`stage_II_arms` per ``--seeds``),
 ``evaluation`` (the Table 10 rows on the test split by :mod:`llm2vec.retrieval`, no mteb), ``report``.
 ``<out>/report.md`` and ``report.json`` are rewritten after every stage, Stage I evaluation and evaluation row, with
 a status line (``running: <stage>``, ``complete``, ``failed at <stage>: <error>``): a run killed at any point leaves
@@ -265,14 +266,19 @@ def stage_II_seeds(count: int) -> list[tuple[str, int | None]]:
     return [(f"_seed{first + k}", first + k) for k in range(count)]
 
 
-def differences(evaluation: dict[str, dict], suffixes: list[str]) -> dict[str, Any]:
-    """Stage I only - untrained, and Anchor - Baseline in nDCG@10 (several seeds: each seed's, mean, sample SD)."""
+def differences(evaluation: dict[str, dict], stage_I: dict, stage_II: dict) -> dict[str, Any]:
+    """In nDCG@10: Stage I only - untrained for each Stage I run, and Anchor - Baseline for each pair of an Anchor
+    arm and the Baseline arm of its seed (named as the Anchor arm less ``anchor_``); with several pairs each
+    pair's, their mean and sample SD."""
     ndcg = {row: e["ndcg_at_10"] for row, e in evaluation.items()}
-    gaps = {s.removeprefix("_"): ndcg[f"anchor{s}"] - ndcg[f"baseline{s}"] for s in suffixes}
+    baseline = {r["seed"]: arm for arm, r in stage_II.items() if r["kind"] == "baseline"}
+    gaps = {arm.removeprefix("anchor").removeprefix("_"): ndcg[arm] - ndcg[baseline[r["seed"]]]
+            for arm, r in stage_II.items() if r["kind"] == "anchor"}  # fmt: skip
     mean, sd = mean_std(list(gaps.values()))
-    out = {"stage_I_minus_untrained": ndcg["stage_I"] - ndcg["untrained"], "anchor_minus_baseline": mean}
+    out = {"stage_I_minus_untrained": {run: ndcg[run] - ndcg["untrained"] for run in stage_I},
+           "anchor_minus_baseline": mean}  # fmt: skip
     if sd is not None:
-        out.update(anchor_minus_baseline_by_seed=gaps, anchor_minus_baseline_sd=sd)
+        out.update(anchor_minus_baseline_by_pair=gaps, anchor_minus_baseline_sd=sd)
     return out
 
 
@@ -311,31 +317,34 @@ def _stopped(run: dict[str, Any]) -> str:
 
 def report_lines(result: dict[str, Any]) -> list[str]:
     """The report as Markdown lines; a part not measured yet says so (:data:`NOT_YET`)."""
-    p, s1, budget = result["preset"], result.get("stage_I") or {}, result.get("budget") or {}
+    p, runs, budget = result["preset"], result.get("stage_I") or {}, result.get("budget") or {}
     lines = [f"# Anchor embedding at scale: preset `{p['name']}`", "", f"Status: {result['status']}.", ""]
     if budget.get("minutes"):
         lines += [f"Time budget: {budget['minutes']:g} minutes ({budget['rule']}).", ""]
-    if s1:
+    for name, s1 in runs.items():
         source = f" (the run in `{s1['from']}`, not trained by this command)" if s1.get("from") else ""
         trained = "not finished" if s1.get("steps") is None else f"{s1['steps']} of {s1['planned_steps']} steps"
+        lines += [f"{_run_title(name)}{source}: {trained}{_stopped(s1)}, {s1['global_batch']} pairs a step.", ""]
+    if runs:
         lines += [
-            f"Stage I{source}: {trained}{_stopped(s1)}, {s1['global_batch']} pairs a step, max "
-            f"{p['max_seq_length']} tokens, bf16 {p['bf16']} ({result['train_pairs']:,} distinct train pairs); "
+            f"Max {p['max_seq_length']} tokens, bf16 {p['bf16']} ({result['train_pairs']:,} distinct train pairs); "
             f"Stage II: {p['stage_II_steps']} steps of {p['stage_II_batch']} triples per arm.",
             "",
         ]
     lines += ["## Stage I: anchor measures on held-out validation pairs against pairs seen", ""]
-    curve = result.get("stage_I_curve") or []
-    lines += stages.curve_table(curve, thousands=",") if curve else [NOT_YET]
-    if len(curve) > 1:
-        first, last = curve[0], curve[-1]
-        lines += [
-            "",
-            f"Held-out anchor gain (nats per target token, q2d / d2q): untrained {first['anchor_gain_q2d']:+.3f} / "
-            f"{first['anchor_gain_d2q']:+.3f}, at step {last['step']} {last['anchor_gain_q2d']:+.3f} / "
-            f"{last['anchor_gain_d2q']:+.3f}.",
-        ]
-    lines += ["", "## Stage II", ""]
+    for name, curve in (result.get("stage_I_curve") or {"stage_I": []}).items():
+        lines += [f"{_run_title(name)}:", ""] if len(runs) > 1 else []
+        lines += stages.curve_table(curve, thousands=",") if curve else [NOT_YET]
+        if len(curve) > 1:
+            first, last = curve[0], curve[-1]
+            lines += [
+                "",
+                f"Held-out anchor gain (nats per target token, q2d / d2q): untrained {first['anchor_gain_q2d']:+.3f} "
+                f"/ {first['anchor_gain_d2q']:+.3f}, at step {last['step']} {last['anchor_gain_q2d']:+.3f} / "
+                f"{last['anchor_gain_d2q']:+.3f}.",
+            ]
+        lines.append("")
+    lines += ["## Stage II", ""]
     arms = result.get("stage_II") or {}
     lines += [f"- {arm}: {r['steps']} of {r['planned_steps']} steps{_stopped(r)}" for arm, r in arms.items()] or [
         NOT_YET
@@ -353,30 +362,36 @@ def report_lines(result: dict[str, Any]) -> list[str]:
     else:
         lines.append(NOT_YET)
     if d := result.get("differences") or {}:
-        by_seed = d.get("anchor_minus_baseline_by_seed")
-        seeds = "one seed"
-        if by_seed:
-            seeds = f"mean of {len(by_seed)} Stage II seeds, SD {d['anchor_minus_baseline_sd']:.4f}: "
-            seeds += ", ".join(f"{k} {v:+.4f}" for k, v in by_seed.items())
-        lines += [
-            "",
-            f"Stage I only - untrained: {d['stage_I_minus_untrained']:+.4f} nDCG@10; "
-            f"Anchor - Baseline: {d['anchor_minus_baseline']:+.4f} nDCG@10 ({seeds}).",
-        ]
+        by_pair = d.get("anchor_minus_baseline_by_pair")
+        pairs = "one Anchor arm against the Baseline of its seed"
+        if by_pair:
+            pairs = f"mean of {len(by_pair)} pairs of an Anchor arm and the Baseline of its seed, SD "
+            pairs += f"{d['anchor_minus_baseline_sd']:.4f}: " + ", ".join(f"{k} {v:+.4f}" for k, v in by_pair.items())
+        stage_I = "; ".join(f"{_run_title(r)} - untrained: {v:+.4f}" for r, v in d["stage_I_minus_untrained"].items())
+        lines += ["", f"{stage_I} nDCG@10; Anchor - Baseline: {d['anchor_minus_baseline']:+.4f} nDCG@10 ({pairs})."]
     lines += ["", "## Machine and time", "", ", ".join(f"{k} {v}" for k, v in result["machine"].items()), ""]
     lines.append("Seconds per stage: " + ", ".join(f"{k} {v:.0f}" for k, v in result["seconds"].items()))
     return lines
 
 
+def _run_title(name: str) -> str:
+    """``stage_I`` -> ``Stage I``; ``stage_I_long-run`` -> ``Stage I (long-run)``."""
+    return "Stage I" + (f" ({name.removeprefix('stage_I_')})" if name != "stage_I" else "")
+
+
 def row_labels(result: dict[str, Any]) -> dict[str, str]:
-    """The evaluation's rows and labels: :data:`ROWS`, the Stage II rows once per seed when there are several."""
-    seeds = [arm.removeprefix("anchor") for arm in result.get("stage_II") or {} if arm.startswith("anchor")]
-    if not seeds or seeds == [""]:
-        return dict(ROWS)
-    labels = {"untrained": ROWS["untrained"], "stage_I": ROWS["stage_I"]}
-    for s in seeds:
-        for arm in ("baseline", "anchor"):
-            labels[f"{arm}{s}"] = f"{ROWS[arm]}, {s.removeprefix('_').replace('seed', 'seed ')}"
+    """The evaluation's rows in the table's order and their labels (:data:`ROWS`): untrained, each Stage I run,
+    then per seed the Baseline and each Anchor arm, named by their run and seed where there are several."""
+    labels = {"untrained": ROWS["untrained"]}
+    for run in result.get("stage_I") or {"stage_I": None}:
+        labels[run] = ROWS["stage_I"] + (f" ({run.removeprefix('stage_I_')})" if run != "stage_I" else "")
+    arms = result.get("stage_II") or {}
+    for arm, r in sorted(arms.items(), key=lambda item: (str(item[1]["seed"]), item[1]["kind"] != "baseline")):
+        run = r["stage_I"] if len(result.get("stage_I") or {}) > 1 else None
+        parts = [x for x in (run and run.removeprefix("stage_I_"), r["seed"] is not None and f"seed {r['seed']}") if x]
+        labels[arm] = ROWS[r["kind"]] + (", " + ", ".join(parts) if parts else "")
+    if not arms:
+        labels |= {"baseline": ROWS["baseline"], "anchor": ROWS["anchor"]}
     return labels
 
 
@@ -389,7 +404,7 @@ def run(
     data: Path | None,
     model: Path,
     carry: Path,
-    stage_I_run: Path | None = None,
+    stage_I_runs: list[Path] | None = None,
     minutes: float | None = None,
     seeds: int = 1,
 ) -> dict[str, Any]:
@@ -415,7 +430,7 @@ def run(
         print(f"[scale] {name}: {seconds[name]:.0f} s", flush=True)
 
     try:
-        _stages(preset, out, data, model, carry, stage_I_run, budget, result, lap, stage_II_seeds(seeds))
+        _stages(preset, out, data, model, carry, stage_I_runs, budget, result, lap, stage_II_seeds(seeds))
     except BaseException as e:  # the report says where the run stopped; then the error goes on
         said = str(e).splitlines()[0] if str(e) else ""
         result["status"] = f"failed at {result['status'].removeprefix('running: ')}: {type(e).__name__}: {said}"
@@ -425,70 +440,106 @@ def run(
     return result
 
 
-def _stages(preset, out, data, model, carry, stage_I_run, budget, result, lap, seeds) -> None:
+def stage_I_names(runs: list[Path]) -> dict[str, Path]:
+    """The Stage I runs given to ``--stage_I``, by the name of their row: ``stage_I`` for one, else
+    ``stage_I_<the folder above it>`` (``cache/long-run-seed43/stage_I`` is ``stage_I_long-run-seed43``)."""
+    if len(runs) == 1:
+        return {"stage_I": runs[0]}
+    names = {f"stage_I_{(r.parent if r.name == 'stage_I' else r).name}": r for r in runs}
+    if len(names) < len(runs):
+        raise ScaleError(f"--stage_I {' '.join(map(str, runs))}: two runs give one name; give distinct folders")
+    return names
+
+
+def stage_II_arms(base: Path, stage_I: dict[str, Path], seeds) -> list[dict[str, Any]]:
+    """Stage II's arms in the order they train: per seed, Anchor from each Stage I run (:func:`demo.stages.arms`),
+    then the Baseline from the original model, once: it does not depend on Stage I. An arm is named
+    ``anchor``/``baseline``, with ``_<run>`` (the Stage I run's name less ``stage_I_``; several runs) and
+    ``_seed<s>`` (several seeds)."""
+    (_, anchor_config, _), (_, baseline_config, _) = stages.arms(base, None)
+    out = []
+    for suffix, seed in seeds:
+        starts = [("anchor", anchor_config, folder, run) for run, folder in stage_I.items()]
+        for kind, config, start, run in [*starts, ("baseline", baseline_config, base, None)]:
+            tag = "" if run is None or len(stage_I) == 1 else "_" + run.removeprefix("stage_I_")
+            out.append({"name": f"{kind}{tag}{suffix}", "kind": kind, "config": config, "start": start,
+                        "seed": seed, "stage_I": run})  # fmt: skip
+    return out
+
+
+def _stages(preset, out, data, model, carry, stage_I_runs, budget, result, lap, seeds) -> None:
     """The stages of :func:`run`, each adding its part to ``result``; ``lap(stage, next)`` ends one."""
     base = prepare_model(preset, out, model, carry)
     corpus = prepare_data(data, carry, out)
     train = write_train_file(corpus, out / "data")
     validation = write_validation_file(corpus, out / "data", preset.validation_pairs)
     result["corpus"], result["train_pairs"] = str(corpus), sum(1 for _ in train.open(encoding="utf-8"))
-    if stage_I_run is not None:
-        global_batch, state = given_stage_I(stage_I_run, train)
+    given = stage_I_names(stage_I_runs) if stage_I_runs else {}
+    result["stage_I"], result["stage_I_curve"] = {}, {}
+    for name, folder in given.items():
+        global_batch, state = given_stage_I(folder, train)
         steps = int(state["global_step"])
-    else:
-        global_batch, steps = preset.global_batch, preset.stage_I_steps
-    result["stage_I"] = {"from": stage_I_run and str(stage_I_run), "planned_steps": steps,
-                         "steps": steps if stage_I_run else None, "global_batch": global_batch}  # fmt: skip
-    result["stage_I_curve"] = []
+        result["stage_I"][name] = {"from": str(folder), "planned_steps": steps, "steps": steps,
+                                   "global_batch": global_batch}  # fmt: skip
+        result["stage_I_curve"][name] = stage_I_curve(state, global_batch)
+    if not given:
+        result["stage_I"]["stage_I"] = {"from": None, "planned_steps": preset.stage_I_steps, "steps": None,
+                                        "global_batch": preset.global_batch}  # fmt: skip
+        result["stage_I_curve"]["stage_I"] = []
     lap("inputs", "stage_I")
-    stage_I = stage_I_run or out / "stage_I"
-    if stage_I_run is None:
+    stage_I = given or {"stage_I": out / "stage_I"}
+    arms = stage_II_arms(base, stage_I, seeds)
+    if not given:
         evaluation = (validation, preset.eval_every, preset.eval_batch)
-        flags = stages.stage_flags("I", base, train, stage_I, steps, NO_SAVE, preset.batch("I"), evaluation)
+        flags = stages.stage_flags(
+            "I", base, train, stage_I["stage_I"], preset.stage_I_steps, NO_SAVE, preset.batch("I"), evaluation
+        )
         flags["metrics_file"] = out / "logs" / "stage_I_metrics.jsonl"
-        if (share := budget.share(arms_after=2 * len(seeds))) is not None:
+        if (share := budget.share(arms_after=len(arms))) is not None:
             flags["stop_after_minutes"] = share
 
         def live_curve(metrics=Path(flags["metrics_file"])) -> None:
             if metrics.is_file():
                 entries = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-                if (rows := stages.curve_from_log(entries, global_batch)[0]) != result["stage_I_curve"]:
-                    result["stage_I_curve"] = rows
+                rows = stages.curve_from_log(entries, preset.global_batch)[0]
+                if rows != result["stage_I_curve"]["stage_I"]:
+                    result["stage_I_curve"]["stage_I"] = rows
                     write_report(out, result)
 
         run_script(STAGE_I_SCRIPT, STAGE_I_CONFIG, flags, out / "logs" / "stage_I.log", poll=live_curve)
-        state = read_state(stage_I)
-        result["stage_I"].update(run_outcome(state))
-    result["stage_I_curve"] = stage_I_curve(state, global_batch)
-    lap("stage_I", "stage_II_anchor")
+        state = read_state(stage_I["stage_I"])
+        result["stage_I"]["stage_I"].update(run_outcome(state))
+        result["stage_I_curve"]["stage_I"] = stage_I_curve(state, preset.global_batch)
+    lap("stage_I", f"stage_II_{arms[0]['name']}")
     result["stage_II"] = {}
-    arms = [(f"{arm}{suffix}", config, start, seed) for suffix, seed in seeds
-            for arm, config, start in stages.arms(base, stage_I)]  # fmt: skip
-    rows = {"untrained": (base, None), "stage_I": (stage_I, None)}
+    rows = {"untrained": (base, None), **{name: (folder, None) for name, folder in stage_I.items()}}
     equal_steps = None  # the first arm's steps when its budget cut it short: every later arm stops there too
-    for k, (arm, config, start, seed) in enumerate(arms):
-        folder = out / f"stage_II_{arm}"
-        flags = stages.stage_flags("II", start, train, folder, preset.stage_II_steps, NO_SAVE, preset.batch("II"))
-        flags |= {"seed": seed} if seed is not None else {}
+    for k, arm in enumerate(arms):
+        folder = out / f"stage_II_{arm['name']}"
+        flags = stages.stage_flags(
+            "II", arm["start"], train, folder, preset.stage_II_steps, NO_SAVE, preset.batch("II")
+        )
+        flags |= {"seed": arm["seed"]} if arm["seed"] is not None else {}
         if (share := budget.share(arms_after=len(arms) - 1 - k)) is not None:
             flags["stop_after_minutes"] = share
         if equal_steps is not None:
             flags["stop_after_n_steps"] = equal_steps
-        result["status"] = f"running: stage_II_{arm}"
+        result["status"] = f"running: stage_II_{arm['name']}"
         write_report(out, result)
-        run_script(STAGE_II_SCRIPT, config, flags, out / "logs" / f"{arm}.log")
+        run_script(STAGE_II_SCRIPT, arm["config"], flags, out / "logs" / f"{arm['name']}.log")
         outcome = run_outcome(read_state(folder))
-        result["stage_II"][arm] = {"planned_steps": preset.stage_II_steps, "seed": seed, **outcome,
-                                   "stop_after_n_steps": equal_steps}  # fmt: skip
-        if k == 0 and result["stage_II"][arm]["steps"] < preset.stage_II_steps:
-            equal_steps = result["stage_II"][arm]["steps"]
-        rows[arm] = (start, folder)
+        result["stage_II"][arm["name"]] = {"kind": arm["kind"], "stage_I": arm["stage_I"], "seed": arm["seed"],
+                                           "planned_steps": preset.stage_II_steps, **outcome,
+                                           "stop_after_n_steps": equal_steps}  # fmt: skip
+        if k == 0 and outcome["steps"] < preset.stage_II_steps:
+            equal_steps = outcome["steps"]
+        rows[arm["name"]] = (arm["start"], folder)
     lap("stage_II", "evaluation")
     evaluation = result["evaluation"] = {}
     for row, (m, a) in rows.items():
         evaluation[row] = retrieval_scores(m, a, corpus / "eval", preset.max_seq_length, preset.eval_batch * 4)
         write_report(out, result)
-    result["differences"] = differences(evaluation, [suffix for suffix, _ in seeds])
+    result["differences"] = differences(evaluation, result["stage_I"], result["stage_II"])
     lap("evaluation", "report")
     lap("report", "")
 
@@ -500,7 +551,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, help="corpus folder (default: cache/package-data, else the carry)")
     parser.add_argument("--model", type=Path, default=SMOLLM2_DIR, help="converted SmolLM2 folder (gpu preset)")
     parser.add_argument("--carry", type=Path, default=gpu_carry.DEFAULT_OUT, help="folder of part1/ and part2/")
-    parser.add_argument("--stage_I", type=Path, help="a finished Stage I run's folder to start from (not trained here)")
+    parser.add_argument(
+        "--stage_I",
+        type=Path,
+        action="append",
+        help="a finished Stage I run's folder to start from, not trained "
+        "here; repeated: an Anchor arm from each, one Baseline arm per seed",
+    )
     parser.add_argument("--seeds", type=int, default=1, help="Stage II seeds per arm (the configs' seed and on)")
     parser.add_argument(
         "--minutes", type=float, help="time budget of the whole command (Budget; default: the preset's)"
