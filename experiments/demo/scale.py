@@ -6,8 +6,9 @@
         --data <their corpus folder> [--seeds 2]
 
 A preset of the demo's machinery (:mod:`demo.stages`: the input files, the arms, the commands; :mod:`demo.report`:
-the tables): ``inputs``, ``stage_I`` (or ``--stage_I RUN``, finished runs), ``stage_II`` (:func:`stage_II_arms` per ``--seeds``),
-``evaluation`` (the Table 10 rows on the test split by :mod:`llm2vec.retrieval`, no mteb), ``report``.
+the tables): ``inputs``, ``stage_I`` (or ``--stage_I RUN``, finished runs), ``stage_II`` (:func:`stage_II_arms`
+per ``--seeds``), ``evaluation`` (the Table 10 rows on the test split by :mod:`llm2vec.retrieval`, no mteb),
+``report``.
 ``<out>/report.md`` and ``report.json`` are rewritten after every stage, Stage I evaluation and evaluation row, with
 a status line (``running: <stage>``, ``complete``, ``failed at <stage>: <error>``): a run killed at any point leaves
 all it measured. ``--minutes`` budgets the whole command (:class:`Budget`).
@@ -386,7 +387,7 @@ def row_labels(result: dict[str, Any]) -> dict[str, str]:
     for run in result.get("stage_I") or {"stage_I": None}:
         labels[run] = ROWS["stage_I"] + (f" ({run.removeprefix('stage_I_')})" if run != "stage_I" else "")
     arms = result.get("stage_II") or {}
-    for arm, r in sorted(arms.items(), key=lambda item: (str(item[1]["seed"]), item[1]["kind"] != "baseline")):
+    for arm, r in sorted(arms.items(), key=lambda item: (item[1]["seed"] or 0, item[1]["kind"] != "baseline")):
         run = r["stage_I"] if len(result.get("stage_I") or {}) > 1 else None
         parts = [x for x in (run and run.removeprefix("stage_I_"), r["seed"] is not None and f"seed {r['seed']}") if x]
         labels[arm] = ROWS[r["kind"]] + (", " + ", ".join(parts) if parts else "")
