@@ -375,9 +375,15 @@ def report_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def run_tag(name: str) -> str:
+    """The short name of a Stage I run's row: ``""`` for ``stage_I`` (one run), ``long-run`` for
+    ``stage_I_long-run`` (:func:`stage_I_names`); it names the run's Anchor arms and labels."""
+    return "" if name == "stage_I" else name.removeprefix("stage_I_")
+
+
 def _run_title(name: str) -> str:
     """``stage_I`` -> ``Stage I``; ``stage_I_long-run`` -> ``Stage I (long-run)``."""
-    return "Stage I" + (f" ({name.removeprefix('stage_I_')})" if name != "stage_I" else "")
+    return "Stage I" + (f" ({run_tag(name)})" if run_tag(name) else "")
 
 
 def row_labels(result: dict[str, Any]) -> dict[str, str]:
@@ -385,11 +391,12 @@ def row_labels(result: dict[str, Any]) -> dict[str, str]:
     then per seed the Baseline and each Anchor arm, named by their run and seed where there are several."""
     labels = {"untrained": ROWS["untrained"]}
     for run in result.get("stage_I") or {"stage_I": None}:
-        labels[run] = ROWS["stage_I"] + (f" ({run.removeprefix('stage_I_')})" if run != "stage_I" else "")
+        labels[run] = ROWS["stage_I"] + (f" ({run_tag(run)})" if run_tag(run) else "")
     arms = result.get("stage_II") or {}
     for arm, r in sorted(arms.items(), key=lambda item: (item[1]["seed"] or 0, item[1]["kind"] != "baseline")):
-        run = r["stage_I"] if len(result.get("stage_I") or {}) > 1 else None
-        parts = [x for x in (run and run.removeprefix("stage_I_"), r["seed"] is not None and f"seed {r['seed']}") if x]
+        parts = [
+            x for x in (r["stage_I"] and run_tag(r["stage_I"]), r["seed"] is not None and f"seed {r['seed']}") if x
+        ]
         labels[arm] = ROWS[r["kind"]] + (", " + ", ".join(parts) if parts else "")
     if not arms:
         labels |= {"baseline": ROWS["baseline"], "anchor": ROWS["anchor"]}
@@ -462,7 +469,7 @@ def stage_II_arms(base: Path, stage_I: dict[str, Path], seeds) -> list[dict[str,
     for suffix, seed in seeds:
         starts = [("anchor", anchor_config, folder, run) for run, folder in stage_I.items()]
         for kind, config, start, run in [*starts, ("baseline", baseline_config, base, None)]:
-            tag = "" if run is None or len(stage_I) == 1 else "_" + run.removeprefix("stage_I_")
+            tag = f"_{run_tag(run)}" if run and run_tag(run) else ""
             out.append({"name": f"{kind}{tag}{suffix}", "kind": kind, "config": config, "start": start,
                         "seed": seed, "stage_I": run})  # fmt: skip
     return out
