@@ -254,3 +254,23 @@ def test_carry_parts_reassemble_to_the_file_and_a_damaged_part_is_refused(tmp_pa
     part2.write_bytes(b"x" + part2.read_bytes()[1:])
     with pytest.raises(gpu_carry.CarryError, match="SHA-256 differs"):
         gpu_carry.reassemble(tmp_path / "carry", tmp_path / "there" / "again.gguf")
+
+
+def test_a_first_seed_names_every_arm_by_its_seed_and_reaches_the_run(monkeypatch, tmp_path):
+    """--first_seed S: Stage II seeds S, S+1, ... and every arm named ``_seed<s>``, one seed included, so that a
+    second report adds seeds to a first without a name in common; without it one seed is the configs', unnamed."""
+    assert scale.stage_II_seeds(1) == [("", None)]
+    assert scale.stage_II_seeds(2) == [("_seed42", 42), ("_seed43", 43)]
+    assert scale.stage_II_seeds(1, 44) == [("_seed44", 44)]
+    assert scale.stage_II_seeds(2, 7) == [("_seed7", 7), ("_seed8", 8)]
+    runs = {"stage_I_long-run": tmp_path / "a", "stage_I_long-run-seed43": tmp_path / "b"}
+    arms = scale.stage_II_arms(tmp_path, runs, scale.stage_II_seeds(1, 44))
+    assert [(a["name"], a["seed"]) for a in arms] == [
+        ("anchor_long-run_seed44", 44),
+        ("anchor_long-run-seed43_seed44", 44),
+        ("baseline_seed44", 44),
+    ]
+    given = {}
+    monkeypatch.setattr(scale, "run", lambda *args: given.update(args=args))
+    assert scale.main(["--preset", "cpu", "--stage_I", "x", "--data", "d", "--first_seed", "44"]) == 0
+    assert given["args"][-2:] == (1, 44)

@@ -3,11 +3,11 @@
     python experiments/demo/scale.py --preset gpu   [--minutes 11] [--carry cache/gpu-carry] [--out cache/scale-gpu]
     python experiments/demo/scale.py --preset smoke --data <corpus folder> [--out cache/scale-smoke]
     python experiments/demo/scale.py --preset cpu --stage_I cache/long-run/stage_I [--stage_I RUN2 ...] \
-        --data <their corpus folder> [--seeds 2]
+        --data <their corpus folder> [--seeds 2] [--first_seed 44]
 
 A preset of the demo's machinery (:mod:`demo.stages`: the input files, the arms, the commands; :mod:`demo.report`:
 the tables): ``inputs``, ``stage_I`` (or ``--stage_I RUN``, finished runs), ``stage_II`` (:func:`stage_II_arms`
-per ``--seeds``), ``evaluation`` (the Table 10 rows on the test split by :mod:`llm2vec.retrieval`, no mteb),
+per ``--seeds`` from ``--first_seed``), ``evaluation`` (the Table 10 rows on the test split by :mod:`llm2vec.retrieval`, no mteb),
 ``report``.
 ``<out>/report.md`` and ``report.json`` are rewritten after every stage, Stage I evaluation and evaluation row, with
 a status line (``running: <stage>``, ``complete``, ``failed at <stage>: <error>``): a run killed at any point leaves
@@ -258,12 +258,13 @@ def given_stage_I(folder: Path, train: Path) -> tuple[int, dict[str, Any]]:
     return batch, read_state(folder)
 
 
-def stage_II_seeds(count: int) -> list[tuple[str, int | None]]:
-    """(name suffix, seed) of each Stage II seed: one is the configs' own, unnamed; several are the configs' seed
-    and the ones after it, each arm and row named ``<arm>_seed<s>``."""
-    if count == 1:
+def stage_II_seeds(count: int, first: int | None = None) -> list[tuple[str, int | None]]:
+    """(name suffix, seed) of each Stage II seed: one is the configs' own, unnamed; several, or any given a
+    ``first``, are ``first`` (default the configs' seed) and the ones after it, each arm and row named
+    ``<arm>_seed<s>``, so that more seeds can be added to a finished report by another run."""
+    if count == 1 and first is None:
         return [("", None)]
-    first = int(json.loads(ANCHOR_CONFIG.read_text())["seed"])
+    first = int(json.loads(ANCHOR_CONFIG.read_text())["seed"]) if first is None else first
     return [(f"_seed{first + k}", first + k) for k in range(count)]
 
 
@@ -415,6 +416,7 @@ def run(
     stage_I_runs: list[Path] | None = None,
     minutes: float | None = None,
     seeds: int = 1,
+    first_seed: int | None = None,
 ) -> dict[str, Any]:
     """Every stage into ``out`` (emptied first); returns the report's dict. A failing stage is named in the
     report's status before the error goes on."""
@@ -438,7 +440,7 @@ def run(
         print(f"[scale] {name}: {seconds[name]:.0f} s", flush=True)
 
     try:
-        _stages(preset, out, data, model, carry, stage_I_runs, budget, result, lap, stage_II_seeds(seeds))
+        _stages(preset, out, data, model, carry, stage_I_runs, budget, result, lap, stage_II_seeds(seeds, first_seed))
     except BaseException as e:  # the report says where the run stopped; then the error goes on
         said = str(e).splitlines()[0] if str(e) else ""
         result["status"] = f"failed at {result['status'].removeprefix('running: ')}: {type(e).__name__}: {said}"
@@ -568,6 +570,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seeds", type=int, default=1, help="Stage II seeds per arm (the configs' seed and on)")
     parser.add_argument(
+        "--first_seed", type=int, help="the first Stage II seed (default: the configs'); names every arm by its seed"
+    )
+    parser.add_argument(
         "--minutes", type=float, help="time budget of the whole command (Budget; default: the preset's)"
     )
     args = parser.parse_args(argv)
@@ -581,7 +586,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--seeds {args.seeds}: at least 1")
     try:
         run(preset, args.out or REPO / "cache" / f"scale-{preset.name}", args.data, args.model, args.carry,
-            args.stage_I, minutes, args.seeds)  # fmt: skip
+            args.stage_I, minutes, args.seeds, args.first_seed)  # fmt: skip
     except (ScaleError, gpu_carry.CarryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
