@@ -257,7 +257,7 @@ def test_carry_parts_reassemble_to_the_file_and_a_damaged_part_is_refused(tmp_pa
 
 
 def test_a_first_seed_names_every_arm_by_its_seed_and_reaches_the_run(monkeypatch, tmp_path):
-    """--first_seed S: Stage II seeds S, S+1, ... and every arm named ``_seed<s>``, one seed included, so that a
+    """--seed S: Stage II seeds S, S+1, ... and every arm named ``_seed<s>``, one seed included, so that a
     second report adds seeds to a first without a name in common; without it one seed is the configs', unnamed."""
     assert scale.stage_II_seeds(1) == [("", None)]
     assert scale.stage_II_seeds(2) == [("_seed42", 42), ("_seed43", 43)]
@@ -272,5 +272,5 @@ def test_a_first_seed_names_every_arm_by_its_seed_and_reaches_the_run(monkeypatc
     ]
     given = {}
     monkeypatch.setattr(scale, "run", lambda *args: given.update(args=args))
-    assert scale.main(["--preset", "cpu", "--stage_I", "x", "--data", "d", "--first_seed", "44"]) == 0
+    assert scale.main(["--preset", "cpu", "--stage_I", "x", "--data", "d", "--seed", "44"]) == 0
     assert given["args"][-2:] == (1, 44)

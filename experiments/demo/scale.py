@@ -3,12 +3,12 @@
     python experiments/demo/scale.py --preset gpu   [--minutes 11] [--carry cache/gpu-carry] [--out cache/scale-gpu]
     python experiments/demo/scale.py --preset smoke --data <corpus folder> [--out cache/scale-smoke]
     python experiments/demo/scale.py --preset cpu --stage_I cache/long-run/stage_I [--stage_I RUN2 ...] \
-        --data <their corpus folder> [--seeds 2] [--first_seed 44]
+        --data <their corpus folder> [--seeds 2] [--seed 44]
 
 A preset of the demo's machinery (:mod:`demo.stages`: the input files, the arms, the commands; :mod:`demo.report`:
 the tables): ``inputs``, ``stage_I`` (or ``--stage_I RUN``, finished runs), ``stage_II`` (:func:`stage_II_arms`
-per ``--seeds`` from ``--first_seed``), ``evaluation`` (the Table 10 rows on the test split by :mod:`llm2vec.retrieval`, no mteb),
-``report``.
+per ``--seeds`` from ``--seed``), ``evaluation`` (the Table 10 rows on the test split by
+:mod:`llm2vec.retrieval`, no mteb), ``report``.
 ``<out>/report.md`` and ``report.json`` are rewritten after every stage, Stage I evaluation and evaluation row, with
 a status line (``running: <stage>``, ``complete``, ``failed at <stage>: <error>``): a run killed at any point leaves
 all it measured. ``--minutes`` budgets the whole command (:class:`Budget`).
@@ -570,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seeds", type=int, default=1, help="Stage II seeds per arm (the configs' seed and on)")
     parser.add_argument(
-        "--first_seed", type=int, help="the first Stage II seed (default: the configs'); names every arm by its seed"
+        "--seed", type=int, help="the first Stage II seed (default: the configs'); names every arm by its seed"
     )
     parser.add_argument(
         "--minutes", type=float, help="time budget of the whole command (Budget; default: the preset's)"
@@ -586,7 +586,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--seeds {args.seeds}: at least 1")
     try:
         run(preset, args.out or REPO / "cache" / f"scale-{preset.name}", args.data, args.model, args.carry,
-            args.stage_I, minutes, args.seeds, args.first_seed)  # fmt: skip
+            args.stage_I, minutes, args.seeds, args.seed)  # fmt: skip
     except (ScaleError, gpu_carry.CarryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
