@@ -382,9 +382,10 @@ def run_tag(name: str) -> str:
     return "" if name == "stage_I" else name.removeprefix("stage_I_")
 
 
-def _run_title(name: str) -> str:
-    """``stage_I`` -> ``Stage I``; ``stage_I_long-run`` -> ``Stage I (long-run)``."""
-    return "Stage I" + (f" ({run_tag(name)})" if run_tag(name) else "")
+def _run_title(name: str, title: str = "Stage I") -> str:
+    """``stage_I`` -> ``Stage I``; ``stage_I_long-run`` -> ``Stage I (long-run)`` (``title`` in place of
+    ``Stage I`` for the run's row label)."""
+    return title + (f" ({run_tag(name)})" if run_tag(name) else "")
 
 
 def row_labels(result: dict[str, Any]) -> dict[str, str]:
@@ -392,7 +393,7 @@ def row_labels(result: dict[str, Any]) -> dict[str, str]:
     then per seed the Baseline and each Anchor arm, named by their run and seed where there are several."""
     labels = {"untrained": ROWS["untrained"]}
     for run in result.get("stage_I") or {"stage_I": None}:
-        labels[run] = ROWS["stage_I"] + (f" ({run_tag(run)})" if run_tag(run) else "")
+        labels[run] = _run_title(run, ROWS["stage_I"])
     arms = result.get("stage_II") or {}
     for arm, r in sorted(arms.items(), key=lambda item: (item[1]["seed"] or 0, item[1]["kind"] != "baseline")):
         parts = [
