@@ -19,6 +19,8 @@ setup(
     long_description_content_type="text/markdown",
     license="MIT",
     packages=find_packages(include=["llm2vec", "llm2vec.*"]),
+    # the published facts and chat templates of the tiny models that llm2vec.testing builds
+    package_data={"llm2vec": ["published/*.json", "published/*.jinja", "published/*.md"]},
     python_requires=">=3.10",
     install_requires=[
         # the torch of the GPU machine; PyPI's build of it is the CUDA one, which CI runs on CPU (about 4.5 GB with

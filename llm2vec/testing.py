@@ -1,13 +1,18 @@
-"""Tiny random causal LMs with each family's tokenizer, built offline.
+"""Tiny random causal LMs as their publishers ship them, built offline.
 
-Used by the test-suite, the distributed tests (which need a checkpoint folder) and the reduced CI demo.
-Nothing here touches the network: the tokenizer is a BPE trained in memory on a small built-in corpus
-(byte-level like Llama-3's, Qwen2.5's and SmolLM2's; sentencepiece-style for Mistral), with the family's
-special tokens and a chat template that renders conversations as the real model's does.
+Each model of :data:`PUBLISHED_MODELS` (``published/models.json``, sources in ``published/SOURCES.md``) is a tiny
+random model of the published architecture whose tokenizer and config carry the published facts: the tokenizer's
+layout (byte-level BPE, sentencepiece's legacy layout, transformers 5's ``LlamaTokenizer`` or ``GemmaTokenizer``),
+its special tokens, bos / eos / pad / unk (a model published without a pad token has none here), whether it adds its
+bos, the end-of-sequence and pad ids of ``config.json`` and ``generation_config.json``, tied embeddings, and the
+published chat template (``published/*.jinja``, verbatim). The BPE is trained in memory on a small built-in corpus,
+so the ids differ from the published ones; the tokens and what they do do not. Used by the test-suite, the
+distributed tests and the reduced CI demo; nothing here touches the network.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -23,76 +28,6 @@ _CORPUS = [
     "0123456789 numbers, punctuation: commas, periods. Questions? Answers! (parentheses) [brackets]",
 ]
 
-# The families' chat templates, written after the public formats of the real models' tokenizers (only the
-# parts a user/system/assistant conversation uses; no tool calls). Each inserts the model's default system
-# turn when the conversation has none, as the real ones do; Llama-3.x's date is fixed to the 3.1 default.
-LLAMA3_CHAT_TEMPLATE = (
-    "{{- bos_token }}"
-    "{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content'] | trim %}"
-    "{%- set messages = messages[1:] %}{%- else %}{%- set system_message = '' %}{%- endif %}"
-    "{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' }}"
-    "{{- 'Cutting Knowledge Date: December 2023\\nToday Date: 26 Jul 2024\\n\\n' }}"
-    "{{- system_message }}{{- '<|eot_id|>' }}"
-    "{%- for message in messages %}"
-    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
-)
-QWEN2_CHAT_TEMPLATE = (
-    "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
-    "{%- else %}{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
-    "<|im_end|>\\n' }}{%- endif %}"
-    "{%- for message in messages %}{%- if message['role'] != 'system' or not loop.first %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{%- endif %}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
-SMOLLM2_CHAT_TEMPLATE = (
-    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}"
-    "{% endif %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-MISTRAL_CHAT_TEMPLATE = (  # Mistral-7B-Instruct-v0.2: no system role; [INST] and [/INST] are plain text
-    "{{ bos_token }}{% for message in messages %}"
-    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
-    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
-    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
-    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}"
-    "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}"
-)
-
-# family -> (model class name, special tokens, bos, eos, pad, chat template)
-_FAMILIES = {
-    "llama3": (
-        "llama",
-        ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
-        "<|begin_of_text|>",
-        "<|eot_id|>",
-        "<|end_of_text|>",
-        LLAMA3_CHAT_TEMPLATE,
-    ),
-    "smollm2": (
-        "llama",
-        ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        "<|im_start|>",
-        "<|im_end|>",
-        "<|im_end|>",
-        SMOLLM2_CHAT_TEMPLATE,
-    ),
-    "qwen2": (
-        "qwen2",
-        ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        None,
-        "<|im_end|>",
-        "<|endoftext|>",
-        QWEN2_CHAT_TEMPLATE,
-    ),
-    "mistral": ("mistral", ["<unk>", "<s>", "</s>"], "<s>", "</s>", "</s>", MISTRAL_CHAT_TEMPLATE),
-}
-
-FAMILIES = tuple(_FAMILIES)
-SENTENCEPIECE_FAMILIES = ("mistral",)  # the legacy sentencepiece layout of :func:`_word_start_bpe`
-
 _ALPHABET = sorted(
     set("".join(_CORPUS))
     | set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
@@ -100,7 +35,8 @@ _ALPHABET = sorted(
 )
 
 
-def _byte_level_bpe(specials, vocab_size):
+def _byte_level_bpe(specials, bos, vocab_size):
+    """A byte-level BPE (Llama-3's, Qwen's, SmolLM2's, GPT-2's), with a "<bos> $A" post-processor when ``bos``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -113,7 +49,17 @@ def _byte_level_bpe(specials, vocab_size):
         show_progress=False,
     )
     tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    _add_bos(tok, bos)
     return tok
+
+
+def _add_bos(tok, bos) -> None:
+    from tokenizers import processors
+
+    if bos is not None:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))]
+        )
 
 
 def _word_start_bpe(specials, bos, vocab_size, style):
@@ -121,9 +67,9 @@ def _word_start_bpe(specials, bos, vocab_size, style):
     (Mistral-7B-Instruct-v0.2's tokenizer.json: normalizer Prepend("▁") + Replace(" ", "▁") on every text segment
     between special tokens), ``llama`` (transformers 5's ``LlamaTokenizer``, as Mistral-7B-Instruct-v0.3's and
     Phi-3's: a Metaspace pre-tokenizer that marks the start of the input only) or ``gemma`` (``GemmaTokenizer``:
-    spaces become "▁", nothing is prepended), with a "<bos> $A" post-processor where there is a bos token. Outside
-    the legacy ``sentencepiece`` layout, newlines are single tokens."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    spaces become "▁", nothing is prepended), with a "<bos> $A" post-processor when ``bos``. Outside the legacy
+    ``sentencepiece`` layout, newlines are single tokens."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE(unk_token="<unk>" if "<unk>" in map(str, specials) else None, fuse_unk=True))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
@@ -142,10 +88,7 @@ def _word_start_bpe(specials, bos, vocab_size, style):
         tok.normalizer = (
             normalizers.Sequence([normalizers.Prepend("▁"), spaces]) if style == "sentencepiece" else spaces
         )
-    if bos is not None:
-        tok.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))]
-        )
+    _add_bos(tok, bos)
     return tok
 
 
@@ -153,16 +96,26 @@ TOKENIZER_STYLES = ("byte_level", "sentencepiece", "llama", "gemma")  # byte-lev
 
 
 def build_chat_tokenizer(
-    style: str, specials, bos, eos, pad, chat_template: str | None, unk: str | None = None, vocab_size: int = 320
+    style: str,
+    specials,
+    bos,
+    eos,
+    pad,
+    chat_template: str | None,
+    unk: str | None = None,
+    vocab_size: int = 320,
+    add_bos: bool = True,
 ):
     """A tokenizer of one of :data:`TOKENIZER_STYLES` with these special tokens (strings, or ``tokenizers.AddedToken``
-    for one that strips the whitespace beside it, as Phi-3's do) and ``chat_template``, trained offline."""
+    for one that strips the whitespace beside it, as Phi-3's do) and ``chat_template``, trained offline; it adds
+    ``bos`` to every text when ``add_bos``."""
     from transformers import PreTrainedTokenizerFast
 
+    added_bos = bos if add_bos else None
     if style == "byte_level":
-        tok = _byte_level_bpe(specials, vocab_size)
+        tok = _byte_level_bpe(specials, added_bos, vocab_size)
     elif style in ("sentencepiece", "llama", "gemma"):
-        tok = _word_start_bpe(specials, bos, vocab_size, style)
+        tok = _word_start_bpe(specials, added_bos, vocab_size, style)
     else:
         raise ValueError(f"unknown tokenizer style {style!r}; one of {TOKENIZER_STYLES}")
     tokenizer = PreTrainedTokenizerFast(
@@ -172,34 +125,86 @@ def build_chat_tokenizer(
     return tokenizer
 
 
-def build_tokenizer(family: str, vocab_size: int = 320):
-    """A tokenizer with ``family``'s special tokens and chat template."""
-    _, specials, bos, eos, pad, chat_template = _FAMILIES[family]
-    style = "sentencepiece" if family in SENTENCEPIECE_FAMILIES else "byte_level"
-    unk = "<unk>" if "<unk>" in specials else None
-    return build_chat_tokenizer(style, specials, bos, eos, pad, chat_template, unk, vocab_size)
+PUBLISHED = Path(__file__).resolve().parent / "published"
+"""The published facts (``models.json``), chat templates (``*.jinja``) and their sources (``SOURCES.md``)."""
+PUBLISHED_MODELS: dict[str, dict] = {
+    k: v for k, v in json.loads((PUBLISHED / "models.json").read_text()).items() if not k.startswith("_")
+}
+FAMILIES = ("llama3", "smollm2", "qwen2", "mistral")
+"""The models of the registered template families (:mod:`llm2vec.templates`): the paper's Llama-3.2-Instruct,
+Qwen2.5-Instruct and Mistral-7B-Instruct-v0.2, and the demo's SmolLM2-Instruct."""
 
 
-def build_tiny_model(family: str, seed: int = 0, hidden_size: int = 32, num_layers: int = 2, vocab_size: int = 320):
-    """A random causal LM of ``family``'s architecture (float32) and its tokenizer."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+def published_chat_template(name: str) -> str | None:
+    """The published chat template of model ``name`` of :data:`PUBLISHED_MODELS`, verbatim; None when it has none."""
+    file = PUBLISHED_MODELS[name]["chat_template"]
+    return None if file is None else (PUBLISHED / file).read_text()
 
-    tokenizer = build_tokenizer(family, vocab_size)
-    model_type = _FAMILIES[family][0]
-    sizes = dict(hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers)
-    sizes.update(num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, vocab_size=len(tokenizer))
-    ids = {f"{k}_token_id": getattr(tokenizer, f"{k}_token_id") for k in ("bos", "eos", "pad")}
-    config = AutoConfig.for_model(model_type, tie_word_embeddings=False, **sizes, **ids)
+
+def _special(token):
+    from tokenizers import AddedToken
+
+    if isinstance(token, str):
+        return token
+    return AddedToken(token["content"], rstrip=token.get("rstrip", False), special=True, normalized=False)
+
+
+def build_tokenizer(name: str, vocab_size: int = 320, chat_template: str | None = None):
+    """A tokenizer with the published facts of model ``name`` (its chat template, or ``chat_template``)."""
+    facts = PUBLISHED_MODELS[name]
+    return build_chat_tokenizer(
+        facts["tokenizer"],
+        [_special(t) for t in facts["special_tokens"]],
+        facts["bos"],
+        facts["eos"],
+        facts["pad"],
+        published_chat_template(name) if chat_template is None else chat_template,
+        facts["unk"],
+        vocab_size,
+        facts["add_bos"],
+    )
+
+
+def _ids(tokenizer, tokens):
+    ids = [tokenizer.convert_tokens_to_ids(t) for t in tokens]
+    return ids if len(ids) > 1 else ids[0]
+
+
+def tiny_config(name: str, tokenizer, hidden_size: int = 32, num_layers: int = 2, **kwargs):
+    """A config of model ``name``'s architecture, ``hidden_size`` wide and ``num_layers`` deep, whose bos, eos and
+    pad ids are the published config's (as ids of ``tokenizer``); ``kwargs`` set other fields, or override these."""
+    from transformers import AutoConfig
+
+    facts = PUBLISHED_MODELS[name]
+    fields = dict(hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers)
+    fields.update(num_attention_heads=4, num_key_value_heads=2, head_dim=hidden_size // 4, max_position_embeddings=256)
+    fields.update(vocab_size=len(tokenizer), tie_word_embeddings=facts["tie_word_embeddings"])
+    fields.update(bos_token_id=tokenizer.bos_token_id, eos_token_id=_ids(tokenizer, facts["config_eos"]))
+    fields.update(pad_token_id=None if facts["config_pad"] is None else _ids(tokenizer, [facts["config_pad"]]))
+    return AutoConfig.for_model(facts["model_type"], **{**fields, **kwargs})
+
+
+def build_tiny_model(name: str, seed: int = 0, hidden_size: int = 32, num_layers: int = 2, vocab_size: int = 320):
+    """A random causal LM of model ``name``'s architecture (float32) with its published generation config, and its
+    tokenizer."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    tokenizer = build_tokenizer(name, vocab_size)
+    config = tiny_config(name, tokenizer, hidden_size, num_layers)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    facts = PUBLISHED_MODELS[name]
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=_ids(tokenizer, facts["generation_eos"])
+    )
     model.eval()
     return model, tokenizer
 
 
-def save_tiny_model(family: str, path: str | Path, seed: int = 0, **kwargs) -> Path:
-    """Build a tiny model and save it as a checkpoint folder (safetensors + tokenizer)."""
+def save_tiny_model(name: str, path: str | Path, seed: int = 0, **kwargs) -> Path:
+    """Build a tiny model of ``name`` and save it as a checkpoint folder (safetensors, tokenizer, generation config)."""
     path = Path(path)
-    model, tokenizer = build_tiny_model(family, seed=seed, **kwargs)
+    model, tokenizer = build_tiny_model(name, seed=seed, **kwargs)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

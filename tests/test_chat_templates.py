@@ -1,7 +1,7 @@
 """Prompts against the families' published chat templates, and the anchor against their end-of-sequence ids.
 
 The references are the model publishers' own chat templates (the Jinja strings of their tokenizer configs, kept
-verbatim in ``tests/data/chat_templates/``; sources in ``SOURCES.md`` there) rendered by transformers'
+verbatim in ``llm2vec/published/``; sources in ``SOURCES.md`` there) rendered by transformers'
 ``apply_chat_template``, and the end-of-sequence tokens the published models declare. The tiny test tokenizers
 carry each family's special tokens, so a published template renders on them as on the real tokenizer; the real
 SmolLM2 tokenizer is checked too where the demo has put it in ``cache/models``.
@@ -21,9 +21,9 @@ from llm2vec.templates import (
     get_template,
     join_instruction,
 )
+from llm2vec.testing import PUBLISHED
 
 ROOT = Path(__file__).resolve().parents[1]
-PUBLISHED = ROOT / "tests" / "data" / "chat_templates"
 SMOLLM2 = ROOT / "cache" / "models" / "SmolLM2-135M-Instruct"
 TEXT = "Paris is the capital of France."
 

@@ -1,7 +1,7 @@
 """A chat model of no registered family, with no code: its prompt template derived from the tokenizer's own chat template.
 
 The references are independent of the derivation: the published chat templates of Qwen3, Gemma 3, Phi-3,
-Phi-4-mini, Mistral-7B-Instruct-v0.3 and Llama-3 (``tests/data/chat_templates/``) rendered and tokenized by
+Phi-4-mini, Mistral-7B-Instruct-v0.3 and Llama-3 (``llm2vec/published/``) rendered and tokenized by
 transformers' ``apply_chat_template`` on tiny tokenizers with each model's special tokens and tokenizer pipeline
 (``tests/_chat_families.py``), each user turn written out by hand, and the registered families' own templates.
 """

@@ -188,6 +188,9 @@ def test_non_editable_install_evaluates_outside_the_checkout(tmp_path):
     assert sorted(p.relative_to(installed) for p in installed.rglob("*.py")) == sorted(
         p.relative_to(PACKAGE) for p in PACKAGE.rglob("*.py")
     )
+    # and the published facts and chat templates that llm2vec.testing reads
+    published = sorted(p.name for p in (PACKAGE / "published").iterdir())
+    assert sorted(p.name for p in (installed / "published").iterdir()) == published and "models.json" in published
 
     (tmp_path / "check_install.py").write_text(SNIPPET)
     out = _run([str(python), str(tmp_path / "check_install.py"), str(REPO), str(source), str(work)], work, 240)
