@@ -44,7 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--query_instruction", help="the query prompt's instruction (default: the run's; '' = none)")
     p.add_argument("--pooling_mode", help="override the model's pooling (exportable: eos_token, mean)")
     p.add_argument("--max_length", type=int, help="tokens per input (default: the model's, else 512)")
-    p.add_argument("--template", help="prompt template name, or chat_template (default: detected)")
+    p.add_argument(
+        "--template", help="prompt template name, chat_template or plain (default: the source's, else detected)"
+    )
     p.add_argument("--no_normalize", dest="normalize", action="store_false", help="no Normalize module")
     p.add_argument("--dtype", help="bfloat16, float16, float32 (default: the base checkpoint's)")
     p.add_argument("--mteb_results", nargs="+", default=(), help="mteb result folders to show in the model card")

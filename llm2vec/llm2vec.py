@@ -126,9 +126,7 @@ class LLM2Vec(nn.Module):
             raise ValueError(f"prompts must map prompt names to instruction strings, got {prompts!r:.120}")
         self.prompts: dict[str, str] = dict(prompts or {})
         self.truncate_dim = self._checked_truncate_dim(truncate_dim)
-        self.pad_token_id = tokenizer.pad_token_id
-        if self.pad_token_id is None:
-            self.pad_token_id = tokenizer.convert_tokens_to_ids(self.template.build("")[1])
+        self.pad_token_id = tokenizer.convert_tokens_to_ids(templates.pad_token(tokenizer, self.template))
 
     def _checked_truncate_dim(self, truncate_dim: int | None) -> int | None:
         """``truncate_dim`` when it is None or a whole number from 1 to the embedding's dimension; else a
@@ -274,6 +272,8 @@ class LLM2Vec(nn.Module):
         """
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
+        if state_dict is not None:
+            state_dict = _without_tied_copy(self.model, state_dict)
         self.model.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
         self.tokenizer.save_pretrained(path)
         with open(path / CONFIG_NAME, "w") as f:
@@ -485,3 +485,18 @@ def _positive_or_none(name: str, value: int | None) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive whole number or None, got {value!r}")
     return value
+
+
+def _without_tied_copy(model, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state_dict`` without the output embedding of a model that ties it to the input embedding (Llama-3.2-1B,
+    Qwen2.5-1.5B) when it equals that: a state gathered elsewhere (FSDP) holds the tied weight twice, which
+    ``save_pretrained`` writes twice."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    output, inputs = model.get_output_embeddings(), model.get_input_embeddings()
+    if not getattr(config, "tie_word_embeddings", False) or output is None or inputs is None:
+        return state_dict
+    names = {module: name for name, module in model.named_modules()}
+    tied, source = f"{names[output]}.weight", f"{names[inputs]}.weight"
+    if tied in state_dict and source in state_dict and torch.equal(state_dict[tied], state_dict[source]):
+        return {k: v for k, v in state_dict.items() if k != tied}
+    return state_dict

@@ -67,7 +67,7 @@ class LLM2VecContrastive(LLM2Vec):
         """The Stage II model of a run config (:class:`llm2vec.arguments.StageIIArguments`): the decoder body
         (a hub id, or a Stage I folder whose LM head is left out), with ``peft_model_name_or_path`` merged
         into it, and fresh trainable LoRA adapters; everything else frozen."""
-        from peft import LoraConfig, TaskType, get_peft_model
+        from peft import LoraConfig, TaskType
 
         model = cls.load(
             model_args.model_name_or_path,
@@ -92,8 +92,7 @@ class LLM2VecContrastive(LLM2Vec):
             bias="none",
             task_type=TaskType.FEATURE_EXTRACTION,
         )
-        with peft_reads_deprecated_property():
-            model.model = get_peft_model(model.model, lora)
+        model.model = add_lora(model.model, lora)
         return model
 
     def describe(self) -> str:
@@ -166,3 +165,25 @@ class LLM2VecContrastive(LLM2Vec):
             no_sync,
         )
         return ContrastiveOutput(loss, by_side["query"], by_side["positive"], by_side.get("negative"))
+
+
+def add_lora(model, lora):
+    """``model`` with trainable LoRA adapters of ``lora`` (a ``peft.LoraConfig``); a target module the model lacks is
+    a :class:`~llm2vec.arguments.ConfigError` naming ``lora_target_modules`` and the model's linear modules."""
+    from peft import get_peft_model
+
+    from .arguments import ConfigError
+
+    linear = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if _is_linear(m)} - {"lm_head"})
+    missing = sorted(set(lora.target_modules) - set(linear))
+    if missing:
+        raise ConfigError(
+            f"lora_target_modules: {', '.join(missing)} not among this {model.config.model_type} model's linear "
+            f"modules ({', '.join(linear)}); set lora_target_modules to those that get adapters"
+        )
+    with peft_reads_deprecated_property():
+        return get_peft_model(model, lora)
+
+
+def _is_linear(module) -> bool:
+    return isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"  # GPT-2's linear layers

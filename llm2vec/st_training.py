@@ -183,16 +183,13 @@ def sentence_transformer(
     if instruction_separator is not None:
         set_separator(model, instruction_separator)
     if lora is not None:
-        from peft import get_peft_model
-
-        from .compat import peft_reads_deprecated_property
+        from .llm2vec_contrastive import add_lora
 
         if seed is not None:
             import transformers
 
             transformers.set_seed(seed)
-        with peft_reads_deprecated_property():
-            model[0].model = get_peft_model(model[0].model, lora)
+        model[0].model = add_lora(model[0].model, lora)
     return model
 
 
@@ -204,11 +201,7 @@ def _spec_of(model, separator: str):
 
     folder = _folder_of(model)
     name = read_llm2vec_config(folder)["template"]
-    if name == templates.DERIVED_TEMPLATE:
-        spec = templates.derive_template(AutoConfig.from_pretrained(folder), model.tokenizer)
-    else:
-        spec = templates.get_template(name)
-    return spec.with_separator(separator)
+    return templates.named_template(name, AutoConfig.from_pretrained(folder), model.tokenizer).with_separator(separator)
 
 
 def _folder_of(model) -> str:
@@ -218,11 +211,11 @@ def _folder_of(model) -> str:
 
 def set_separator(model, separator: str) -> None:
     """Rebuild the export's chat template of ``model`` with ``separator`` between instruction and text."""
-    from .export import export_chat_template
+    from .export.tokenizer import fitting_chat_template
 
     if not hasattr(model, "_llm2vec_folder"):
         model._llm2vec_folder = model[0].model.name_or_path
-    model.tokenizer.chat_template = export_chat_template(_spec_of(model, separator))
+    model.tokenizer.chat_template = fitting_chat_template(_spec_of(model, separator), model.tokenizer)
 
 
 @contextlib.contextmanager

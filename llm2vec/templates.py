@@ -181,6 +181,38 @@ DERIVED_TEMPLATE = "chat_template"
 registry: its user turn is read from each tokenizer."""
 
 
+PLAIN_TEMPLATE = "plain"
+"""The family of a base model (no chat format): the BOS where the tokenizer adds one to every text, the instruction
+and separator, the text, then the tokenizer's EOS as the anchor (Eq. 1's appended [EOS]). Read from each tokenizer
+(:func:`plain_template`); ``template="plain"`` (``"template": "plain"`` in a config) asks for it."""
+
+
+def plain_template(tokenizer) -> TemplateSpec:
+    """The family :data:`PLAIN_TEMPLATE` of ``tokenizer``; a ``ValueError`` when the tokenizer has no EOS token."""
+    if tokenizer.eos_token is None:
+        raise ValueError(
+            f"template {PLAIN_TEMPLATE!r} ends a text with the tokenizer's EOS token, and this one has none"
+        )
+    bos, probe = tokenizer.bos_token_id, tokenizer("a")["input_ids"]
+    adds_bos = (
+        bos is not None and probe[:1] == [bos] and tokenizer("a", add_special_tokens=False)["input_ids"][:1] != [bos]
+    )
+    turn = functools.partial(
+        UserTurn, tokenizer.bos_token if adds_bos else "", tokenizer.eos_token, tokenizer.eos_token
+    )
+    return TemplateSpec(PLAIN_TEMPLATE, turn, (), ())
+
+
+def named_template(name: str, config, tokenizer, generation_config=None) -> TemplateSpec:
+    """The template called ``name`` for this model: derived from its chat template (:data:`DERIVED_TEMPLATE`), its
+    plain text (:data:`PLAIN_TEMPLATE`) or a registered family; no checks against the chat template."""
+    if name == DERIVED_TEMPLATE:
+        return derive_template(config, tokenizer, generation_config)
+    if name == PLAIN_TEMPLATE:
+        return plain_template(tokenizer)
+    return get_template(name)
+
+
 def get_template(name: str) -> TemplateSpec:
     if name == DERIVED_TEMPLATE:
         raise ValueError(
@@ -191,8 +223,9 @@ def get_template(name: str) -> TemplateSpec:
         return _REGISTRY[name]
     except KeyError:
         raise ValueError(
-            f"unknown template {name!r}; registered templates: {', '.join(_REGISTRY)}. "
-            "Register one with llm2vec.templates.register_template(TemplateSpec(...))."
+            f"unknown template {name!r}; choose one of {', '.join(_REGISTRY)} (registered families), "
+            f"{DERIVED_TEMPLATE} (from the tokenizer's chat template) or {PLAIN_TEMPLATE} (a base model: text, then "
+            "EOS), or register one with llm2vec.templates.register_template(TemplateSpec(...))."
         ) from None
 
 
@@ -209,8 +242,8 @@ def resolve_template(config, tokenizer, name: str | None = None, generation_conf
     is logged as a warning, and when the tokenizer carries a chat template, the spec's token ids are compared with it
     once (:func:`chat_template_mismatch`) and a difference is logged as a warning.
     """
-    if name == DERIVED_TEMPLATE:
-        return derive_template(config, tokenizer, generation_config)
+    if name in (DERIVED_TEMPLATE, PLAIN_TEMPLATE):
+        return named_template(name, config, tokenizer, generation_config)
     if name is not None:
         spec = get_template(name)
     else:
@@ -224,9 +257,9 @@ def resolve_template(config, tokenizer, name: str | None = None, generation_conf
             raise ValueError(
                 f"no prompt template for this model: model_type={model_type!r}"
                 + (f" with none of the chat tokens of {[s.name for s in candidates]}" if candidates else "")
-                + f", and its tokenizer has no chat template to derive one from. Known families: {known}. Register "
-                "one with llm2vec.templates.register_template(TemplateSpec(name, turn_fn, model_types, marker_tokens)) "
-                'and pass template=<name> (or set "template" in the config).'
+                + f', and its tokenizer has no chat template to derive one from. For a base model set "template": '
+                f'"{PLAIN_TEMPLATE}" in the config (template={PLAIN_TEMPLATE!r} in Python: its text, then its EOS); '
+                f"known chat families: {known}"
             )
         spec = matches[0]
     if not _has_token(tokenizer, spec.anchor):
@@ -234,9 +267,17 @@ def resolve_template(config, tokenizer, name: str | None = None, generation_conf
             f"template {spec.name!r}: the anchor token {spec.anchor!r} is not in the tokenizer's vocabulary"
         )
     problem = anchor_mismatch(tokenizer, spec, config, generation_config)
+    has_chat_template = bool(getattr(tokenizer, "chat_template", None))
+    if problem and name is None and not has_chat_template:  # a base model with the family's chat tokens
+        raise ValueError(
+            f"{_model_folder(config, tokenizer)} has the chat tokens of the {spec.name!r} family but no chat template, "
+            f'and its EOS is not that family\'s anchor {spec.anchor!r}: a base model? Set "template": '
+            f'"{PLAIN_TEMPLATE}" (its text, then its EOS) for a base model, or "template": "{spec.name}" to '
+            "use the chat format anyway"
+        )
     if problem:
         logger.warning("%s", problem)
-    if getattr(tokenizer, "chat_template", None):
+    if has_chat_template:
         try:
             problem = chat_template_mismatch(tokenizer, spec)
         except Exception as e:  # a chat template that cannot render one user message: nothing to compare
@@ -270,6 +311,13 @@ def anchor_mismatch(tokenizer, spec: TemplateSpec, config=None, generation_confi
         f"model (EOS ids: {names}); the paper's Eq. 1 reads the embedding at an appended [EOS], so end the "
         "template's closing with one of them"
     )
+
+
+def pad_token(tokenizer, spec: TemplateSpec) -> str:
+    """The token that pads a batch: the tokenizer's pad token, else (Llama-3.x and Mistral as published have none) the
+    template's anchor. Padding is always masked out (attention mask 0, no loss), so which token pads never changes an
+    embedding or a loss; the export writes this token into its tokenizer, so sentence-transformers pads with it too."""
+    return tokenizer.pad_token if tokenizer.pad_token is not None else spec.anchor
 
 
 @dataclass(frozen=True)

@@ -192,6 +192,8 @@ def build_model(config: RunConfig):
         return model_class(stage).build(model_args, config.stage, config.dtype)
     except PackingRefused as e:
         raise ConfigError(f"{config.source or 'the config'}: {e}") from None
+    except ConfigError as e:
+        raise ConfigError(f"{config.source or 'the config'}: {e}") from None
     except torch.OutOfMemoryError:
         raise
     except (OSError, ValueError, RuntimeError, SafetensorError) as e:
@@ -213,6 +215,7 @@ def load_data(config: RunConfig, tokenizer, template) -> tuple[TrainDataset, lis
     """The training data and the held-out validation pairs (logged), after one example of each distinct query
     instruction has gone through the training collator (:func:`llm2vec.collator.check_examples`)."""
     from .collator import TrainCollator, check_examples
+    from .templates import pad_token
 
     args, stage = config.training, config.stage.stage
     dataset = load_training_data(config.data, config.global_batch_size, args.seed, config.stage.require_negative)
@@ -228,7 +231,7 @@ def load_data(config: RunConfig, tokenizer, template) -> tuple[TrainDataset, lis
         logger.info(
             "Stage %s validation: %d held-out pairs, evaluated every %s steps", stage, len(validation), args.eval_steps
         )
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    pad = tokenizer.convert_tokens_to_ids(pad_token(tokenizer, template))
     check_examples(
         TrainCollator(tokenizer, template, config.model.max_seq_length, pad, **collator_options(config)),
         dataset.instruction_examples() + validation,

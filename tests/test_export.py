@@ -37,7 +37,7 @@ from sentence_transformers import SentenceTransformer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTRUCTIONS_FILE = ROOT / "test_configs" / "mteb" / "task_to_instructions.json"
-MAX_LENGTH = 64
+MAX_LENGTH = 96
 INSTRUCTION = "Retrieve passages that answer the question"
 QUERY = {"query_instruction": INSTRUCTION}
 ADHOC = "Given a one-line summary of a command, retrieve its manual page"  # issue #24's instruction
@@ -433,20 +433,20 @@ def test_a_failed_check_writes_nothing(tiny_checkpoints, tmp_path, monkeypatch):
 
     real_tokenizer, real_template = export.export_tokenizer, export.export_chat_template
     monkeypatch.setattr(
-        export, "export_tokenizer", lambda tok, suffix, n, t: real_tokenizer(tok, list(suffix) * 2, n, t)
+        export, "export_tokenizer", lambda tok, suffix, n, t, pad: real_tokenizer(tok, list(suffix) * 2, n, t, pad)
     )
     with pytest.raises(ExportError, match="differ from LLM2Vec's"):
         export_sentence_transformers(
             str(tiny_checkpoints["llama3"]), tmp_path / "st", max_length=MAX_LENGTH, named_prompts_only=True, **QUERY
         )
     monkeypatch.setattr(export, "export_tokenizer", real_tokenizer)
-    monkeypatch.setattr(export, "export_chat_template", lambda spec: real_template(spec.with_separator("; ")))
+    monkeypatch.setattr(export, "fitting_chat_template", lambda spec, _: real_template(spec.with_separator("; ")))
     with pytest.raises(ExportError, match=r"prompt \"prompt=.*differ from LLM2Vec's"):  # no exported instruction
         export_sentence_transformers(
             str(tiny_checkpoints["llama3"]), tmp_path / "st", max_length=MAX_LENGTH, query_instruction=""
         )
     lenient = real_template(templates.get_template("llama3")).replace("raise_exception(", "(")
-    monkeypatch.setattr(export, "export_chat_template", lambda spec: lenient)
+    monkeypatch.setattr(export, "fitting_chat_template", lambda spec, _: lenient)
     with pytest.raises(ExportError, match="embeds two user turns instead of refusing them"):
         export_sentence_transformers(str(tiny_checkpoints["llama3"]), tmp_path / "st", max_length=MAX_LENGTH, **QUERY)
     assert not (tmp_path / "st").exists() and not list(tmp_path.glob(".st.*"))

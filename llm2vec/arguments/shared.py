@@ -63,9 +63,10 @@ class ModelArguments:
     template: str | None = field(
         default=None,
         metadata={
-            "help": "Prompt template (model family) name: a registered family, or chat_template for the one derived from "
-            "the tokenizer's own chat template; default: detected from the model's config and tokenizer, derived from "
-            "its chat template when no family is registered for the model."
+            "help": "Prompt template (model family) name: a registered family, chat_template for the one derived from "
+            "the tokenizer's own chat template, or plain for a base model (its text, then its EOS as the anchor); "
+            "default: detected from the model's config and tokenizer, derived from its chat template when no "
+            "registered family matches it."
         },
     )
     attn_implementation: str = field(

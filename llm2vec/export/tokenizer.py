@@ -36,7 +36,7 @@ def _jinja_literal(text: str) -> str:
     return json.dumps(text)
 
 
-def export_chat_template(spec: templates.TemplateSpec) -> str:
+def export_chat_template(spec: templates.TemplateSpec, closing: str | None = None) -> str:
     """A chat template that renders what :func:`templates.encode` tokenizes, for sentence-transformers' message path.
 
     It accepts ``[user]`` (no instruction) or ``[system, user]`` (the system message is the instruction, which is
@@ -44,9 +44,11 @@ def export_chat_template(spec: templates.TemplateSpec) -> str:
     ``body + TEXT_MARKER + lead + text.strip() + TEXT_MARKER + closing``: ``body`` is ``opening +
     join_instruction(instruction, separator)`` without its trailing spaces, ``lead`` those spaces (left out for an
     empty text, as ``templates.encode`` does). Every other conversation raises, naming what it got. Opening,
-    separator and closing are read from ``spec``; no family is named here.
+    separator and closing are read from ``spec`` (``closing`` renders the closing otherwise); no family is named here.
     """
     turn = spec.turn()
+    if closing is not None:
+        turn = turn._replace(closing=closing)
     mark = spec.separator.strip()
     after_mark = spec.separator[spec.separator.index(mark) + len(mark) :] if mark else ""
     opening, closing, separator = (_jinja_literal(x) for x in (turn.opening, turn.closing, spec.separator))
@@ -86,11 +88,31 @@ def export_chat_template(spec: templates.TemplateSpec) -> str:
     )
 
 
+def fitting_chat_template(spec: templates.TemplateSpec, tokenizer) -> str:
+    """:func:`export_chat_template` of ``spec`` whose rendering ``tokenizer`` (an exported one, chat layout) tokenizes
+    to :func:`templates.encode`'s ids: the closing as written, or without its leading spaces where the tokenizer
+    gives those a token of their own before a special token (a Metaspace tokenizer that marks only the start of the
+    input, as Mistral-7B-Instruct-v0.3's, where ``templates.encode`` drops them)."""
+    closing = spec.turn().closing
+    probe = templates.DERIVATION_PROBES[0]
+    expected = list(templates.encode(tokenizer, spec, [probe], 1 << 20)[0].input_ids)
+    messages = [{"role": "system", "content": probe[0]}, {"role": "user", "content": probe[1]}]
+    for candidate in dict.fromkeys((closing, closing.lstrip(" "))):
+        chat_template = export_chat_template(spec, candidate)
+        ids = tokenizer.apply_chat_template(messages, chat_template=chat_template, tokenize=True, return_dict=False)
+        if list(ids) == expected:
+            return chat_template
+    return export_chat_template(spec)  # the export's verification names the difference
+
+
 # ---------------------------------------------------------------------------------------------- tokenizer
 
 
-def export_tokenizer(tokenizer, suffix_ids: Sequence[int], max_length: int, chat_template: str | None = None):
-    """A copy of ``tokenizer`` that splits its input at :data:`TEXT_MARKER`, truncates and pads right, and carries
+def export_tokenizer(
+    tokenizer, suffix_ids: Sequence[int], max_length: int, chat_template: str | None = None, pad: str | None = None
+):
+    """A copy of ``tokenizer`` that splits its input at :data:`TEXT_MARKER`, truncates and pads right (with ``pad``
+    as its pad token where it has none: :func:`llm2vec.templates.pad_token`), and carries
     ``chat_template`` (the chat layout's) or none (the text layout). In the text layout it also strips the text
     (:data:`STRIP_MARKER`) and appends ``suffix_ids`` when called with special tokens. Input without the markers
     tokenizes as with ``tokenizer`` when called without special tokens (the module docstring)."""
@@ -126,6 +148,8 @@ def export_tokenizer(tokenizer, suffix_ids: Sequence[int], max_length: int, chat
             single=["$A", SUFFIX_TOKEN_NAME], pair=["$A", "$B:1", SUFFIX_TOKEN_NAME], special_tokens=[suffix]
         )
     tok.model_max_length = max_length
+    if tok.pad_token is None and pad is not None:
+        tok.pad_token = pad
     tok.padding_side = "right"
     tok.truncation_side = "right"
     tok.chat_template = chat_template  # None in the text layout: the model's own would be applied to messages

@@ -175,18 +175,15 @@ def verify_llm2vec_loading(
     if changed:
         raise ExportError(f"the exported llm2vec_config.json differs from the source (saved, source): {changed}")
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
-    if saved["template"] == templates.DERIVED_TEMPLATE:  # read again from the export's own chat template
-        from transformers import AutoConfig
+    from transformers import AutoConfig
 
-        try:
-            spec = templates.derive_template(AutoConfig.from_pretrained(folder, trust_remote_code=False), tokenizer)
-        except ValueError as e:
-            raise ExportError(
-                f"LLM2Vec.from_pretrained(<export>) cannot derive the prompt template again ({e}); the export was not "
-                "written"
-            ) from None
-    else:
-        spec = templates.get_template(saved["template"])
+    try:  # a derived or plain template is read again from the export's own tokenizer
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
+        spec = templates.named_template(saved["template"], config, tokenizer)
+    except ValueError as e:
+        raise ExportError(
+            f"LLM2Vec.from_pretrained(<export>) cannot build the prompt template again ({e}); the export was not written"
+        ) from None
     for label, expected in encoder_ids.items():
         got = templates.encode(tokenizer, spec, [(instruction_of[label], t) for t in texts], saved["max_length"])
         for text, a, b in zip(texts, got, expected):

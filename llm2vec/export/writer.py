@@ -13,12 +13,14 @@ from typing import Any
 
 import torch
 
+from .. import templates
 from ..config_values import strict_booleans
 from ..devices import default_device, resolve_dtype
 from ..llm2vec import CONFIG_NAME, LLM2Vec, decoder_body
 from ..model_card import ModelCardInputs, history_of, render_model_card
 from ..model_files import check_model_files
 from ..run import check_export_target, claim_export_folder
+from ..templates import pad_token
 from .prompts import (
     ADHOC_PROBES,
     CHAT_LAYOUT,
@@ -30,7 +32,13 @@ from .prompts import (
     build_prompts,
     resolve_query_instruction,
 )
-from .tokenizer import _fix_tokenizer_config, export_chat_template, export_tokenizer, tokenizer_loading_kwargs
+from .tokenizer import (
+    _fix_tokenizer_config,
+    export_chat_template,
+    export_tokenizer,
+    fitting_chat_template,
+    tokenizer_loading_kwargs,
+)
 from .verify import ST_POOLING, check_exportable, probe_texts, verify_export, verify_llm2vec_loading
 
 logger = logging.getLogger(__name__)
@@ -192,7 +200,13 @@ def export_sentence_transformers(
         )
     prompts = build_prompts(encoder, given, query.instruction, layout)
     suffix_ids = next(iter(prompts.values())).suffix_ids
-    chat_template = export_chat_template(encoder.template) if layout == CHAT_LAYOUT else None
+    pad = pad_token(encoder.tokenizer, encoder.template)
+    template_name, has_chat_template = encoder.template.name, bool(encoder.tokenizer.chat_template)
+    chat_template = None
+    if layout == CHAT_LAYOUT:
+        chat_template = export_chat_template(encoder.template)
+        chat_layout_tokenizer = export_tokenizer(encoder.tokenizer, suffix_ids, encoder.max_length, chat_template, pad)
+        chat_template = fitting_chat_template(encoder.template, chat_layout_tokenizer)
     body = decoder_body(encoder.model).eval()  # saved from the CPU below
     for parameter in body.parameters():  # parameters only: buffers such as RoPE's inv_freq stay float32, as
         parameter.data = parameter.data.to(save_dtype)  # from_pretrained(dtype=...) leaves them
@@ -241,7 +255,13 @@ def export_sentence_transformers(
     )
     with claim_export_folder(output_dir, overwrite, read) as tmp:
         body.to("cpu").save_pretrained(tmp, safe_serialization=True)
-        exported_tokenizer = export_tokenizer(encoder.tokenizer, suffix_ids, encoder.max_length, chat_template)
+        exported_tokenizer = export_tokenizer(
+            encoder.tokenizer,
+            suffix_ids,
+            encoder.max_length,
+            chat_template,
+            pad,
+        )
         exported_tokenizer.save_pretrained(tmp)
         _fix_tokenizer_config(tmp, chat_template)
         processor_kwargs = tokenizer_loading_kwargs(tmp, exported_tokenizer)
@@ -253,7 +273,15 @@ def export_sentence_transformers(
         (tmp / "README.md").write_text(card, encoding="utf-8")
         for path in tmp.rglob("*"):  # some writers leave files private (0600); the folder is meant to be shared
             path.chmod(0o755 if path.is_dir() else 0o644)
-        report = verify_export(tmp, encoder_ids, reference, texts, normalize, device, adhoc)
+        try:
+            report = verify_export(tmp, encoder_ids, reference, texts, normalize, device, adhoc)
+        except ExportError as e:
+            if template_name == templates.DERIVED_TEMPLATE or not has_chat_template:
+                raise
+            raise ExportError(
+                f"{e}; the template derived from the model's own chat template may export exactly: pass "
+                f"--template {templates.DERIVED_TEMPLATE} (template={templates.DERIVED_TEMPLATE!r} in Python)"
+            ) from None
         verify_llm2vec_loading(tmp, llm2vec_settings, encoder_ids, instruction_of, texts)
     report.update(
         output_dir=str(output_dir),
