@@ -525,7 +525,8 @@ def derive_template(config, tokenizer, generation_config=None) -> TemplateSpec:
     try:
         turn = chat_turn.derive_turn(tokenizer, eos, lambda closing: _closing_ids(tokenizer, closing, dummy_prefix))
     except chat_turn.EndOfTurnNotEos as e:
-        raise ValueError(_end_of_turn_not_eos(e, where, getattr(config, "model_type", None) or "", registered)) from None
+        model_type = getattr(config, "model_type", None) or ""
+        raise ValueError(_end_of_turn_not_eos(e, where, model_type, registered)) from None
     except chat_turn.ChatTemplateError as e:
         raise refused(str(e)) from None
     model_type = getattr(config, "model_type", None)

@@ -157,7 +157,10 @@ def test_the_anchor_comes_from_the_rendering_without_a_generation_prompt():
 UNBOUNDED = "{% for i in range(99999) %}{% for j in range(99999) %}{{ '' }}{% endfor %}{% endfor %}"
 RECURSIVE = "{% macro turn(n) %}{{ turn(n + 1) }}{% endmacro %}{{ turn(0) }}"
 CHATML_USER = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-USER_ONLY_CLOSED = "{% for m in messages %}{% if m.role == 'user' %}<|im_start|>{{ m.content }}<|im_end|>{% else %}{{ m.content }}{% endif %}{% endfor %}"
+USER_ONLY_CLOSED = (  # a user turn closed by <|im_end|>, a reply by nothing
+    "{% for m in messages %}{% if m.role == 'user' %}<|im_start|>{{ m.content }}<|im_end|>"
+    "{% else %}{{ m.content }}{% endif %}{% endfor %}"
+)
 
 
 @pytest.mark.parametrize(
