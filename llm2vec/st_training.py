@@ -157,13 +157,17 @@ def sentence_transformer(
     seed: int | None = None,
 ):
     """This project's model as a ``SentenceTransformer`` (module docstring, point 1), written to ``work_dir``
-    (which must not exist) by the export and loaded from there; with ``lora`` (a ``peft.LoraConfig``) the decoder
+    (a new or empty folder) by the export and loaded from there; with ``lora`` (a ``peft.LoraConfig``) the decoder
     body gets trainable LoRA adapters (seeded with ``seed`` when given), everything else frozen.
     ``instruction_separator`` rebuilds the chat template with that separator (the training one)."""
     from sentence_transformers import SentenceTransformer
 
     from .export import export_sentence_transformers
 
+    if os.path.isdir(work_dir) and os.listdir(work_dir):  # the export would refuse it naming its --overwrite
+        raise ValueError(
+            f"work_dir {work_dir} is not empty; give a new or empty folder (a tempfile.TemporaryDirectory)"
+        )
     export_sentence_transformers(
         base_model_name_or_path,
         work_dir,
@@ -273,8 +277,8 @@ def st_dataset(examples: Sequence, with_negative: bool, query_instructions: bool
 
 
 def retrieval_evaluators(data, batch_size: int):
-    """The evaluator of the folders of ``retrieval_eval_dirs`` (:func:`_retrieval_evaluator_class`: sentence-transformers'
-    ``InformationRetrievalEvaluator`` per folder, queries with the folder's instruction as prompt, documents bare,
+    """The evaluator of the folders of ``retrieval_eval_dirs`` (:func:`_retrieval_evaluator_class`:
+    sentence-transformers' ``InformationRetrievalEvaluator`` per folder, queries with the folder's instruction as prompt, documents bare,
     cosine, logged under the project trainer's names), or ``None`` when there are none."""
     from sentence_transformers.sentence_transformer.evaluation import InformationRetrievalEvaluator
     from sentence_transformers.util import cos_sim

@@ -288,22 +288,36 @@ def test_docs_loss_examples_train_at_tiny_size(marker, checkpoint, tmp_path, tin
     assert (tmp_path / "out" / "adapter_model.safetensors").is_file()
 
 
-def test_docs_mine_hard_negatives_then_retrieval_evaluation_run_as_printed(checkpoint, tmp_path, caplog):
-    """The mining recipe of docs/training.md writes an hf dataset with hard negatives; a sentence-transformers
-    Stage II run trains on it with a BEIR folder evaluated at every eval_steps."""
+def test_sentence_transformer_into_a_folder_in_use_is_refused_naming_its_argument(checkpoint, tmp_path):
+    """A ``work_dir`` that holds something (a previous call's model) is refused in one line naming the argument,
+    not the export's ``--overwrite``, which this call does not take."""
+    sentence_transformer(checkpoint, tmp_path / "model", max_length=MAX_LENGTH)
+    with pytest.raises(ValueError) as refused:
+        sentence_transformer(checkpoint, tmp_path / "model", max_length=MAX_LENGTH)
+    message = str(refused.value)
+    assert message.startswith(f"work_dir {tmp_path / 'model'} is not empty") and "\n" not in message
+    assert "--overwrite" not in message
+
+
+def test_docs_mine_hard_negatives_runs_twice_as_printed_then_retrieval_evaluation(checkpoint, tmp_path, caplog):
+    """The mining recipe of docs/training.md, run twice as printed on pairs of the README's own-data walk (columns
+    ``anchor``, ``positive``), writes an hf dataset with hard negatives; a sentence-transformers Stage II run trains
+    on it with a BEIR folder evaluated at every eval_steps."""
     import datasets
 
     pairs = write_tiny_e5(tmp_path / "pairs", n=12, sources=("nq",))
     rows = [json.loads(line) for line in (pairs / "nq.jsonl").read_text().splitlines()]
     datasets.Dataset.from_dict(
-        {"query": [r["query"] for r in rows], "positive": [r["positive"] for r in rows]}
+        {"anchor": [r["query"] for r in rows], "positive": [r["positive"] for r in rows]}
     ).save_to_disk(str(tmp_path / "my_pairs"))
     code = doc_block("mine_hard_negatives")
     code = code.replace("output/stage_I/MetaLlama3.2_1b_q2d_d2q", checkpoint).replace("data/", f"{tmp_path}/")
     code = code.replace("max_length=512", f"max_length={MAX_LENGTH}")
-    exec(compile(code, "docs/training.md", "exec"), {})
-    mined = datasets.load_from_disk(str(tmp_path / "my_triples"))
-    assert mined.column_names == ["query", "positive", "negative"] and len(mined) >= 1
+    for _ in range(2):  # a second run replaces the first's triples
+        exec(compile(code, "docs/training.md", "exec"), {})
+        mined = datasets.load_from_disk(str(tmp_path / "my_triples"))
+        assert mined.column_names == ["anchor", "positive", "negative"] and len(mined) >= 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["my_pairs", "my_triples", "pairs"]  # nothing else left
 
     from llm2vec.training import run
 
