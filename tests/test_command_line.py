@@ -1,7 +1,7 @@
-"""The command line's one-line messages (#30 point 6): an unknown flag or field is blamed where it was written,
-with the closest field; a short run's warm-up is warned about; a missing adapter folder fails before the data
-loads; a finished run names its model folder; an inherited max_length is logged; the export names the flag of a
-wrong base; CPU runs do not pin memory."""
+"""The command line's one-line messages: an unknown flag or field is blamed where it was written, with the closest
+field; a short run's warm-up is warned about; a missing adapter folder fails before the data loads; bf16 on a
+machine without it names the setting to change; a finished run names its model folder; an inherited max_length is
+logged; the export names the flag of a wrong base; CPU runs do not pin memory."""
 
 import importlib.util
 import json
