@@ -56,6 +56,16 @@ class ChatTemplateError(ValueError):
     caller names the model folder and ``template=``)."""
 
 
+class EndOfTurnNotEos(ChatTemplateError):
+    """The token that closes the user turn, and the assistant's reply as well (an end-of-turn token: Gemma's
+    ``<end_of_turn>``, ChatML's ``<|im_end|>``), is no EOS id of the model: the model's files leave it out of their
+    EOS ids. ``token`` and ``token_id`` name it, ``eos`` the EOS ids the files give (``'<eos>' (1), ...``)."""
+
+    def __init__(self, message: str, token: str, token_id: int, eos: str):
+        super().__init__(message)
+        self.token, self.token_id, self.eos = token, token_id, eos
+
+
 class ChatTurn(NamedTuple):
     """The user turn of a chat template: ``opening + text + closing``; ``anchor`` is the closing's last token.
 
@@ -155,18 +165,26 @@ def _first_token_text(tokenizer, text: str) -> str:
     return tokenizer.decode(ids[:1]) if ids else ""
 
 
-def _reply_eos(tokenizer, eos: Collection[int], closing_ids: Callable[[str], list[int]], user_turn: str) -> str:
-    """The text of the EOS token that ends an assistant's reply after ``user_turn`` (the rendering of one user
-    message up to its closing), or "" when the chat format ends a reply with no EOS id (or cannot render one)."""
+def _reply_end(tokenizer, closing_ids: Callable[[str], list[int]], user_turn: str) -> int | None:
+    """The id of the last token the chat format writes after an assistant's reply that follows ``user_turn`` (the
+    rendering of one user message up to its closing), trailing whitespace aside; ``None`` when it writes nothing
+    there or cannot render a reply."""
     try:
         text = render(tokenizer, [{"role": "user", "content": USER_TEXT}, {"role": "assistant", "content": REPLY_TEXT}])
     except ChatTemplateError:
-        return ""
+        return None
     if not text.startswith(user_turn) or text.count(REPLY_TEXT) != 1:
-        return ""
+        return None
     after = text.split(REPLY_TEXT)[1].rstrip()
     ids = closing_ids(after) if after else []
-    return tokenizer.decode(ids[-1:]) if ids and ids[-1] in eos else ""
+    return ids[-1] if ids else None
+
+
+def _reply_eos(tokenizer, eos: Collection[int], closing_ids: Callable[[str], list[int]], user_turn: str) -> str:
+    """The text of the EOS token that ends an assistant's reply after ``user_turn``, or "" when the chat format ends
+    a reply with no EOS id (or cannot render one)."""
+    end = _reply_end(tokenizer, closing_ids, user_turn)
+    return tokenizer.decode([end]) if end is not None and end in eos else ""
 
 
 def _without_default_system_turn(tokenizer, opening: str, closing: str) -> tuple[str, str]:
@@ -200,7 +218,8 @@ def derive_turn(tokenizer, eos: Collection[int], closing_ids: Callable[[str], li
 
     ``closing_ids`` tokenizes a closing as :func:`llm2vec.templates.encode` does. Raises :class:`ChatTemplateError`
     when the template cannot render one user message, renders its text other than once, or ends neither the user turn
-    nor the assistant's reply with an id of ``eos``.
+    nor the assistant's reply with an id of ``eos``: :class:`EndOfTurnNotEos` when one token ends both (the model's
+    files leave its end-of-turn token out of their EOS ids).
     """
     pre, post = _around(render(tokenizer, [{"role": "user", "content": USER_TEXT}]), USER_TEXT, "the user's text")
     closing = post.rstrip()
@@ -211,6 +230,15 @@ def derive_turn(tokenizer, eos: Collection[int], closing_ids: Callable[[str], li
         appended = _reply_eos(tokenizer, eos, closing_ids, pre + USER_TEXT + closing)
         if not appended:
             names = ", ".join(f"{tokenizer.convert_ids_to_tokens(i)!r} ({i})" for i in sorted(eos)) or "none"
+            if ids and _reply_end(tokenizer, closing_ids, pre + USER_TEXT + closing) == ids[-1]:
+                token = tokenizer.convert_ids_to_tokens(ids[-1])
+                raise EndOfTurnNotEos(
+                    f"{token!r} (id {ids[-1]}) closes the user turn and the assistant's reply but is not among the "
+                    f"model's EOS ids ({names})",
+                    token,
+                    ids[-1],
+                    names,
+                )
             ends = (
                 f"its user turn ends with {tokenizer.convert_ids_to_tokens(ids[-1])!r} ({ids[-1]}), which is not an "
                 f"end-of-sequence id of the model (EOS ids: {names})"

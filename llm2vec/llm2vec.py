@@ -27,6 +27,7 @@ from .compat import enable_activation_checkpointing, peft_reads_deprecated_prope
 from .config_values import strict_booleans
 from .devices import default_device, resolve_dtype
 from .encode_inputs import read_inputs, read_item
+from .load_report import load_backbone
 from .model_files import check_model_files
 from .packing import packed_hidden_states
 from .pooling import POOLING_MODES, pool, position_ids_from_mask
@@ -216,8 +217,12 @@ class LLM2Vec(nn.Module):
         model_kwargs = dict(model_kwargs or {})
         if attn_implementation is not None:
             model_kwargs["attn_implementation"] = attn_implementation
-        model = cls.backbone_class.from_pretrained(
-            base_model_name_or_path, dtype=dtype, trust_remote_code=trust_remote_code, **model_kwargs
+        model = load_backbone(  # without transformers' report of a Stage I model's LM head, which is left out
+            cls.backbone_class,
+            base_model_name_or_path,
+            dtype=dtype,
+            trust_remote_code=trust_remote_code,
+            **model_kwargs,
         )
         if peft_model_name_or_path is not None:
             from peft import PeftModel

@@ -27,6 +27,11 @@ weights files); ``accept_other_base=True`` loads one trained on another base, wi
 
 **Folders a live run holds** are refused (:func:`check_not_in_use`).
 
+**Folders that are not there** are named as missing (:func:`check_exists`), before transformers or peft would read the
+name as a hub id and report the hub: a name is a local path when it is written as one (absolute, starting with ``.``
+or ``~``, more than one ``/``: :func:`llm2vec.io.missing_local_path`), or when it is ``namespace/name``, ``namespace``
+is a folder here and no model of that id is in the local hub cache. Any other name is a hub id.
+
 A hub id is checked from its files in the local cache, downloading ``config.json`` and
 ``tokenizer_config.json`` when they are not there (the load would fetch them anyway); when they cannot be
 had (offline), the check is left to transformers, which refuses custom code since ``trust_remote_code`` is
@@ -44,7 +49,7 @@ from typing import Any
 
 from .config_values import strict_booleans
 from .fingerprints import fingerprint_model, model_folder
-from .io import saved_folder_problem
+from .io import missing_local_path, saved_folder_problem
 
 logger = logging.getLogger("llm2vec")
 
@@ -335,6 +340,29 @@ def check_not_in_use(name_or_path: str | os.PathLike | None, what: str = "model"
             )
 
 
+def check_exists(name_or_path: str | os.PathLike | None, what: str = "model") -> None:
+    """Refuse (:class:`ModelFilesError`, one line) a name that is a local path (module docstring) to no folder."""
+    if name_or_path is None or os.path.exists(name_or_path):
+        return  # a file where a folder belongs is the other checks' and the loader's to report
+    text = os.fspath(name_or_path)
+    if missing_local_path(text):
+        raise ModelFilesError(f"{what} {text}: no such folder")
+    namespace, slash, _ = text.partition("/")
+    if not slash or not os.path.isdir(namespace):
+        return  # a hub id: transformers and peft read it from the hub or its cache
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(text, ADAPTER_CONFIG if what == "adapter" else "config.json")
+    except ValueError:  # no valid hub id either
+        cached = None
+    if not isinstance(cached, str):
+        raise ModelFilesError(
+            f"{what} {text}: no such folder ({namespace}/ is a folder here, so {text} is read as a path, and no hub "
+            f"model {text} is in the local hub cache; for a hub model of that id, run `hf download {text}` first)"
+        )
+
+
 @strict_booleans
 def check_model_files(
     base_model_name_or_path: str | os.PathLike,
@@ -342,9 +370,11 @@ def check_model_files(
     trust_remote_code: bool = False,
     accept_other_base: bool = False,
 ) -> None:
-    """Every check of this module on a base model and its adapter (if any), before anything loads: first that no
-    live run holds their folders, that their local folders hold no link out of them and, when a run or export saved
+    """Every check of this module on a base model and its adapter (if any), before anything loads: first that a name
+    written as a local path names a folder (:func:`check_exists`), that no live run holds their folders, that their local folders hold no link out of them and, when a run or export saved
     them, still hold what it wrote (:func:`llm2vec.io.saved_folder_problem`)."""
+    check_exists(base_model_name_or_path, "model")
+    check_exists(peft_model_name_or_path, "adapter")
     check_not_in_use(base_model_name_or_path, "model")
     check_not_in_use(peft_model_name_or_path, "adapter")
     for what, folder in (("model", base_model_name_or_path), ("adapter", peft_model_name_or_path)):

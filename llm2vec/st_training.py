@@ -27,7 +27,7 @@
    adapter, the tokenizer, ``llm2vec_config.json``, ``run_config.json``, the model card), so
    ``LLM2Vec.from_pretrained(base, adapter)``, the export and the MTEB evaluation read the result as they read a
    Stage II run of the project's trainer. ``retrieval_eval_dirs`` become sentence-transformers'
-   ``InformationRetrievalEvaluator``\\ s (:func:`retrieval_evaluators`).
+   ``InformationRetrievalEvaluator``\\ s, logged under the project trainer's names (:func:`retrieval_evaluators`).
 
 Not on this path (refused in one line): resuming from a checkpoint, ``validation_file`` / ``validation_size``,
 ``embedding_token_budget`` (the cached losses' ``mini_batch_size`` plays its part) and ``use_packing: true``.
@@ -157,13 +157,17 @@ def sentence_transformer(
     seed: int | None = None,
 ):
     """This project's model as a ``SentenceTransformer`` (module docstring, point 1), written to ``work_dir``
-    (which must not exist) by the export and loaded from there; with ``lora`` (a ``peft.LoraConfig``) the decoder
+    (a new or empty folder) by the export and loaded from there; with ``lora`` (a ``peft.LoraConfig``) the decoder
     body gets trainable LoRA adapters (seeded with ``seed`` when given), everything else frozen.
     ``instruction_separator`` rebuilds the chat template with that separator (the training one)."""
     from sentence_transformers import SentenceTransformer
 
     from .export import export_sentence_transformers
 
+    if os.path.isdir(work_dir) and os.listdir(work_dir):  # the export would refuse it naming its --overwrite
+        raise ValueError(
+            f"work_dir {work_dir} is not empty; give a new or empty folder (a tempfile.TemporaryDirectory)"
+        )
     export_sentence_transformers(
         base_model_name_or_path,
         work_dir,
@@ -266,9 +270,11 @@ def st_dataset(examples: Sequence, with_negative: bool, query_instructions: bool
 
 
 def retrieval_evaluators(data, batch_size: int):
-    """sentence-transformers' ``InformationRetrievalEvaluator`` for each folder of ``retrieval_eval_dirs`` (queries with
-    the folder's instruction as prompt, documents bare, cosine), or ``[]``."""
+    """The evaluator of the folders of ``retrieval_eval_dirs`` (:func:`_retrieval_evaluator_class`:
+    sentence-transformers' ``InformationRetrievalEvaluator`` per folder, queries with the folder's instruction as prompt, documents bare,
+    cosine, logged under the project trainer's names), or ``None`` when there are none."""
     from sentence_transformers.sentence_transformer.evaluation import InformationRetrievalEvaluator
+    from sentence_transformers.util import cos_sim
 
     from .beir import read_beir_folder
 
@@ -286,12 +292,45 @@ def retrieval_evaluators(data, batch_size: int):
                 show_progress_bar=False,
                 ndcg_at_k=[10],
                 mrr_at_k=[10],
-                accuracy_at_k=[1, 10],
-                precision_recall_at_k=[1, 10],
+                accuracy_at_k=[10],
+                precision_recall_at_k=[100],
                 map_at_k=[10],
+                score_functions={"cosine": cos_sim},
             )
         )
-    return out
+    return _retrieval_evaluator_class()(out) if out else None
+
+
+ST_METRIC = {"ndcg_at_10": "cosine_ndcg@10", "mrr_at_10": "cosine_mrr@10", "recall_at_100": "cosine_recall@100"}
+"""sentence-transformers' name (after the folder's) of each metric the project's trainer logs per folder."""
+
+
+def _retrieval_evaluator_class():
+    """The class of :func:`retrieval_evaluators`' evaluator (defined on first use: sentence-transformers is an extra):
+    it runs each folder's ``InformationRetrievalEvaluator`` and returns the scores under the names the project's
+    trainer logs (:class:`llm2vec.retrieval.RetrievalEvaluation`): ``<folder>_ndcg_at_10``, ``<folder>_mrr_at_10``,
+    ``<folder>_recall_at_100`` and their means over the folders, ``beir_mean_<metric>``; so both Stage II trainers
+    log ``eval_<folder>_ndcg_at_10``."""
+    from sentence_transformers.base.evaluation import BaseEvaluator
+
+    from .retrieval import LOGGED, MEAN
+
+    class RetrievalFoldersEvaluator(BaseEvaluator):
+        def __init__(self, evaluators):
+            super().__init__()
+            self.evaluators = list(evaluators)
+            self.primary_metric = f"{MEAN}_ndcg_at_10"
+
+        def __call__(self, model, output_path=None, epoch=-1, steps=-1) -> dict[str, float]:
+            scores = {}
+            for evaluator in self.evaluators:
+                metrics = evaluator(model, output_path, epoch, steps)
+                scores[evaluator.name] = {m: float(metrics[f"{evaluator.name}_{ST_METRIC[m]}"]) for m in LOGGED}
+            out = {f"{name}_{m}": values[m] for name, values in scores.items() for m in LOGGED}
+            out.update({f"{MEAN}_{m}": sum(v[m] for v in scores.values()) / len(scores) for m in LOGGED})
+            return out
+
+    return RetrievalFoldersEvaluator
 
 
 # ---------------------------------------------------------------------------------------------- the trainer
@@ -410,13 +449,13 @@ def build_trainer(config: RunConfig, dataset, run_config: dict, callbacks: list,
     encoder = LLM2Vec(model[0].model, tokenizer, **settings)  # the same modules: the project's save
     loss = build_loss(stage.loss, stage.loss_kwargs or {}, model, stage.loss_scale)
     st_args = st_training_arguments(args)
-    evaluators = retrieval_evaluators(config.data, args.per_device_eval_batch_size)
+    evaluator = retrieval_evaluators(config.data, args.per_device_eval_batch_size)
     trainer = _trainer_class()(
         model=model,
         args=st_args,
         train_dataset=st_dataset(dataset.examples, stage.require_negative, config.data.query_instructions),
         loss=loss,
-        evaluator=evaluators or None,
+        evaluator=evaluator,
         callbacks=callbacks,
         run_config=run_config,
         encoder=encoder,

@@ -530,6 +530,18 @@ def _saved_generation_config(config, tokenizer):
     return None
 
 
+def _end_of_turn_not_eos(error, where: str, model_type: str, registered: str) -> str:
+    """One line for a chat format whose end-of-turn token is no EOS id of the model (``chat_turn.EndOfTurnNotEos``):
+    the token, where the EOS ids come from, and the fix (its id added to ``generation_config.json``)."""
+    shipped = " (as google/gemma-3-*-it ship it)" if model_type.startswith("gemma") else ""
+    return (
+        f"{error.token} (id {error.token_id}) closes the user turn of the chat template of {where} but is not among "
+        f"the EOS ids of its tokenizer, config.json and generation_config.json ({error.eos}); add {error.token_id} to "
+        f"eos_token_id in {os.path.join(where, 'generation_config.json')}{shipped}, or pass template=<name> "
+        f"(registered: {registered})"
+    )
+
+
 def derive_template(config, tokenizer, generation_config=None) -> TemplateSpec:
     """The family :data:`DERIVED_TEMPLATE` of a model: the user turn of ``tokenizer``'s own chat template
     (:func:`llm2vec.chat_turn.derive_turn`: one user message rendered around a sentinel, no system turn, no generation
@@ -560,6 +572,9 @@ def derive_template(config, tokenizer, generation_config=None) -> TemplateSpec:
     dummy_prefix = adds_leading_space(tokenizer)
     try:
         turn = chat_turn.derive_turn(tokenizer, eos, lambda closing: _closing_ids(tokenizer, closing, dummy_prefix))
+    except chat_turn.EndOfTurnNotEos as e:
+        model_type = getattr(config, "model_type", None) or ""
+        raise ValueError(_end_of_turn_not_eos(e, where, model_type, registered)) from None
     except chat_turn.ChatTemplateError as e:
         raise refused(str(e)) from None
     model_type = getattr(config, "model_type", None)

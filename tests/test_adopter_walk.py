@@ -37,6 +37,8 @@ from _chat_families import save_chat_checkpoint  # noqa: E402
 from _drivers import subprocess_env  # noqa: E402
 from _tiny_data import write_tiny_beir, write_tiny_e5  # noqa: E402
 
+from llm2vec.retrieval import split_log_key  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 README_MODEL = "Qwen/Qwen3-1.7B"
 TINY_FLAGS = [
@@ -108,7 +110,7 @@ def test_readme_adopter_walk_runs_as_printed_from_own_chat_model_to_mteb_score(t
     write_tiny_beir(work / beir, queries=8, documents=24)
     folder = Path(beir).name
 
-    times = []
+    times, stage_II_names = [], []
     for words in commands:
         script = Path(words[1]).name
         argv = [sys.executable, *words[1:], *(TINY_FLAGS if script in TRAINING else [])]
@@ -126,7 +128,9 @@ def test_readme_adopter_walk_runs_as_printed_from_own_chat_model_to_mteb_score(t
         elif script == "run_stage_II.py":  # a Stage II adapter, the folder scored during training
             out = work / flag(words, "--output_dir")
             assert (out / "adapter_model.safetensors").is_file() and (out / "llm2vec_config.json").is_file()
-            assert any(folder in k and "ndcg" in k for h in log_history(out) for k in h), log_history(out)
+            logged = {k for h in log_history(out) for k in h if split_log_key(k)}
+            assert f"eval_{folder}_ndcg_at_10" in logged, log_history(out)
+            stage_II_names.append(logged)  # both trainers: the same names
         elif script == "export_sentence_transformers.py":
             out = work / flag(words, "--output_dir")
             assert (out / "export_complete.json").is_file()
@@ -137,4 +141,5 @@ def test_readme_adopter_walk_runs_as_printed_from_own_chat_model_to_mteb_score(t
             assert "export__" in str(result.relative_to(work))  # it scored the export
             (scores,) = json.loads(result.read_text())["scores"]["test"]
             assert 0 <= scores["ndcg_at_10"] <= 1 and scores["main_score"] == scores["ndcg_at_10"]
+    assert len(stage_II_names) == 2 and stage_II_names[0] == stage_II_names[1], stage_II_names
     print("; ".join(times))  # shown with -s

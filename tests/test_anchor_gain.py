@@ -293,6 +293,7 @@ def test_evaluation_without_validation_pairs_is_refused(tmp_path):
 
     from llm2vec.arguments import ConfigError, parse_config
 
+    (tmp_path / "m").mkdir()  # a model folder (the model is not read before this check)
     config = parse_config("I", driver_args(tmp_path / "m", tmp_path / "d", tmp_path / "o", eval_strategy="steps"))
     with pytest.raises(ConfigError, match="validation_file or validation_size"):
         config.validate()

@@ -1,7 +1,7 @@
-"""The command line's one-line messages (#30 point 6): an unknown flag or field is blamed where it was written,
-with the closest field; a short run's warm-up is warned about; a missing adapter folder fails before the data
-loads; a finished run names its model folder; an inherited max_length is logged; the export names the flag of a
-wrong base; CPU runs do not pin memory."""
+"""The command line's one-line messages: an unknown flag or field is blamed where it was written, with the closest
+field; a short run's warm-up is warned about; a missing adapter folder fails before the data loads; bf16 on a
+machine without it names the setting to change; a finished run names its model folder; an inherited max_length is
+logged; the export names the flag of a wrong base; CPU runs do not pin memory."""
 
 import importlib.util
 import json
@@ -98,6 +98,39 @@ def test_a_missing_adapter_folder_fails_before_the_data_loads(setup, tmp_path, m
         training.run("II", argv)
     assert f"peft_model_name_or_path '{missing}' is not a folder" in str(error.value)
     assert "\n" not in str(error.value)
+
+
+# ---------------------------------------------------------------------------------------------- bf16
+
+
+@pytest.fixture
+def no_bf16_device(monkeypatch):
+    """A machine with no GPU or XLA device that runs bf16 (as transformers' TrainingArguments tells)."""
+    import transformers.utils
+
+    monkeypatch.setattr(transformers.utils, "is_torch_bf16_gpu_available", lambda: False)
+    monkeypatch.setattr(transformers.utils, "is_torch_xla_available", lambda: False)
+
+
+def test_bf16_without_a_bf16_device_stops_in_one_line_naming_the_setting_and_the_file(setup, tmp_path, no_bf16_device):
+    """``"bf16": true`` (the README's own-model config) on a machine without bf16 stops, naming the setting to change
+    in the file it came from, the flag, and ``--use_cpu true`` (bf16 on the CPU) as the other way."""
+    config = tmp_path / "my_run.json"
+    config.write_text(
+        json.dumps({"model_name_or_path": str(setup[0]), "output_dir": str(tmp_path / "o"), "bf16": True})
+    )
+    with pytest.raises(ConfigError) as error:
+        parse_config("I", [str(config)])
+    message = str(error.value)
+    assert "\n" not in message and message.startswith(f"{config}: ")
+    assert f'set "bf16": false in {config} (or pass --bf16 false)' in message and "--use_cpu true" in message
+    with pytest.raises(ConfigError) as error:  # given as a flag: the flag is what to change
+        parse_config(
+            "I", ["--model_name_or_path", str(setup[0]), "--output_dir", str(tmp_path / "o"), "--bf16", "true"]
+        )
+    assert "pass --bf16 false" in str(error.value) and '"bf16"' not in str(error.value)
+    for fix in (["--bf16", "false"], ["--use_cpu", "true"]):  # either way named runs
+        assert parse_config("I", [str(config), *fix]).training.bf16 is (fix[0] == "--use_cpu")
 
 
 # ---------------------------------------------------------------------------------------------- CPU runs

@@ -157,6 +157,10 @@ def test_the_anchor_comes_from_the_rendering_without_a_generation_prompt():
 UNBOUNDED = "{% for i in range(99999) %}{% for j in range(99999) %}{{ '' }}{% endfor %}{% endfor %}"
 RECURSIVE = "{% macro turn(n) %}{{ turn(n + 1) }}{% endmacro %}{{ turn(0) }}"
 CHATML_USER = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+USER_ONLY_CLOSED = (  # a user turn closed by <|im_end|>, a reply by nothing
+    "{% for m in messages %}{% if m.role == 'user' %}<|im_start|>{{ m.content }}<|im_end|>"
+    "{% else %}{{ m.content }}{% endif %}{% endfor %}"
+)
 
 
 @pytest.mark.parametrize(
@@ -168,7 +172,7 @@ CHATML_USER = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<
         ("{% for m in messages %}{{ m.content }} {{ m.content }}{% endfor %}<|im_end|>", None, "2 times"),
         ("<|im_start|>user\nHello<|im_end|>", None, "0 times"),
         ("{{ messages[0]['content'] | replace('Paris', 'Rome') }}<|im_end|>", None, "differs from the chat template"),
-        (CHATML_USER, "<|endoftext|>", "its user turn ends with '<|im_end|>'"),
+        (USER_ONLY_CLOSED, "<|endoftext|>", "its user turn ends with '<|im_end|>'"),
     ],
     ids=["raises", "unbounded-loop", "recursion", "text-twice", "no-text", "rewrites-text", "anchor-not-eos"],
 )
@@ -194,6 +198,37 @@ def test_a_template_that_gives_no_prompt_is_refused_in_one_line(tmp_path, chat_t
     assert message.startswith(f"the chat template of {folder} gives no prompt template: ")
     assert "template=<name>" in message and "register_template" in message
     assert refused.value.__cause__ is None and (refused.value.__context__ is None or refused.value.__suppress_context__)
+
+
+@pytest.mark.parametrize("name, chat_template", [("gemma3", None), ("qwen3", CHATML_USER)], ids=["gemma3", "chatml"])
+def test_an_end_of_turn_token_missing_from_the_eos_ids_is_named_with_the_file_to_fix(tmp_path, name, chat_template):
+    """A chat format whose token closing the user turn (and the reply) is no EOS id of the model's files (a Gemma 3
+    config.json with only ``<eos>``, no generation_config.json) is refused in one line that names the token and its
+    id, where the EOS ids come from and the fix: the id added to eos_token_id in generation_config.json, or
+    ``template=``. With that fix the template derives."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    folder = tmp_path / "chat-model"
+    tokenizer = chat_tokenizer(name, chat_template=chat_template)
+    tokenizer.eos_token = "<eos>" if name == "gemma3" else "<|endoftext|>"  # Qwen's base models' EOS
+    tokenizer.save_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    chat_config(name, tokenizer, eos_token_id=tokenizer.eos_token_id).save_pretrained(folder)
+    config = chat_config(name, tokenizer, eos_token_id=tokenizer.eos_token_id)
+    config._name_or_path = str(folder)
+    end = "<end_of_turn>" if name == "gemma3" else "<|im_end|>"
+    end_id = tokenizer.convert_tokens_to_ids(end)
+    with pytest.raises(ValueError) as refused:
+        resolve_template(config, tokenizer)
+    message = str(refused.value)
+    assert "\n" not in message and refused.value.__cause__ is None, message
+    assert message.startswith(f"{end} (id {end_id}) closes the user turn of the chat template of {folder}"), message
+    eos = f"({tokenizer.eos_token!r} ({tokenizer.eos_token_id}))"
+    assert f"not among the EOS ids of its tokenizer, config.json and generation_config.json {eos}" in message
+    assert f"add {end_id} to eos_token_id in {folder / 'generation_config.json'}" in message
+    assert ("google/gemma-3-*-it" in message) is (name == "gemma3") and "template=<name>" in message
+    GenerationConfig(eos_token_id=[tokenizer.eos_token_id, end_id]).save_pretrained(folder)  # the fix named
+    assert resolve_template(config, tokenizer).anchor == end
 
 
 def test_refused_at_the_start_of_training_with_the_config_named(tmp_path):

@@ -301,6 +301,61 @@ def test_bad_llm2vec_config_names_the_file(tiny_checkpoints, tmp_path):
         LLM2Vec.from_pretrained(str(folder), device="cpu")
 
 
+@pytest.fixture
+def transformers_warnings():
+    """The messages transformers logs at warning level or above while the test runs (its verbosity: warning)."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    messages = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            messages.append(record.getMessage())
+
+    handler, verbosity = Keep(), hf_logging.get_verbosity()
+    hf_logging.set_verbosity_warning()
+    logging.getLogger("transformers").addHandler(handler)
+    yield messages
+    logging.getLogger("transformers").removeHandler(handler)
+    hf_logging.set_verbosity(verbosity)
+
+
+def test_a_causal_lm_checkpoint_loads_without_a_report_of_its_lm_head_but_other_keys_are_reported(
+    tiny_checkpoints, tmp_path, transformers_warnings
+):
+    """A Stage I model is saved as a causal LM; the encoder reads its decoder body and leaves ``lm_head.weight`` out,
+    as expected: no transformers load report for that. A checkpoint with another unexpected key, or a missing one,
+    still gets transformers' report."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tiny_checkpoints["llama3"]  # a causal LM whose head is not tied: lm_head.weight is saved
+    weights = load_file(folder / "model.safetensors")
+    assert "lm_head.weight" in weights
+    LLM2Vec.from_pretrained(str(folder), device="cpu")
+    assert not [m for m in transformers_warnings if "LOAD REPORT" in m or "lm_head" in m], transformers_warnings
+
+    changes = {
+        "unexpected": (
+            "model.layers.0.mlp.extra.weight",
+            lambda w: w.update({"model.layers.0.mlp.extra.weight": torch.zeros(2)}),
+        ),
+        "missing": ("norm.weight", lambda w: w.pop("model.norm.weight")),
+    }
+    for name, (key, change) in changes.items():
+        changed = dict(weights)
+        change(changed)
+        shutil.copytree(folder, tmp_path / name)
+        save_file(changed, tmp_path / name / "model.safetensors", metadata={"format": "pt"})
+        transformers_warnings.clear()
+        LLM2Vec.from_pretrained(str(tmp_path / name), device="cpu")
+        reports = [m for m in transformers_warnings if "LOAD REPORT" in m]
+        assert len(reports) == 1 and key.removeprefix("model.") in reports[0], (name, transformers_warnings)
+
+
 # ----------------------------------------------------------------------------------------------- sentence-transformers calls
 
 

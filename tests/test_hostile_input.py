@@ -269,7 +269,7 @@ def test_startup_checks_fail_before_data_and_weights(assets, tmp_path, monkeypat
     blocker.write_text("")
     with pytest.raises(ConfigError, match="a_file/out: cannot write there"):
         run("I", flags(assets, blocker / "out"))
-    with pytest.raises(ConfigError, match="'.*missing_model': cannot read its config and tokenizer"):
+    with pytest.raises(ConfigError, match="model .*missing_model: no such folder"):
         run("I", flags(assets, tmp_path / "o1", model_name_or_path=tmp_path / "missing_model"))
     with pytest.raises(ConfigError, match="no prompt template for this model: model_type='gpt2'"):
         run(

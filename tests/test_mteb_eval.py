@@ -6,13 +6,14 @@ mock tasks (``mteb.mocks``), or a local BEIR-style folder written to ``tmp_path`
 """
 
 import json
+import shutil
 from pathlib import Path
 
 import mteb_eval_custom
 import numpy as np
 import pytest
 import torch
-from _drivers import DOCUMENTS, eval_argv, write_beir
+from _drivers import DOCUMENTS, eval_argv, one_line, write_beir
 from mteb.mocks import MockClassificationTask, MockRetrievalTask, MockSTSTask
 
 from llm2vec import LLM2Vec
@@ -372,9 +373,11 @@ def test_cli_bad_input_is_a_one_line_error(extra, expected, llama_checkpoint, tm
     assert not (tmp_path / "results").exists()
 
 
-def test_cli_unloadable_model_is_a_one_line_error(tmp_path, capsys):
+def test_cli_unloadable_model_is_a_one_line_error(llama_checkpoint, tmp_path, capsys):
     data = tmp_path / "eval"
     write_local_task(data, DOCUMENTS, QRELS)
+    shutil.copytree(llama_checkpoint, tmp_path / "no-model")
+    (tmp_path / "no-model" / "model.safetensors").unlink()  # a model folder without its weights
     rc = main(
         [
             "--base_model_name_or_path",
@@ -391,6 +394,19 @@ def test_cli_unloadable_model_is_a_one_line_error(tmp_path, capsys):
     )
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "cannot load the model" in err and "no-model" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("model", ["export/nope", "./export/nope", "{tmp}/export/nope"])
+def test_cli_missing_model_folder_is_named_missing_not_a_hub_failure(model, tmp_path, capsys, monkeypatch):
+    """A model written as a local path (``./``, absolute, or ``namespace/name`` where ``namespace`` is a folder here
+    and no hub model of that id is cached) that is no folder: one line naming it as missing, not the hub."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "export").mkdir()
+    model = model.format(tmp=tmp_path)
+    rc = main(["--base_model_name_or_path", model, "--task_name", "SciFact", "--output_dir", str(tmp_path / "out")])
+    err = one_line(capsys.readouterr().err)
+    assert rc == 2 and f"error: model {model}: no such folder" in err, err
+    assert "huggingface.co" not in err and "connect" not in err
 
 
 def test_cli_task_in_the_tasks_file_that_mteb_lacks_names_the_file(llama_checkpoint, tmp_path, capsys):

@@ -31,6 +31,7 @@ from llm2vec.chunked_steps import gradient_cache_step  # noqa: E402
 from llm2vec.collator import TrainCollator  # noqa: E402
 from llm2vec.dataset import TrainExample  # noqa: E402
 from llm2vec.llm2vec_contrastive import LLM2VecContrastive  # noqa: E402
+from llm2vec.retrieval import LOGGED, MEAN, split_log_key  # noqa: E402
 from llm2vec.st_training import build_loss, lora_config, sentence_transformer, separator  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -287,22 +288,36 @@ def test_docs_loss_examples_train_at_tiny_size(marker, checkpoint, tmp_path, tin
     assert (tmp_path / "out" / "adapter_model.safetensors").is_file()
 
 
-def test_docs_mine_hard_negatives_then_retrieval_evaluation_run_as_printed(checkpoint, tmp_path, caplog):
-    """The mining recipe of docs/training.md writes an hf dataset with hard negatives; a sentence-transformers
-    Stage II run trains on it with a BEIR folder evaluated at every eval_steps."""
+def test_sentence_transformer_into_a_folder_in_use_is_refused_naming_its_argument(checkpoint, tmp_path):
+    """A ``work_dir`` that holds something (a previous call's model) is refused in one line naming the argument,
+    not the export's ``--overwrite``, which this call does not take."""
+    sentence_transformer(checkpoint, tmp_path / "model", max_length=MAX_LENGTH)
+    with pytest.raises(ValueError) as refused:
+        sentence_transformer(checkpoint, tmp_path / "model", max_length=MAX_LENGTH)
+    message = str(refused.value)
+    assert message.startswith(f"work_dir {tmp_path / 'model'} is not empty") and "\n" not in message
+    assert "--overwrite" not in message
+
+
+def test_docs_mine_hard_negatives_runs_twice_as_printed_then_retrieval_evaluation(checkpoint, tmp_path, caplog):
+    """The mining recipe of docs/training.md, run twice as printed on pairs of the README's own-data walk (columns
+    ``anchor``, ``positive``), writes an hf dataset with hard negatives; a sentence-transformers Stage II run trains
+    on it with a BEIR folder evaluated at every eval_steps."""
     import datasets
 
     pairs = write_tiny_e5(tmp_path / "pairs", n=12, sources=("nq",))
     rows = [json.loads(line) for line in (pairs / "nq.jsonl").read_text().splitlines()]
     datasets.Dataset.from_dict(
-        {"query": [r["query"] for r in rows], "positive": [r["positive"] for r in rows]}
+        {"anchor": [r["query"] for r in rows], "positive": [r["positive"] for r in rows]}
     ).save_to_disk(str(tmp_path / "my_pairs"))
     code = doc_block("mine_hard_negatives")
     code = code.replace("output/stage_I/MetaLlama3.2_1b_q2d_d2q", checkpoint).replace("data/", f"{tmp_path}/")
     code = code.replace("max_length=512", f"max_length={MAX_LENGTH}")
-    exec(compile(code, "docs/training.md", "exec"), {})
-    mined = datasets.load_from_disk(str(tmp_path / "my_triples"))
-    assert mined.column_names == ["query", "positive", "negative"] and len(mined) >= 1
+    for _ in range(2):  # a second run replaces the first's triples
+        exec(compile(code, "docs/training.md", "exec"), {})
+        mined = datasets.load_from_disk(str(tmp_path / "my_triples"))
+        assert mined.column_names == ["anchor", "positive", "negative"] and len(mined) >= 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["my_pairs", "my_triples", "pairs"]  # nothing else left
 
     from llm2vec.training import run
 
@@ -315,6 +330,9 @@ def test_docs_mine_hard_negatives_then_retrieval_evaluation_run_as_printed(check
     args[args.index("--per_device_train_batch_size") + 1] = "2"
     with caplog.at_level(logging.INFO, logger="llm2vec"):
         trainer = run("II", args)
-    evals = [h for h in trainer.state.log_history if any(k.endswith("ndcg@10") for k in h)]
-    assert evals, trainer.state.log_history
-    assert any(0 <= v <= 1 for h in evals for k, v in h.items() if k.endswith("ndcg@10"))
+    # the retrieval scores under the names the project's trainer logs (llm2vec.retrieval.RetrievalEvaluation)
+    evals = [h for h in trainer.state.log_history if any(split_log_key(k) for k in h)]
+    names = {f"eval_{folder}_{metric}" for folder in ("NanoTiny", MEAN) for metric in LOGGED}
+    assert evals and all({k for k in h if split_log_key(k)} == names for h in evals), trainer.state.log_history
+    assert all(0 <= h[k] <= 1 for h in evals for k in names)
+    assert not [k for h in trainer.state.log_history for k in h if "@" in k or "cosine" in k or "sequential" in k]

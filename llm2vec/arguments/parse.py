@@ -82,11 +82,13 @@ def parse_config(stage: str, argv: list[str]) -> RunConfig:
     _refuse_unknown(config, known, stage, source)
     if "model_name_or_path" not in config or "output_dir" not in config:
         raise ConfigError(f"{source}: 'model_name_or_path' and 'output_dir' are required")
+    bf16_from_flag = isinstance(config.get("bf16"), Flag)
     try:
         config = coerce_config(config, classes)
         check_ranges(config)
     except ValueProblem as e:
         raise ConfigError(f"{source}: {e}") from None
+    _check_bf16(config, source, bf16_from_flag)
     for key, value in TRAINING_DEFAULTS.items():
         config.setdefault(key, value)
     config.setdefault("dataloader_pin_memory", has_accelerator())  # torch warns on every CPU batch otherwise
@@ -101,6 +103,24 @@ def parse_config(stage: str, argv: list[str]) -> RunConfig:
     config = RunConfig(model, data, stage_args, training, source)
     config.apply_precision_policy()
     return config
+
+
+def _check_bf16(config: dict[str, Any], source: str, from_flag: bool) -> None:
+    """``bf16: true`` where transformers' ``TrainingArguments`` refuses it (no ``use_cpu`` and no GPU or XLA device
+    with bf16): one line naming the setting to change and where it was given, in place of transformers' message."""
+    from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_available
+
+    if config.get("bf16") is not True or config.get("use_cpu") is True:
+        return
+    if is_torch_bf16_gpu_available() or is_torch_xla_available():
+        return
+    machine = "this machine's GPU has no bf16" if torch.cuda.is_available() else "torch sees no GPU here"
+    given = "--bf16 true" if from_flag else '"bf16": true'
+    fix = "pass --bf16 false" if from_flag else f'set "bf16": false in {source} (or pass --bf16 false)'
+    raise ConfigError(
+        f"{source}: {given} needs a GPU with bf16 and {machine}: {fix} to train in float32, or pass --use_cpu true "
+        "to train in bf16 on the CPU"
+    )
 
 
 def has_accelerator() -> bool:

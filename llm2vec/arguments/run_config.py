@@ -82,6 +82,7 @@ class RunConfig:
 
     def validate(self) -> None:
         """The checks that involve several argument classes or the machine; raises :class:`ConfigError`."""
+        self._check_adapter_path()  # a typo named by its field, before the model files' checks
         try:  # before anything reads the model's config: transformers would offer to run its code
             check_model_files(
                 self.model.model_name_or_path,
@@ -91,7 +92,6 @@ class RunConfig:
             )
         except ModelFilesError as e:
             raise ConfigError(f"{self.source}: {e}") from None
-        self._check_adapter_path()
         try:  # a folder where a file belongs, or the reverse (a missing path is reported by the loader)
             for path in self.data.dataset_file_path.split(",") if self.data.dataset_name == "jsonl" else []:
                 check_path_kind(path, "jsonl")
