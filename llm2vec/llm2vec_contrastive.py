@@ -23,6 +23,7 @@ chunk, and the processes agree on the number of chunks.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -32,6 +33,8 @@ from .compat import peft_reads_deprecated_property
 from .llm2vec import LLM2Vec
 from .loss.infonce import InfoNCELoss
 from .validation import contrastive_validation
+
+logger = logging.getLogger("llm2vec")
 
 
 @dataclass
@@ -168,19 +171,23 @@ class LLM2VecContrastive(LLM2Vec):
 
 
 def add_lora(model, lora):
-    """``model`` with trainable LoRA adapters of ``lora`` (a ``peft.LoraConfig``); a target module the model lacks is
-    a :class:`~llm2vec.arguments.ConfigError` naming ``lora_target_modules`` and the model's linear modules."""
+    """``model`` with trainable LoRA adapters of ``lora`` (a ``peft.LoraConfig``). Targets the model lacks are logged
+    as a warning (Phi-3 fuses q/k/v and gate/up); none that it has is a :class:`~llm2vec.arguments.ConfigError`; both
+    name ``lora_target_modules`` and the model's linear modules."""
     from peft import get_peft_model
 
     from .arguments import ConfigError
 
     linear = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if _is_linear(m)} - {"lm_head"})
     missing = sorted(set(lora.target_modules) - set(linear))
+    problem = (
+        f"lora_target_modules: {', '.join(missing)} not among this {model.config.model_type} model's linear modules "
+        f"({', '.join(linear)})"
+    )
+    if missing and set(missing) == set(lora.target_modules):
+        raise ConfigError(f"{problem}; set lora_target_modules to those that get adapters")
     if missing:
-        raise ConfigError(
-            f"lora_target_modules: {', '.join(missing)} not among this {model.config.model_type} model's linear "
-            f"modules ({', '.join(linear)}); set lora_target_modules to those that get adapters"
-        )
+        logger.warning("%s: adapters on the others only", problem)
     with peft_reads_deprecated_property():
         return get_peft_model(model, lora)
 

@@ -332,7 +332,7 @@ def test_a_causal_lm_checkpoint_loads_without_a_report_of_its_lm_head_but_other_
 
     from safetensors.torch import load_file, save_file
 
-    folder = tiny_checkpoints["llama3"]  # a causal LM whose head is not tied: lm_head.weight is saved
+    folder = tiny_checkpoints["mistral"]  # a causal LM whose head is not tied: lm_head.weight is saved
     weights = load_file(folder / "model.safetensors")
     assert "lm_head.weight" in weights
     LLM2Vec.from_pretrained(str(folder), device="cpu")

@@ -163,7 +163,8 @@ def test_a_model_of_no_family_and_no_chat_template_is_told_about_the_plain_templ
         LLM2Vec(model, tokenizer)
 
 
-def test_lora_targets_the_model_lacks_are_one_line_naming_the_field_and_its_linear_modules():
+def test_lora_targets_the_model_lacks_are_named_with_its_linear_modules(caplog):
+    """None of the targets: refused in one line; some (Phi-3's fused projections): a warning, adapters on the rest."""
     from peft import LoraConfig
 
     from llm2vec.arguments import ConfigError
@@ -171,6 +172,11 @@ def test_lora_targets_the_model_lacks_are_one_line_naming_the_field_and_its_line
 
     model, _ = tiny("gpt2")
     with pytest.raises(ConfigError) as refused:
-        add_lora(model.transformer, LoraConfig(r=2, target_modules=["q_proj", "c_attn"]))
-    assert str(refused.value).startswith("lora_target_modules: q_proj not among this gpt2 model's linear modules")
+        add_lora(model.transformer, LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    assert str(refused.value).startswith("lora_target_modules: q_proj, v_proj not among this gpt2 model's linear")
     assert "c_attn" in str(refused.value) and "\n" not in str(refused.value)
+    phi3, _ = tiny("phi3_5")
+    with caplog.at_level("WARNING", logger="llm2vec"):
+        adapted = add_lora(phi3.model, LoraConfig(r=2, target_modules=["q_proj", "o_proj"]))
+    assert "lora_target_modules: q_proj not among this phi3 model's linear modules" in caplog.text
+    assert {n.split(".")[-3] for n, _ in adapted.named_parameters() if "lora_A" in n} == {"o_proj"}
