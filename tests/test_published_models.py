@@ -179,4 +179,4 @@ def test_lora_targets_the_model_lacks_are_named_with_its_linear_modules(caplog):
     with caplog.at_level("WARNING", logger="llm2vec"):
         adapted = add_lora(phi3.model, LoraConfig(r=2, target_modules=["q_proj", "o_proj"]))
     assert "lora_target_modules: q_proj not among this phi3 model's linear modules" in caplog.text
-    assert {n.split(".")[-3] for n, _ in adapted.named_parameters() if "lora_A" in n} == {"o_proj"}
+    assert {n.split(".lora_A")[0].split(".")[-1] for n, _ in adapted.named_parameters() if "lora_A" in n} == {"o_proj"}
