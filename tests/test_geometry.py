@@ -3,6 +3,7 @@ cases (equal vectors at chance, a shared offset that centring removes), and as S
 log it from the embeddings they already compute."""
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from llm2vec.collator import TrainCollator
 from llm2vec.geometry import anchor_geometry, query_terms
 from llm2vec.llm2vec_q2d_d2q import LLM2Vec_q2d_d2q
 
+ROOT = Path(__file__).resolve().parents[1]
 TOL = 1e-9
 
 
@@ -136,3 +138,64 @@ def test_a_stage_II_validation_gives_the_geometry_of_its_queries_and_distinct_po
     expected = reference(q.numpy(), d.numpy(), relevant, encoder.loss_fn.scale)
     for key, value in expected.items():
         assert got[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+
+
+def test_the_command_measures_saved_models_on_a_beir_folder_with_errors_by_module(tmp_path, capsys):
+    """experiments/research/anchor_geometry.py on a tiny model and a folder whose documents lie in 3 modules: the
+    measures of its texts each embedded alone, and standard errors over the modules of the queries' documents."""
+    import json
+    import sys
+
+    from llm2vec import LLM2Vec
+    from llm2vec.testing import save_tiny_model
+
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from research import anchor_geometry
+
+    model = save_tiny_model("smollm2", tmp_path / "model")
+    folder = tmp_path / "corpus" / "eval"
+    folder.mkdir(parents=True)
+    docs = {f"m{k % 3}.f{k}": f"the fox number {k} jumps over {k % 4} dogs" for k in range(9)}
+    queries = {f"q{k}": f"which fox jumps {k}" for k in range(7)}
+    lines = {
+        "corpus.jsonl": [{"_id": d, "title": "", "text": t} for d, t in docs.items()],
+        "queries.jsonl": [{"_id": q, "text": t} for q, t in queries.items()],
+        "qrels.jsonl": [{"query-id": f"q{k}", "corpus-id": f"m{k % 3}.f{k}", "score": 1} for k in range(7)],
+    }
+    for name, rows in lines.items():
+        (folder / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder.parent / "manifest.json").write_text(json.dumps({"eval_modules": ["m0", "m1", "m2"]}))
+    out = tmp_path / "geometry.json"
+    argv = ["--model", str(model), "--folder", str(folder), "--instruction", "find", "--out", str(out)]
+    assert anchor_geometry.main(argv) == 0
+    assert "errors clustered by module (3 clusters)" in capsys.readouterr().out
+    got = json.loads(out.read_text())[0]
+
+    encoder = LLM2Vec.from_pretrained(str(model), device="cpu")
+    with torch.no_grad():
+        alone = lambda item: encoder.embed(encoder.tokenize([item]))[0]  # noqa: E731
+        q = torch.stack([alone(["find", t]) for t in queries.values()])
+        d = torch.stack([alone(["", t]) for t in docs.values()])
+    terms = {}
+    expected = reference(q.numpy(), d.numpy(), [[k] for k in range(7)], 20.0, terms)
+    for key, value in expected.items():
+        assert got["values"][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    modules = [f"m{k % 3}" for k in range(7)]
+    for suffix, measures in terms.items():
+        for name, values in measures.items():
+            mean = sum(values) / len(values)
+            sums = {m: sum(v - mean for v, g in zip(values, modules) if g == m) for m in set(modules)}
+            se = math.sqrt(3 / 2 * sum(s * s for s in sums.values())) / len(values)
+            assert got["errors"][f"geometry_{name}{suffix}"] == pytest.approx(se, rel=1e-4, abs=1e-6), name
+
+
+def test_the_command_refuses_a_missing_model_or_folder_in_one_line(tmp_path, capsys):
+    import sys
+
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from research import anchor_geometry
+
+    with pytest.raises(SystemExit, match=r"^error: --folder .*nowhere: .*lacks"):
+        anchor_geometry.main(["--model", str(tmp_path), "--folder", str(tmp_path / "nowhere")])
+    with pytest.raises(SystemExit, match=r"^error: --model .*absent: no folder .*absent; give a saved model"):
+        anchor_geometry.measure(str(tmp_path / "absent"), None, [], "", 64, 8, 20.0)
