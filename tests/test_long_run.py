@@ -151,6 +151,23 @@ def test_the_table_reads_the_final_state_else_the_newest_checkpoint(tmp_path, ca
     assert "| 0 | 0 |" in out and "| 40 |" not in out
 
 
+def test_the_table_shows_the_anchor_geometry_of_the_evaluations_that_logged_it(tmp_path, capsys, monkeypatch):
+    """A run that logs llm2vec.geometry at its evaluations gets a second table, one row per evaluation that has it."""
+    from demo.stages import GEOMETRY
+
+    monkeypatch.setattr(long_run, "OUT", tmp_path)
+    (tmp_path / "stage_I").mkdir()
+    geometry = {f"eval_geometry_{k}": 0.5 + i / 100 for i, k in enumerate(GEOMETRY)}
+    chance = {"eval_geometry_infonce_chance": 4.1589, "eval_geometry_accuracy_at_1_chance": 0.0156}
+    history = [_evaluation(0, -0.2), {**_evaluation(40, 0.1), **geometry, **chance}]
+    (tmp_path / "stage_I" / "trainer_state.json").write_text(json.dumps({"log_history": history}))
+    assert long_run.main(["--table"]) == 0
+    out = capsys.readouterr().out
+    assert "| step | pairs seen | cos docs | cos queries | top share docs |" in out
+    assert "| 40 | 320 | 0.500 | 0.510 | 0.520 | 0.530 | 0.540 | 0.550 | 0.560 | 0.570 | 0.580 | 0.590 |" in out
+    assert "| 0 | 0 | 0.500" not in out and "chance: InfoNCE 4.159 (ln N), accuracy@1 0.016" in out
+
+
 def test_a_step_evaluated_again_after_a_resume_is_one_row_and_compared(tmp_path, monkeypatch, capsys):
     """A resumed run evaluates its first step again (eval_on_start): one row, and a line that says whether the
     repeat gave the same numbers (a resume that restored the model) or not."""

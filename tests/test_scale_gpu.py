@@ -52,6 +52,9 @@ def test_smoke_runs_every_stage_and_reports_them(smoke):
     assert set(report["seconds"]) == {"inputs", "stage_I", "stage_II", "evaluation", "report"}
     text = (out / "report.md").read_text()
     assert "Anchor - Baseline" in text and "| 0 | 0 |" in text
+    # the anchors' geometry at each Stage I evaluation (llm2vec.geometry), its own table
+    assert all("geometry_accuracy_at_1_centred" in r for r in curve)
+    assert "| step | pairs seen | cos docs | cos queries |" in text and "chance: InfoNCE 2.079 (ln N)" in text
 
 
 def test_a_time_budget_cuts_stage_I_short_and_the_report_is_still_complete(smoke, tmp_path):

@@ -39,6 +39,7 @@ from demo.stages import (  # noqa: E402
     child_env,
     curve_from_log,
     curve_table,
+    geometry_table,
     stage_command,
     stage_flags,
     write_train_file,
@@ -95,6 +96,8 @@ def table(rows: list[dict[str, float]], repeats: list[tuple[dict, dict]]) -> str
     lines = curve_table(rows)
     if rows:
         lines.append(f"\nrank accuracy at chance: {rows[0]['rank_chance']:.3f} (1 / {EVAL_BATCH})")
+    if geometry := geometry_table(rows):
+        lines += ["", "The anchors' geometry on the same pairs (queries against their documents):", "", *geometry]
     for first, again in repeats:
         said = f"step {first['step']} evaluated again when the run resumed from it:"
         if first == again:

@@ -345,6 +345,8 @@ def report_lines(result: dict[str, Any]) -> list[str]:
                 f"/ {first['anchor_gain_d2q']:+.3f}, at step {last['step']} {last['anchor_gain_q2d']:+.3f} / "
                 f"{last['anchor_gain_d2q']:+.3f}.",
             ]
+        if geometry := stages.geometry_table(curve, thousands=","):
+            lines += ["", "The anchors' geometry on the same pairs (queries against their documents):", "", *geometry]
         lines.append("")
     lines += ["## Stage II", ""]
     arms = result.get("stage_II") or {}
