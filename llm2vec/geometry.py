@@ -1,5 +1,5 @@
 """The geometry of anchor embeddings, raw and with each side's mean vector subtracted (suffix ``_centred``): a
-diagnostic of where their information is, not part of the method. Float64 on the CPU.
+diagnostic of where their information is, not part of the method. Float64, on the embeddings' GPU, else the CPU.
 
 Per side (queries, documents), with u_i = x_i / |x_i| and s the singular values of the stacked u_i (not centred):
 
@@ -25,9 +25,14 @@ TIE = 1e-9  # scores closer than this count as equal
 SIDES = ("query", "document")
 
 
+def _float64(x: torch.Tensor) -> torch.Tensor:
+    """``x`` detached in float64, on its device if that is a GPU (CUDA), else on the CPU (MPS has no float64)."""
+    return x.detach().to(device=x.device if x.device.type == "cuda" else "cpu", dtype=torch.float64)
+
+
 def variants(queries: torch.Tensor, documents: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """``{"": (queries, documents), "_centred": (each minus its own mean row)}`` in float64 on the CPU."""
-    q, d = queries.detach().cpu().double(), documents.detach().cpu().double()
+    """``{"": (queries, documents), "_centred": (each minus its own mean row)}`` in float64 (:func:`_float64`)."""
+    q, d = _float64(queries), _float64(documents)
     return {"": (q, d), "_centred": (q - q.mean(0), d - d.mean(0))}
 
 
@@ -35,7 +40,7 @@ def side_measures(rows: torch.Tensor) -> dict[str, float]:
     """``cosine``, ``top_share`` and ``effective_rank`` of one side's rows (n, H) (module docstring); NaN for fewer
     than 2 rows or all rows zero. The s_k^2 are the eigenvalues of the smaller Gram matrix of U."""
     n = rows.shape[0]
-    u = F.normalize(rows.detach().cpu().double(), dim=-1)
+    u = F.normalize(_float64(rows), dim=-1)
     power = torch.linalg.eigvalsh(u @ u.T if n <= u.shape[1] else u.T @ u).clamp(min=0)
     if n < 2 or not power.sum() > 0:
         return dict.fromkeys(("cosine", "top_share", "effective_rank"), math.nan)
@@ -60,13 +65,13 @@ def query_terms(
     all ``documents``; ``relevant[i]``: the indices of query i's relevant documents (at least one)."""
     if len(relevant) != len(queries) or any(len(r) == 0 for r in relevant):
         raise ValueError(f"relevant: one non-empty list of document indices per query ({len(queries)}) is needed")
-    q, d = (F.normalize(x.detach().cpu().double(), dim=-1) for x in (queries, documents))
+    q, d = (F.normalize(_float64(x), dim=-1) for x in (queries, documents))
     parts: dict[str, list[torch.Tensor]] = {"infonce": [], "accuracy_at_1": [], "mrr": []}
     for start in range(0, len(q), rows):
         z = scale * (q[start : start + rows] @ d.T)
         mask = torch.zeros_like(z, dtype=torch.bool)
-        for i, docs in enumerate(relevant[start : start + rows]):
-            mask[i, list(docs)] = True
+        marked = torch.tensor([(i, j) for i, docs in enumerate(relevant[start : start + rows]) for j in docs])
+        mask[marked[:, 0].to(z.device), marked[:, 1].to(z.device)] = True
         parts["infonce"].append(-(z.log_softmax(-1) * mask).sum(-1) / mask.sum(-1))
         best = z.masked_fill(~mask, -math.inf).max(-1, keepdim=True).values
         above = ((z > best + TIE) & ~mask).sum(-1)
