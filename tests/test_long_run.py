@@ -104,6 +104,13 @@ def test_a_second_run_has_its_own_seed_and_folder(driver, tmp_path):
     assert long_run.main([]) == 0  # the first run: the config's seed, the default folder
     flags = _flags(driver[-1][0])
     assert "--seed" not in flags and flags["--output_dir"] == str(tmp_path / "long-run" / "stage_I")
+    assert flags["--save_total_limit"] == "1"  # the newest checkpoint only, unless --keep_checkpoints
+    assert long_run.main(["--keep_checkpoints"]) == 0
+    assert "--save_total_limit" not in _flags(driver[-1][0]) and _flags(driver[-1][0])["--save_steps"] == "40"
+    for step in (40, 80):  # a run that kept several checkpoints keeps them on a resume without the flag
+        _checkpoint(tmp_path / "long-run" / "stage_I", step)
+    assert long_run.main([]) == 0
+    assert "--save_total_limit" not in _flags(driver[-1][0]) and "--resume_from_checkpoint" in driver[-1][0]
 
 
 def test_a_resume_trains_on_the_inputs_the_run_started_with(driver, tmp_path):
