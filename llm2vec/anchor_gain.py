@@ -32,6 +32,9 @@ member n // 2 places further in its source's members of the batch (n of them, in
 candidates are those members (at most R of them, from itself on). Pairs alone in their source in a batch are
 left out of these (``pairs_in_source`` counts the others).
 
+The anchors the passes read, e_Q of every pair against e_D of every pair (each query's own document the relevant
+one), also give :func:`llm2vec.geometry.anchor_geometry` (``geometry_*``), at no further forward pass.
+
 Shuffle the held-out pairs (:func:`llm2vec.dataset.hold_out` does) so that a batch's other pairs are not near twins.
 Every pass is the model's own forward with ``anchor_shifts`` (:func:`llm2vec.retrieval.measuring`): one encoding and
 max(R, s + 1) reconstruction passes per batch. The losses are in the units of the log's ``loss_q2d`` / ``loss_d2q``.
@@ -43,6 +46,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from .geometry import anchor_geometry
 from .retrieval import measuring
 
 RANK_CANDIDATES = 8
@@ -133,9 +137,10 @@ def anchor_gain(
     ``loss_d`` (own anchors), ``rolled_d`` (other pairs' anchors), ``anchor_gain_d`` (their difference),
     ``anchor_gain_first{k}_d`` and ``rank_accuracy_d``; ``rank_chance`` (the mean of 1 / R over the pairs) and
     ``pairs``, the number of pairs measured; with ``sources``, ``anchor_gain_in_source_d``,
-    ``rank_accuracy_in_source_d``, ``rank_chance_in_source`` and ``pairs_in_source`` (measured pairs only).
+    ``rank_accuracy_in_source_d``, ``rank_chance_in_source`` and ``pairs_in_source`` (measured pairs only); and the
+    ``geometry_*`` measures of the anchors.
     """
-    tallies = _tally(model, batches, device, sources, first_tokens, rank_candidates)
+    tallies, anchors = _tally(model, batches, device, sources, first_tokens, rank_candidates)
     first = next(iter(tallies.values()))
     result: dict[str, float] = {
         "pairs": float(len(first.terms)),
@@ -158,6 +163,9 @@ def anchor_gain(
             result[f"anchor_gain_in_source_{direction}"] = _ratio(s["rolled"] - s["loss"], s["tokens"])
             result[f"rank_accuracy_in_source_{direction}"] = _ratio(s["hits"], s["pairs"])
             result.update(rank_chance_in_source=_ratio(s["chance"], s["pairs"]), pairs_in_source=float(s["pairs"]))
+    if anchors:
+        e_q, e_d = torch.cat(anchors, dim=1)
+        result.update(anchor_geometry(e_q, e_d, [[i] for i in range(len(e_q))]))
     return result
 
 
@@ -174,16 +182,18 @@ def pair_terms(
     targets (``first_loss``, ``first_rolled``, ``first_tokens``), the rank credit ``hit`` and ``chance`` = 1 / R.
     ``anchor_gain`` of the same batches is (sum rolled - sum loss) / sum tokens, and so on: the pieces a standard
     error over groups of pairs (modules, say) is computed from."""
-    tallies = _tally(model, batches, device, None, first_tokens, rank_candidates)
+    tallies, _ = _tally(model, batches, device, None, first_tokens, rank_candidates)
     return {direction: t.terms for direction, t in tallies.items()}
 
 
-def _tally(model, batches, device, sources, first_tokens, rank_candidates) -> dict[str, _Tally]:
-    """One :class:`_Tally` per direction over ``batches`` (the loop of :func:`anchor_gain`)."""
+def _tally(model, batches, device, sources, first_tokens, rank_candidates) -> tuple[dict[str, _Tally], list]:
+    """One :class:`_Tally` per direction over ``batches`` (the loop of :func:`anchor_gain`), and each batch's
+    anchors (2, B, H) when the model returns them."""
     if first_tokens < 1 or rank_candidates < 2:
         raise ValueError(f"first_tokens must be >= 1 and rank_candidates >= 2, got {first_tokens}, {rank_candidates}")
     device = device or next(model.parameters()).device
     tallies: dict[str, _Tally] = {}
+    anchors = []
     with measuring(model, device):
         for b, batch in enumerate(batches):
             batch = _on({k: v for k, v in batch.items() if k != "target_counts"}, device)
@@ -195,7 +205,9 @@ def _tally(model, batches, device, sources, first_tokens, rank_candidates) -> di
             groups = _source_groups(sources[b], size) if sources is not None else []
             if groups:  # the in-source partners and candidates need every shift
                 shifts = list(range(size))
-            out = model(**batch, anchor_shifts=tuple(shifts))
+            out = dict(model(**batch, anchor_shifts=tuple(shifts)))
+            if (pair := out.pop("anchors", None)) is not None:
+                anchors.append(pair.float())
             targets = {"q2d": batch["positive_targets"], "d2q": batch["query_targets"]}
             for direction, per_shift in out.items():
                 mask = targets[direction]["attention_mask"].float()
@@ -204,7 +216,7 @@ def _tally(model, batches, device, sources, first_tokens, rank_candidates) -> di
                 tally.add(cross, mask, _first(mask, first_tokens), shift, candidates, groups)
     if not tallies:
         raise ValueError("the anchor gain needs held-out pairs; got no batches")
-    return tallies
+    return tallies, anchors
 
 
 def _as_matrix(per_shift: torch.Tensor, shifts: Sequence[int]) -> torch.Tensor:

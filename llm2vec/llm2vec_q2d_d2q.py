@@ -212,8 +212,9 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
         ``anchor_shifts`` = (s_1, ..., s_S) turns the forward into the measurement of :mod:`llm2vec.anchor_gain`,
         never a training loss: the batch is embedded once, pair i is reconstructed from the anchors of pair
         (i + s) mod B for each s, and the result is ``{direction: (S, B, M) float32 token NLLs}`` (0 on padding;
-        :meth:`ReconstructionLoss.token_nll`). Given ``features`` alone (a tokenized batch of texts), the forward is
-        :meth:`embed`: the retrieval evaluation embeds through the wrapped model this way (:mod:`llm2vec.retrieval`).
+        :meth:`ReconstructionLoss.token_nll`), with ``"anchors"``: e_Q and e_D stacked, (2, B, H). Given ``features``
+        alone (a tokenized batch of texts), the forward is :meth:`embed`: the retrieval evaluation embeds through the
+        wrapped model this way (:mod:`llm2vec.retrieval`).
         """
         if features is not None:
             return self.embed(features)
@@ -226,7 +227,8 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
                 )
                 for s in anchor_shifts
             ]
-            return {name: torch.stack([nll[name] for nll in per_shift]) for name in per_shift[0]}
+            out = {name: torch.stack([nll[name] for nll in per_shift]) for name in per_shift[0]}
+            return {**out, "anchors": torch.stack([e_q, e_d]).detach()}
         loss, parts = self.loss_fn(
             decoder_body(self.model),
             self.model.get_output_embeddings(),

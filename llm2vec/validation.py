@@ -10,6 +10,8 @@ gathered, so any number of processes gives the one-process numbers.
 - retrieval of every query against all distinct validation positives by cosine similarity, its own positive the one
   relevant document (hard negatives are not in the corpus): nDCG@10, Recall@1, Recall@10 and MRR@10 as
   :mod:`llm2vec.retrieval` scores a retrieval folder (mteb's definitions), averaged over the queries.
+- the geometry of the same query and positive embeddings (:func:`llm2vec.geometry.anchor_geometry`, ``geometry_*``,
+  at the training loss's scale).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from .distributed import world
+from .geometry import anchor_geometry
 from .loss.infonce import InfoNCELoss
 from .retrieval import Judgments, cosine_metrics, gather_batches, measuring
 
@@ -94,4 +97,5 @@ def contrastive_validation(
     relevant = [corpus.setdefault(t.positive, len(corpus)) for t in triples]
     first = torch.tensor([relevant.index(j) for j in range(len(corpus))])  # a row of each distinct positive
     metrics = retrieval_metrics(e["query"], e["positive"][first], torch.tensor(relevant))
+    metrics.update(anchor_geometry(e["query"], e["positive"][first], [[r] for r in relevant], scale))
     return {"loss": float(sum(losses)) / n, **metrics, "queries": float(n), "documents": float(len(corpus))}

@@ -422,6 +422,7 @@ def test_evaluations_reach_tensorboard_and_the_model_card(tmp_path):
         assert [s.value for s in scalars] == pytest.approx([h[f"eval_{name}"] for h in evals], rel=1e-6)
     card = (out / "README.md").read_text()
     assert "Validation (held-out pairs" in card
+    assert "geometry_cosine" not in card and all("eval_geometry_cosine_query" in h for h in evals)  # log only
     for h in evals:
         assert f"| {h['step']} | " in card.split("Validation (held-out pairs")[1]
 

@@ -104,6 +104,13 @@ def test_a_second_run_has_its_own_seed_and_folder(driver, tmp_path):
     assert long_run.main([]) == 0  # the first run: the config's seed, the default folder
     flags = _flags(driver[-1][0])
     assert "--seed" not in flags and flags["--output_dir"] == str(tmp_path / "long-run" / "stage_I")
+    assert flags["--save_total_limit"] == "1"  # the newest checkpoint only, unless --keep_checkpoints
+    assert long_run.main(["--keep_checkpoints"]) == 0
+    assert "--save_total_limit" not in _flags(driver[-1][0]) and _flags(driver[-1][0])["--save_steps"] == "40"
+    for step in (40, 80):  # a run that kept several checkpoints keeps them on a resume without the flag
+        _checkpoint(tmp_path / "long-run" / "stage_I", step)
+    assert long_run.main([]) == 0
+    assert "--save_total_limit" not in _flags(driver[-1][0]) and "--resume_from_checkpoint" in driver[-1][0]
 
 
 def test_a_resume_trains_on_the_inputs_the_run_started_with(driver, tmp_path):
@@ -149,6 +156,23 @@ def test_the_table_reads_the_final_state_else_the_newest_checkpoint(tmp_path, ca
     assert long_run.main(["--table"]) == 0
     out = capsys.readouterr().out
     assert "| 0 | 0 |" in out and "| 40 |" not in out
+
+
+def test_the_table_shows_the_anchor_geometry_of_the_evaluations_that_logged_it(tmp_path, capsys, monkeypatch):
+    """A run that logs llm2vec.geometry at its evaluations gets a second table, one row per evaluation that has it."""
+    from demo.stages import GEOMETRY
+
+    monkeypatch.setattr(long_run, "OUT", tmp_path)
+    (tmp_path / "stage_I").mkdir()
+    geometry = {f"eval_geometry_{k}": 0.5 + i / 100 for i, k in enumerate(GEOMETRY)}
+    chance = {"eval_geometry_infonce_chance": 4.1589, "eval_geometry_accuracy_at_1_chance": 0.0156}
+    history = [_evaluation(0, -0.2), {**_evaluation(40, 0.1), **geometry, **chance}]
+    (tmp_path / "stage_I" / "trainer_state.json").write_text(json.dumps({"log_history": history}))
+    assert long_run.main(["--table"]) == 0
+    out = capsys.readouterr().out
+    assert "| step | pairs seen | cos docs | cos queries | top share docs |" in out
+    assert "| 40 | 320 | 0.500 | 0.510 | 0.520 | 0.530 | 0.540 | 0.550 | 0.560 | 0.570 | 0.580 | 0.590 |" in out
+    assert "| 0 | 0 | 0.500" not in out and "chance: InfoNCE 4.159 (ln N), accuracy@1 0.016" in out
 
 
 def test_a_step_evaluated_again_after_a_resume_is_one_row_and_compared(tmp_path, monkeypatch, capsys):

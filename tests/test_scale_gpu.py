@@ -52,6 +52,64 @@ def test_smoke_runs_every_stage_and_reports_them(smoke):
     assert set(report["seconds"]) == {"inputs", "stage_I", "stage_II", "evaluation", "report"}
     text = (out / "report.md").read_text()
     assert "Anchor - Baseline" in text and "| 0 | 0 |" in text
+    # the anchors' geometry at each Stage I evaluation (llm2vec.geometry), its own table
+    assert all("geometry_accuracy_at_1_centred" in r for r in curve)
+    assert "| step | pairs seen | cos docs | cos queries |" in text and "chance: InfoNCE 2.079 (ln N)" in text
+
+
+def test_stage_II_losses_are_reported_and_drawn_in_the_figure_4_layout(smoke):
+    """Each arm's training loss per step (its trainer_state's) in report.json, its first and last steps' means in
+    report.md beside the plot."""
+    _, out, report = smoke
+    for arm in ("anchor", "baseline"):
+        state = json.loads((out / f"stage_II_{arm}" / "trainer_state.json").read_text())
+        expected = [[h["step"], h["loss"]] for h in state["log_history"] if "loss" in h]
+        assert report["stage_II_loss"][arm] == expected and len(expected) == scale.PRESETS["smoke"].stage_II_steps
+    assert scale.loss_panels(report) == {
+        "Stage II": {k.capitalize(): [tuple(p) for p in report["stage_II_loss"][k]] for k in ("anchor", "baseline")}
+    }
+    text = (out / "report.md").read_text()
+    assert (out / scale.LOSS_PLOT).stat().st_size > 0 and f"![Stage II training loss]({scale.LOSS_PLOT})" in text
+    mean = sum(v for _, v in report["stage_II_loss"]["anchor"]) / 2
+    assert f"- anchor: 2 of 2 steps; loss {mean:.2f} over the first 2 steps, {mean:.2f} over the last 2" in text
+
+
+def test_a_finished_reports_plot_is_drawn_from_its_arms_logs(tmp_path, capsys, monkeypatch):
+    """--plot DIR: the arms' losses from the Trainer's lines of their logs (progress bars and evaluations around
+    them), one panel per seed; a log that does not hold one loss per step is refused in one line."""
+    arms = {"anchor_seed42": ("anchor", 42), "baseline_seed42": ("baseline", 42), "anchor_seed43": ("anchor", 43)}
+    losses = {arm: [(s, 5.0 - s + 0.25 * k) for s in (1, 2, 3)] for k, arm in enumerate(arms)}
+    for arm, points in losses.items():
+        lines = [f" 33%|###  | {s}/3 [00:01<00:02] {{'loss': '{v:.4g}', 'grad_norm': '1.5', 'epoch': '0.1'}}"
+                 for s, v in points] + ["{'eval_loss': '2.0', 'eval_ndcg_at_10': '0.1'}"]  # fmt: skip
+        (tmp_path / "logs").mkdir(exist_ok=True)
+        (tmp_path / "logs" / f"{arm}.log").write_text("\n".join(lines))
+    stage_II = {
+        arm: {"kind": kind, "seed": seed, "stage_I": "stage_I", "steps": 3} for arm, (kind, seed) in arms.items()
+    }
+    (tmp_path / "report.json").write_text(
+        json.dumps({"preset": {"name": "cpu", "stage_II_batch": 8}, "stage_II": stage_II})
+    )
+    drawn = {}
+    draw = scale.plot_loss_panels
+    monkeypatch.setattr(
+        scale, "plot_loss_panels", lambda panels, *a, **k: drawn.update(panels) or draw(panels, *a, **k)
+    )
+    assert scale.main(["--plot", str(tmp_path)]) == 0
+    assert (tmp_path / scale.LOSS_PLOT).stat().st_size > 0
+    assert drawn == {
+        "Stage II seed 42": {"Anchor": losses["anchor_seed42"], "Baseline": losses["baseline_seed42"]},
+        "Stage II seed 43": {"Anchor": losses["anchor_seed43"]},
+    }
+    stage_II["anchor_seed43"]["steps"] = 4
+    (tmp_path / "report.json").write_text(
+        json.dumps({"preset": {"name": "cpu", "stage_II_batch": 8}, "stage_II": stage_II})
+    )
+    capsys.readouterr()
+    assert scale.main(["--plot", str(tmp_path)]) == 2
+    assert "anchor_seed43.log: 3 logged losses for 4 steps; give the log of a run with logging_steps 1" in (
+        capsys.readouterr().err
+    )
 
 
 def test_a_time_budget_cuts_stage_I_short_and_the_report_is_still_complete(smoke, tmp_path):
@@ -162,6 +220,10 @@ def test_a_finished_stage_I_run_is_taken_to_stage_II_and_the_test_split(smoke, t
     assert d["anchor_minus_baseline_by_pair"] == gaps
     assert d["anchor_minus_baseline"] == pytest.approx(sum(gaps.values()) / 2, rel=1e-12)
     assert d["anchor_minus_baseline_sd"] == pytest.approx(abs(gaps["seed42"] - gaps["seed43"]) / math.sqrt(2))
+    assert {k: list(v) for k, v in scale.loss_panels(report).items()} == {
+        "Stage II seed 42": ["Anchor", "Baseline"],
+        "Stage II seed 43": ["Anchor", "Baseline"],
+    }
     text = (again / "report.md").read_text()
     assert f"(the run in `{out / 'stage_I'}`, not trained by this command)" in text
     assert (
@@ -204,6 +266,9 @@ def test_several_finished_stage_I_runs_each_get_an_anchor_arm_and_share_the_base
     assert d["anchor_minus_baseline_by_pair"] == {"out": gap, "second": gap} and d["anchor_minus_baseline_sd"] == 0
     assert d["stage_I_minus_untrained"] == {
         run: e[run]["ndcg_at_10"] - e["untrained"]["ndcg_at_10"] for run in ("stage_I_out", "stage_I_second")
+    }
+    assert {k: list(v) for k, v in scale.loss_panels(report).items()} == {
+        "Stage II": ["Anchor (out)", "Anchor (second)", "Baseline"]
     }
     text = (again / "report.md").read_text()
     assert "| Stage I + II (Anchor), second |" in text and "| Stage I only (out) |" in text

@@ -137,6 +137,33 @@ def test_gradient_flows_through_the_anchor_into_the_encoding_pass(tiny_models, m
     assert changed, "detaching the anchor did not change any gradient: the encoding pass gets no signal"
 
 
+@pytest.mark.parametrize("family", ["llama3", "qwen2"])
+def test_the_anchor_is_the_final_normed_state_and_enters_the_decoder_unscaled_at_position_0(tiny_models, family):
+    """The anchor path of Eq. 1 and 3 (as in the authors' code): e_X is the last layer's state after the final norm,
+    the vector the LM head reads (its logits are the causal LM's at the anchor token); the reconstruction pass feeds
+    it as it is in place of an input embedding, at position 0 (an input-embedding row given as the anchor gives the
+    states of that token read by its id)."""
+    from llm2vec.llm2vec import decoder_body
+    from llm2vec.loss.reconstruction import reconstruction_states
+
+    lm, tokenizer = tiny_models[family]
+    model = LLM2Vec_q2d_d2q(lm, tokenizer)
+    batch = TrainCollator.for_encoder(model, reconstruction="text")(examples())
+    decoder, targets = decoder_body(lm), batch["positive_targets"]
+    token = torch.full((len(targets["input_ids"]),), 5)
+    with torch.no_grad():
+        anchors = model.embed(batch["query"])
+        for anchor, ids, real in zip(anchors, batch["query"]["input_ids"], batch["query"]["attention_mask"]):
+            logits = lm(input_ids=ids[real.bool()][None]).logits[0, -1]
+            assert torch.allclose(lm.get_output_embeddings()(anchor), logits, atol=1e-5)
+        embedded = decoder.get_input_embeddings()(token)
+        states = reconstruction_states(decoder, embedded, targets["input_ids"], targets["attention_mask"])
+        for row, (ids, real) in enumerate(zip(targets["input_ids"], targets["attention_mask"])):
+            y = ids[real.bool()]
+            by_id = decoder(input_ids=torch.cat([token[row : row + 1], y])[None]).last_hidden_state[0, : len(y)]
+            assert torch.allclose(states[row, : len(y)], by_id, atol=1e-5)
+
+
 # ---------------------------------------------------------------------------------------------- the driver
 
 

@@ -3,13 +3,15 @@
     python experiments/demo/long_run.py [--steps 640] [--threads 2]     # starts, or resumes, the run
     python experiments/demo/long_run.py --table                          # the curve so far, as Markdown
     python experiments/demo/long_run.py --seed 43 --out cache/long-run-seed43   # a second run, another seed
+    python experiments/demo/long_run.py --keep_checkpoints    # every checkpoint kept (about 1.6 GB each), for curves
 
 It runs the demo's Stage I config (``train_configs/demo/SmolLM2_135m_q2d_d2q.json``: SmolLM2-135M-Instruct, the
 paper's reconstruction, alpha 0.2, lr 4e-5, 8 pairs of at most 64 tokens per step) on the train split of
 :mod:`demo.package_data` for ``--steps`` steps (warm-up 15 %, as the paper's 300 of 2000), and evaluates, at step 0
 and every 40 steps, 64 fixed pairs of the corpus's validation split (modules never trained on) in batches of 8: the
 validation reconstruction loss, the anchor gain, the gain over the first 4 target tokens and the rank accuracy
-among 8 anchors (:mod:`llm2vec.anchor_gain`). It checkpoints every 40 steps (the newest kept) and, started again
+among 8 anchors (:mod:`llm2vec.anchor_gain`). It checkpoints every 40 steps (the newest kept; every one with
+``--keep_checkpoints``, for curves of any measure; a run with several kept goes on keeping them) and, started again
 after an interruption, resumes from the newest complete checkpoint with the run's own ``--resume_from_checkpoint``,
 on the inputs it started with (``cache/long-run/data/``): the corpus is not built again once they are written (a
 resume, or a start again after a run cut before its first checkpoint), since the environment may have changed
@@ -39,6 +41,7 @@ from demo.stages import (  # noqa: E402
     child_env,
     curve_from_log,
     curve_table,
+    geometry_table,
     stage_command,
     stage_flags,
     write_train_file,
@@ -95,6 +98,8 @@ def table(rows: list[dict[str, float]], repeats: list[tuple[dict, dict]]) -> str
     lines = curve_table(rows)
     if rows:
         lines.append(f"\nrank accuracy at chance: {rows[0]['rank_chance']:.3f} (1 / {EVAL_BATCH})")
+    if geometry := geometry_table(rows):
+        lines += ["", "The anchors' geometry on the same pairs (queries against their documents):", "", *geometry]
     for first, again in repeats:
         said = f"step {first['step']} evaluated again when the run resumed from it:"
         if first == again:
@@ -118,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="the run's folder (default cache/long-run)")
     parser.add_argument("--table", action="store_true", help="print the measurements so far and exit")
     parser.add_argument(
+        "--keep_checkpoints", action="store_true", help="keep every checkpoint (default: the newest only)"
+    )
+    parser.add_argument(
         "--accept_changed_inputs",
         action="store_true",
         help="resume although the checkpoint's record of its inputs differs (the run records what changed)",
@@ -133,14 +141,16 @@ def main(argv: list[str] | None = None) -> int:
             print(table(*curve_from_log(json.loads(state.read_text(encoding="utf-8"))["log_history"], config_batch())))
         return 0
     model = materialise_smollm2(SMOLLM2_DIR)
-    resume = bool(RunFolder.inspect(run).checkpoints)  # the run picks its newest complete one, or says why not
+    checkpoints = RunFolder.inspect(run).checkpoints
+    resume = bool(checkpoints)  # the run picks its newest complete one, or says why not
+    keep = args.keep_checkpoints or len(checkpoints) > 1  # a resume never deletes the checkpoints a run kept
     train, validation = input_files(out / "data")
     if train.is_file() and validation.is_file():  # the run's inputs, also for a start after one cut before step 40
         print(f"[long-run] training on the inputs in {train.parent}", flush=True)
     else:
         build_package_dataset(PACKAGE_DATA_DIR)
         train, validation = write_inputs(PACKAGE_DATA_DIR, out / "data")
-    save = {"save_strategy": "steps", "save_steps": EVERY, "save_total_limit": 1}
+    save = {"save_strategy": "steps", "save_steps": EVERY} | ({} if keep else {"save_total_limit": 1})
     flags = stage_flags("I", model, train, run, args.steps, save, evaluation=(validation, EVERY, EVAL_BATCH))
     if args.seed is not None:
         flags["seed"] = args.seed

@@ -83,6 +83,44 @@ def loss_plot_title(size_name: str) -> str:
     return f"Stage II training loss, Anchor vs Baseline (paper Fig. 4; demo: {size_name} size)"
 
 
+COLORS = {"Anchor": ("tab:red", "tab:orange", "tab:brown"), "Baseline": ("tab:blue", "tab:cyan", "tab:purple")}
+
+
+def _color(label: str, taken: list[str] | None = None) -> str | None:
+    """The colour of a run by its label's start (Anchor red, Baseline blue); with ``taken``, the first of its kind's
+    colours not yet used there (several Anchor arms in one panel)."""
+    kind = next((k for k in COLORS if label.startswith(k)), None)
+    if kind is None:
+        return None
+    free = [c for c in COLORS[kind] if c not in (taken or [])]
+    return (free or COLORS[kind])[0]
+
+
+def _draw_losses(ax, histories: dict[str, list[tuple[int, float]]], colors: dict[str, Any]) -> dict[str, dict]:
+    """Each run's loss per step (thin) and its moving average (thick) on ``ax``; what was drawn, per run."""
+    drawn: dict[str, dict[str, Any]] = {}
+    for label, points in histories.items():
+        steps, losses, color = [s for s, _ in points], [v for _, v in points], colors[label]
+        marker = "o" if len(points) <= 30 else None
+        (raw,) = ax.plot(steps, losses, color=color, alpha=0.35, linewidth=1, marker=marker, markersize=2.5)
+        window = max(1, len(points) // 8)
+        mean_label = label + (f" (mean of {window} steps)" if window > 1 else "")
+        (mean,) = ax.plot(steps, moving_average(losses, window), color=color, linewidth=2.2, label=mean_label)
+        drawn[label] = {
+            "steps": [int(x) for x in raw.get_xdata()],
+            "loss": [float(y) for y in raw.get_ydata()],
+            "mean": [float(y) for y in mean.get_ydata()],
+            "window": window,
+        }
+    return drawn
+
+
+def _save(fig, path: Path) -> None:
+    fig.tight_layout()
+    with atomic_write(path, mode="wb", encoding=None) as f:
+        fig.savefig(f, format="png")
+
+
 def plot_losses(
     histories: dict[str, list[tuple[int, float]]],
     path: Path,
@@ -99,22 +137,7 @@ def plot_losses(
     from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
-    colors = {"Anchor": "tab:red", "Baseline": "tab:blue"}
-    color_of = lambda label: next((c for name, c in colors.items() if label.startswith(name)), None)  # noqa: E731
-    drawn: dict[str, dict[str, Any]] = {}
-    for label, points in histories.items():
-        steps, losses, color = [s for s, _ in points], [v for _, v in points], color_of(label)
-        marker = "o" if len(points) <= 30 else None
-        (raw,) = ax.plot(steps, losses, color=color, alpha=0.35, linewidth=1, marker=marker, markersize=2.5)
-        window = max(1, len(points) // 8)
-        mean_label = label + (f" (mean of {window} steps)" if window > 1 else "")
-        (mean,) = ax.plot(steps, moving_average(losses, window), color=color, linewidth=2.2, label=mean_label)
-        drawn[label] = {
-            "steps": [int(x) for x in raw.get_xdata()],
-            "loss": [float(y) for y in raw.get_ydata()],
-            "mean": [float(y) for y in mean.get_ydata()],
-            "window": window,
-        }
+    drawn = _draw_losses(ax, histories, {label: _color(label) for label in histories})
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("Stage II step")
     ax.set_ylabel("InfoNCE training loss")
@@ -125,16 +148,48 @@ def plot_losses(
         right = ax.twinx()
         for label, points in scores.items():
             (line,) = right.plot(
-                [s for s, _ in points], [100 * v for _, v in points], color=color_of(label), linestyle="--",
+                [s for s, _ in points], [100 * v for _, v in points], color=_color(label), linestyle="--",
                 marker="s", markersize=3, linewidth=1.2,
             )  # fmt: skip
             drawn.setdefault(label, {}).update(
                 score_steps=[int(x) for x in line.get_xdata()], score=[float(y) / 100 for y in line.get_ydata()]
             )
         right.set_ylabel("validation nDCG@10 (dashed)")
-    fig.tight_layout()
-    with atomic_write(path, mode="wb", encoding=None) as f:
-        fig.savefig(f, format="png")
+    _save(fig, path)
+    plt.close(fig)
+    return drawn
+
+
+def plot_loss_panels(
+    panels: dict[str, dict[str, list[tuple[int, float]]]], path: Path, title: str, chance: float | None = None
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """The paper's Figure 4 per panel, side by side on one loss axis: each panel's runs (``{panel title: {run
+    label: [(step, loss)]}}``, Anchor runs red-orange, Baseline blue) as :func:`plot_losses` draws them, with
+    ``chance`` as a dotted line. Returns what was drawn, per panel and run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    n = max(1, len(panels))
+    fig, axes = plt.subplots(1, n, figsize=(1 + 4.2 * n, 4.2), dpi=120, sharey=True, squeeze=False)
+    drawn = {}
+    for ax, (name, histories) in zip(axes[0], panels.items()):
+        colors: dict[str, Any] = {}
+        for label in histories:
+            colors[label] = _color(label, list(colors.values()))
+        drawn[name] = _draw_losses(ax, histories, colors)
+        if chance is not None:
+            ax.axhline(chance, color="gray", linestyle=":", linewidth=1, label=f"chance, ln {math.exp(chance):.0f}")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("Stage II step")
+        ax.set_title(name, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper right", fontsize=7)
+    axes[0][0].set_ylabel("InfoNCE training loss")
+    fig.suptitle(title, fontsize=10)
+    _save(fig, path)
     plt.close(fig)
     return drawn
 

@@ -11,16 +11,21 @@ per ``--seeds`` from ``--seed``), ``evaluation`` (the Table 10 rows on the test 
 :mod:`llm2vec.retrieval`, no mteb), ``report``.
 ``<out>/report.md`` and ``report.json`` are rewritten after every stage, Stage I evaluation and evaluation row, with
 a status line (``running: <stage>``, ``complete``, ``failed at <stage>: <error>``): a run killed at any point leaves
-all it measured. ``--minutes`` budgets the whole command (:class:`Budget`).
+all it measured. ``--minutes`` budgets the whole command (:class:`Budget`). Beside them,
+``figure4_stage_II_loss.png``: each Stage II arm's training loss in the paper's Figure 4 layout, the arms of one seed
+in one panel (:func:`plot_stage_II`; ``--plot DIR`` draws it for a finished report from its arms' logs).
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib.util
 import json
+import math
 import os
 import platform
+import re
 import shutil
 import sys
 import time
@@ -33,7 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "experiments"), str(REPO)]
 
 from demo import gpu_carry, stages
-from demo.report import mean_std
+from demo.report import history, mean_std, plot_loss_panels
 from demo.settings import (
     ANCHOR_CONFIG,
     INSTRUCTION,
@@ -54,6 +59,8 @@ ScaleError = stages.StageError
 POLL_SECONDS = 5.0  # how often a running stage's progress is read
 NOT_YET = "not reached: the run stopped before it, or is still running"
 NO_SAVE = {"save_strategy": "no"}  # a run saves its final model only
+LOSS_PLOT = "figure4_stage_II_loss.png"  # not stage_II_*: the arms' folders
+ENDS = 10  # the steps whose mean loss the report gives for the start and the end of a Stage II arm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -304,10 +311,64 @@ def machine() -> dict[str, Any]:
 
 
 def write_report(out: Path, result: dict[str, Any]) -> None:
-    """``report.json`` and ``report.md`` of what ``result`` holds so far, each replaced whole."""
+    """``report.json`` and ``report.md`` of what ``result`` holds so far, each replaced whole, and the loss plot."""
     for name, text in (("report.json", json.dumps(result, indent=2)), ("report.md", "\n".join(report_lines(result)))):
         with atomic_write(out / name) as f:
             f.write(text + "\n")
+    plot_stage_II(out, result)
+
+
+def loss_panels(result: dict[str, Any]) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """The Stage II arms' loss histories (``stage_II_loss``), one panel per seed: ``Anchor``, ``Anchor (<run>)`` with
+    several Stage I runs, and ``Baseline`` (reports before arms had kinds: the arm's name says it)."""
+    panels: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    for arm, r in (result.get("stage_II") or {}).items():
+        if points := (result.get("stage_II_loss") or {}).get(arm):
+            tag = r.get("stage_I") and run_tag(r["stage_I"])
+            label = r.get("kind", arm.split("_")[0]).capitalize() + (f" ({tag})" if tag else "")
+            panel = "Stage II" if r.get("seed") is None else f"Stage II seed {r['seed']}"
+            panels.setdefault(panel, {})[label] = [tuple(p) for p in points]
+    return panels
+
+
+def plot_stage_II(out: Path, result: dict[str, Any]) -> None:
+    """``<out>/``:data:`LOSS_PLOT` once an arm has a loss history: :func:`loss_panels` as the paper's Figure 4,
+    chance ln(2B) dotted (B triples a step: 2B candidates)."""
+    if panels := loss_panels(result):
+        title = f"Stage II training loss, Anchor vs Baseline (paper Fig. 4; preset {result['preset']['name']})"
+        plot_loss_panels(panels, out / LOSS_PLOT, title, chance=math.log(2 * result["preset"]["stage_II_batch"]))
+
+
+def logged_losses(log: Path, steps: int) -> list[tuple[int, float]]:
+    """(step, loss) of every training step of an arm's log (the Trainer's ``{'loss': ...}`` lines, one per step:
+    the presets log every step), refused unless there are ``steps`` of them."""
+    found = re.findall(r"\{'loss': [^{}]*\}", log.read_text(encoding="utf-8", errors="replace"))
+    losses = [float(ast.literal_eval(entry)["loss"]) for entry in found]
+    if len(losses) != steps:
+        raise ScaleError(
+            f"{log}: {len(losses)} logged losses for {steps} steps; give the log of a run with logging_steps 1"
+        )
+    return list(enumerate(losses, start=1))
+
+
+def replot(folder: Path) -> Path:
+    """:func:`plot_stage_II` for a finished report in ``folder``: each arm's losses from ``report.json``, else from its
+    log (``logs/<arm>.log`` or ``<arm>.log``, as copied beside the report)."""
+    try:
+        result = json.loads((folder / "report.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ScaleError(f"--plot {folder}: no readable report.json ({e}); give a scale.py output folder") from None
+    losses = dict(result.get("stage_II_loss") or {})
+    for arm, r in (result.get("stage_II") or {}).items():
+        if arm not in losses:
+            logs = [folder / "logs" / f"{arm}.log", folder / f"{arm}.log"]
+            if not (log := next((p for p in logs if p.is_file()), None)):
+                raise ScaleError(
+                    f"--plot {folder}: no loss history of the arm {arm} (not in report.json, no {arm}.log)"
+                )
+            losses[arm] = logged_losses(log, r["steps"])
+    plot_stage_II(folder, {**result, "stage_II_loss": losses})
+    return folder / LOSS_PLOT
 
 
 def _stopped(run: dict[str, Any]) -> str:
@@ -345,14 +406,20 @@ def report_lines(result: dict[str, Any]) -> list[str]:
                 f"/ {first['anchor_gain_d2q']:+.3f}, at step {last['step']} {last['anchor_gain_q2d']:+.3f} / "
                 f"{last['anchor_gain_d2q']:+.3f}.",
             ]
+        if geometry := stages.geometry_table(curve, thousands=","):
+            lines += ["", "The anchors' geometry on the same pairs (queries against their documents):", "", *geometry]
         lines.append("")
     lines += ["## Stage II", ""]
-    arms = result.get("stage_II") or {}
-    lines += [f"- {arm}: {r['steps']} of {r['planned_steps']} steps{_stopped(r)}" for arm, r in arms.items()] or [
-        NOT_YET
-    ]
+    arms, losses = result.get("stage_II") or {}, result.get("stage_II_loss") or {}
+    lines += [f"- {arm}: {r['steps']} of {r['planned_steps']} steps{_stopped(r)}{_ends(losses.get(arm))}"
+              for arm, r in arms.items()] or [NOT_YET]  # fmt: skip
     if len({r["steps"] for r in arms.values()}) > 1:
         lines += ["", "The arms trained different numbers of steps: Anchor - Baseline compares unequal training."]
+    if loss_panels(result):
+        candidates = 2 * p["stage_II_batch"]
+        lines += ["", f"![Stage II training loss]({LOSS_PLOT})", "",
+                  "The training loss of each step (thin) and its moving average (thick), the arms of one seed side "
+                  f"by side as in the paper's Figure 4; dotted: chance, ln {candidates} = {math.log(candidates):.2f}."]  # fmt: skip
     lines += ["", "## Retrieval on the test split (no mteb)", ""]
     if evaluation := result.get("evaluation") or {}:
         any_row = next(iter(evaluation.values()))
@@ -374,6 +441,15 @@ def report_lines(result: dict[str, Any]) -> list[str]:
     lines += ["", "## Machine and time", "", ", ".join(f"{k} {v}" for k, v in result["machine"].items()), ""]
     lines.append("Seconds per stage: " + ", ".join(f"{k} {v:.0f}" for k, v in result["seconds"].items()))
     return lines
+
+
+def _ends(points: list | None) -> str:
+    """``; loss x over the first 10 steps, y over the last 10`` of an arm's loss history (nothing without one)."""
+    if not points:
+        return ""
+    first, last = points[:ENDS], points[-ENDS:]
+    mean = lambda part: sum(v for _, v in part) / len(part)  # noqa: E731
+    return f"; loss {mean(first):.2f} over the first {len(first)} steps, {mean(last):.2f} over the last {len(last)}"
 
 
 def run_tag(name: str) -> str:
@@ -539,6 +615,7 @@ def _stages(preset, out, data, model, carry, stage_I_runs, budget, result, lap, 
         write_report(out, result)
         run_script(STAGE_II_SCRIPT, arm["config"], flags, out / "logs" / f"{arm['name']}.log")
         outcome = run_outcome(read_state(folder))
+        result.setdefault("stage_II_loss", {})[arm["name"]] = [list(p) for p in history(folder, "loss")]
         result["stage_II"][arm["name"]] = {"kind": arm["kind"], "stage_I": arm["stage_I"], "seed": arm["seed"],
                                            "planned_steps": preset.stage_II_steps, **outcome,
                                            "stop_after_n_steps": equal_steps}  # fmt: skip
@@ -557,7 +634,10 @@ def _stages(preset, out, data, model, carry, stage_I_runs, budget, result, lap, 
 
 def main(argv: list[str] | None = None) -> int:
     parser = stages.parser(__doc__)
-    parser.add_argument("--preset", choices=sorted(PRESETS), required=True)
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="required unless --plot")
+    parser.add_argument(
+        "--plot", type=Path, help="draw figure4_stage_II_loss.png for the finished report in this folder"
+    )
     parser.add_argument("--out", type=Path, default=None, help="default: cache/scale-<preset> (emptied first)")
     parser.add_argument("--data", type=Path, help="corpus folder (default: cache/package-data, else the carry)")
     parser.add_argument("--model", type=Path, default=SMOLLM2_DIR, help="converted SmolLM2 folder (gpu preset)")
@@ -577,6 +657,15 @@ def main(argv: list[str] | None = None) -> int:
         "--minutes", type=float, help="time budget of the whole command (Budget; default: the preset's)"
     )
     args = parser.parse_args(argv)
+    if args.plot:
+        try:
+            print(replot(args.plot))
+        except ScaleError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        return 0
+    if args.preset is None:
+        parser.error("--preset is required (or --plot DIR)")
     preset = PRESETS[args.preset]
     if preset.tiny_model and args.data is None:
         parser.error("--preset smoke needs --data (a small corpus folder, e.g. built by demo.stdlib_data)")

@@ -181,6 +181,28 @@ def markdown_table(header: list[str], rows, left: int = 1) -> list[str]:
     return [line(header), "|" + "---|" * left + "---:|" * (len(header) - left), *map(line, rows)]
 
 
+GEOMETRY = ("cosine_document", "cosine_query", "top_share_document", "top_share_query", "accuracy_at_1",
+            "accuracy_at_1_centred", "mrr", "mrr_centred", "infonce", "infonce_centred")  # fmt: skip
+
+
+def geometry_table(rows: list[dict[str, float]], thousands: str = "") -> list[str]:
+    """The anchors' geometry (:mod:`llm2vec.geometry`) at each evaluation of the curve that logged it, as Markdown
+    lines with the chance values under it; none when no evaluation did."""
+    rows = [r for r in rows if "geometry_cosine_document" in r]
+    if not rows:
+        return []
+    header = "step|pairs seen|cos docs|cos queries|top share docs|top share queries|acc@1|acc@1 centred|MRR|"
+    lines = markdown_table((header + "MRR centred|InfoNCE|InfoNCE centred").split("|"), (
+        [r["step"], f"{r['pairs_seen']:{thousands}}", *(f"{r['geometry_' + k]:.3f}" for k in GEOMETRY)]
+        for r in rows), left=0)  # fmt: skip
+    chance = f"InfoNCE {rows[0]['geometry_infonce_chance']:.3f} (ln N), accuracy@1 "
+    return [
+        *lines,
+        "",
+        f"chance: {chance}{rows[0]['geometry_accuracy_at_1_chance']:.3f}; centred: each side less its mean",
+    ]
+
+
 def curve_table(rows: list[dict[str, float]], thousands: str = "") -> list[str]:
     """The curve as Markdown lines; ``thousands`` groups the pairs seen (``","``) or not (``""``)."""
     header = "step|pairs seen|loss q2d|loss d2q|gain q2d|gain d2q|gain@4 q2d|gain@4 d2q|rank acc q2d|rank acc d2q"

@@ -70,11 +70,13 @@ def render_loss_curve(log_history: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def render_validation_curve(log_history: Sequence[Mapping[str, Any]]) -> list[str]:
     """Every evaluation on the held-out pairs (``eval_*`` entries of the log history: Stage I's validation losses
-    and anchor gain, Stage II's validation InfoNCE and retrieval), one row per evaluation; empty without any."""
+    and anchor gain, Stage II's validation InfoNCE and retrieval; not the ``geometry_*`` diagnostic, which stays in
+    the log), one row per evaluation; empty without any."""
     skip = {"eval_pairs", "eval_queries", "eval_documents", "eval_runtime"}
 
     def shown(key: str) -> bool:
-        return key.startswith("eval_") and key not in skip and "per_second" not in key and not split_log_key(key)
+        diagnostic = key.startswith("eval_geometry_") or "per_second" in key
+        return key.startswith("eval_") and key not in skip and not diagnostic and not split_log_key(key)
 
     evals = [e for e in log_history if "step" in e and any(shown(k) for k in e)]
     columns = sorted({k for e in evals for k in e if shown(k)})
