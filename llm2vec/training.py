@@ -97,6 +97,7 @@ def _train(config: RunConfig, made: list):
         retrieval = retrieval_evaluation(config.data)  # the folders read and checked before the weights load
         schedule = plan_schedule(args, dataset.num_global_batches, config.stage.stop_after_n_steps, config.source)
         run_config = run.record(schedule, _data_files(dataset))  # refuses a resume whose schedule or inputs changed
+        run_config["inputs"]["query_instructions"] = trained_instructions(config, dataset)  # what the export writes
         logger.info("Stage %s %s", stage, schedule.describe())
         if with_st:
             from .st_training import build_trainer
@@ -295,6 +296,13 @@ def load_training_data(data: DataArguments, global_batch_size: int, seed: int, r
         require_negative=require_negative,
         validation_size=data.validation_size,
     )
+
+
+def trained_instructions(config: RunConfig, dataset: TrainDataset) -> list[str]:
+    """The distinct instructions the run's queries train with (``""``: none), in training order."""
+    if not config.data.query_instructions:
+        return [""]
+    return [e.query_instruction for e in dataset.instruction_examples()]
 
 
 def validation_pairs(data: DataArguments, dataset: TrainDataset) -> list:

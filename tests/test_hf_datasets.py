@@ -494,6 +494,9 @@ def test_a_run_trains_on_hf_data_and_records_its_files(tmp_path):
         r.get("instruction").strip() if r.get("instruction") is not None else "Find it" for r in edge_rows("nq", 12)
     )
     expected["Find it"] += 16
+    trained = {e.query_instruction for e in trainer.train_dataset}  # the dropped tail aside
+    assert set(trained_query_instructions(run_config)) == trained < set(expected)  # the record: what trained
+    del run_config["inputs"]["query_instructions"]  # a run without the record: the data read back, as it trained
     assert trained_query_instructions(run_config) == expected
 
 
