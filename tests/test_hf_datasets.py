@@ -557,3 +557,11 @@ def test_a_file_rewritten_with_its_old_time_is_converted_again(tmp_path, kind):
     assert path.stat().st_mtime_ns == stat.st_mtime_ns
     again = [e.query for e in load_hf([path], 1, cache_dir=cache)]
     assert sorted(again) == sorted(q.replace("question", "QUESTION") for q in first)
+
+
+@pytest.mark.parametrize("kind", ["folder", "parquet", "jsonl"])
+def test_a_dataset_without_rows_is_named_as_empty(tmp_path, kind):
+    path = write(kind, tmp_path, "empty", [])
+    with pytest.raises(DataError) as refused:
+        load_hf([path], 1)
+    assert str(refused.value) == f"{path}: the dataset has no rows; give one with (query, positive) rows"

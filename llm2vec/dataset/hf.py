@@ -217,6 +217,8 @@ def open_source(spec: Spec, split: str, cache_dir: str | None = None):
                 f"datasets cache as a dataset id ({_first_line(e)}). Download it once where there is network "
                 "(datasets.load_dataset), or give a local file or save_to_disk folder"
             ) from e
+        if _has_no_rows(spec.path, split):
+            raise DataError(f"{spec.given}: the dataset has no rows; give one with (query, positive) rows") from None
         if spec.is_jsonl:
             _find_bad_line(spec.path)  # raises naming the line, if the file's lines show the problem
         raise DataError(f"{spec.given}: cannot read it as a dataset ({_first_line(e.__cause__ or e)})") from e
@@ -225,6 +227,21 @@ def open_source(spec: Spec, split: str, cache_dir: str | None = None):
     else:
         files = [f["filename"] for f in dataset.cache_files]
     return dataset, files
+
+
+def _has_no_rows(path: str, split: str) -> bool:
+    """Whether the local dataset ``path`` (whose load failed) holds no rows: ``datasets`` fails on those obscurely."""
+    try:
+        if os.path.isdir(path):
+            state = next(f for f in (Path(path, split, "state.json"), Path(path, "state.json")) if f.is_file())
+            return not json.loads(state.read_text()).get("_data_files")
+        if path.endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            return pq.ParquetFile(path).metadata.num_rows == 0
+        return os.path.getsize(path) < 1 << 20 and not Path(path).read_bytes().strip()
+    except Exception:  # noqa: BLE001 - unreadable: the caller's line says so
+        return False
 
 
 def _from_disk(spec: Spec, split: str):
