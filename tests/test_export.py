@@ -897,3 +897,17 @@ def test_the_query_prompt_is_the_instruction_the_run_trained_with_whatever_the_d
     del run_config["inputs"]["query_instructions"]
     with pytest.raises(ExportError, match=r"the training data file .*data.jsonl is changed; pass query_instruction"):
         resolve_query_instruction(None, run_config, str(out))
+
+
+def test_an_output_folder_that_cannot_be_written_is_refused_before_the_model_loads(
+    tiny_checkpoints, tmp_path, monkeypatch
+):
+    """A read-only mount (here: ``os.access`` says so, as it does for a non-root user) is one line before any weights
+    load, not a raw ``[Errno 30]`` after the export was built."""
+    import llm2vec.export.writer as writer
+
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: real(p, mode) and Path(p) != tmp_path)
+    monkeypatch.setattr(writer, "LLM2Vec", None)  # loading the model would fail otherwise
+    with pytest.raises(ExportError, match=rf"^output_dir {tmp_path / 'st'}: cannot write in {tmp_path} \(permissions"):
+        export_sentence_transformers(tiny_checkpoints["llama3"], tmp_path / "st", query_instruction="")
