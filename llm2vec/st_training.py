@@ -17,10 +17,10 @@
    the instruction as a system message, the query as the user message, which the export's chat template renders
    as ``LLM2Vec.encode([instruction, query])``), ``positive`` and ``negative``; it is read sequentially
    (:meth:`AnchorSentenceTransformerTrainer.get_batch_sampler`), so each batch is the project's batch.
-3. **The loss** (:func:`build_loss`): any loss of ``sentence_transformers.sentence_transformer.losses`` by name
-   (``loss``), with ``loss_kwargs``; ``scale`` defaults to ``loss_scale`` (the paper's 20 = 1 / 0.05) and a GIST
+3. **The loss** (:func:`build_loss`): a loss of :data:`TRAINABLE_LOSSES` by name (``loss``), with ``loss_kwargs``
+   checked at start-up (:func:`check_loss_arguments`, :func:`check_model_paths`); ``scale`` defaults to ``loss_scale`` (the paper's 20 = 1 / 0.05) and a GIST
    loss's ``temperature`` to ``1 / loss_scale``; ``guide`` (GIST) is a model folder, or the model itself when
-   absent (self-guided); a wrapping loss (``MatryoshkaLoss``, ...) names the loss it wraps as ``loss`` with its
+   absent (self-guided); ``MatryoshkaLoss`` names the loss it wraps as ``loss`` with its
    own ``loss_kwargs``. An unknown name or argument is one line naming the choices.
 4. **The run** is this project's (:class:`llm2vec.run.RunManager`: the lock, the run config, the final save and
    its completion marker); the saves are a Stage II run's (:meth:`AnchorSentenceTransformerTrainer._save`: the LoRA
