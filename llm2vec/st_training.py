@@ -466,7 +466,7 @@ def _trainer_class():
                 )
 
         def _save_checkpoint(self, model, trial) -> None:  # staged and listed, as the project trainer's
-            from .run.saves import staged_checkpoint
+            from .run import staged_checkpoint
 
             run_dir = self.args.output_dir
             with staged_checkpoint(self, run_dir) as staging:
@@ -528,24 +528,9 @@ def check_config(config: RunConfig) -> str | None:
         raise ConfigError(
             f"{where}use_packing true: not on the trainer sentence_transformers path; set it to auto or false"
         )
-    return _run_folder(config)
+    from .run import without_resume
 
-
-def _run_folder(config: RunConfig) -> str | None:
-    from .run.folder import RunFolder
-    from .run.lock import LOCK_NAME, is_held
-    from .run.plan import end_values
-
-    out = config.training.output_dir
-    if config.stage.overwrite_output_dir or not os.path.isdir(out) or is_held(Path(out) / LOCK_NAME):
-        return None
-    folder = RunFolder.inspect(out)
-    if not folder.holds_run:
-        return None
-    if folder.finished and end_values(folder.saved_config() or {}, "II") == end_values(config.resolved(), "II"):
-        step = folder.marker.get("global_step")
-        return f"output_dir {out} holds this Stage II run finished (step {step}): nothing to do ({NO_RESUME})"
-    raise ConfigError(f"output_dir {out} holds {folder.describe()}; {NO_RESUME}")
+    return without_resume(config, NO_RESUME)
 
 
 def build_trainer(config: RunConfig, dataset, run_config: dict, callbacks: list, tokenizer, template):

@@ -89,7 +89,7 @@ def check_output_folder(folder: str | os.PathLike, what: str | None = None) -> N
             f"{what}: cannot read the folder {existing} (permission denied); earlier results are read "
             "from there: fix its permissions or choose another output folder"
         )
-    from ..run.plan import folder_holds
+    from ..run import folder_holds
 
     for holder in (existing, *existing.parents):
         if held := folder_holds(holder):
