@@ -95,6 +95,9 @@ def _text(row: dict[str, Any], field: str, where: str, optional: bool = False) -
     return value
 
 
+MAX_GRADE = 2**31 - 1  # pytrec_eval's (mteb's) grades are 32-bit integers; 10**400 is not even a float
+
+
 def _grade(value: Any, where: str) -> int:
     """A relevance grade: a whole number >= 0 (a JSON integer, an integral float or a string of one)."""
     grade = value if isinstance(value, int) and not isinstance(value, bool) else None
@@ -111,6 +114,8 @@ def _grade(value: Any, where: str) -> int:
         raise ValueError(
             f"{where}: score {grade} is negative; nDCG needs grades >= 0 (give 0 for a judged non-relevant document)"
         )
+    if grade > MAX_GRADE:
+        raise ValueError(f"{where}: score {str(grade)[:20]}... is above {MAX_GRADE}, more than nDCG can weigh")
     return grade
 
 

@@ -62,13 +62,34 @@ def _data_files(run_config: Mapping[str, Any]) -> list[str]:
     return [p.strip() for p in str(given).split(",") if p.strip()]
 
 
+def _check_recorded_data(run_config: Mapping[str, Any]) -> None:
+    """The data files read here are those the run fingerprinted (``inputs.data``), unchanged; else
+    :class:`UnknownInstructions`. A relative ``dataset_file_path`` must lead from here to a recorded file."""
+    from .fingerprints import fingerprint_file
+
+    recorded = (run_config.get("inputs") or {}).get("data") or {}
+    for path, then in recorded.items():
+        now = fingerprint_file(path) if os.path.isfile(path) else None
+        if now is None or any(now.get(k) != v for k, v in then.items() if k in now):
+            raise UnknownInstructions(f"the training data file {path} is {'gone' if now is None else 'changed'}")
+    for given in _data_files({"dataset_file_path": run_config.get("dataset_file_path")}):
+        real = os.path.realpath(given)
+        if recorded and os.path.exists(given) and not any(p == real or p.startswith(real + os.sep) for p in recorded):
+            raise UnknownInstructions(f"{given}, read from {os.getcwd()}, is not the data the run recorded")
+
+
 def trained_query_instructions(run_config: Mapping[str, Any]) -> Counter[str]:
     """``instruction -> number of training queries`` of the run, as its training loader put them before the queries
     (``""``: queries without one). ``query_instructions: false``: none; ``E5``: the Table 6 instructions of the sources
     used (one count per source); ``jsonl``: each line's ``instruction``, else ``default_instruction``, read from the
     data files the run recorded (``inputs.data``, else ``dataset_file_path``); ``hf``: the same from the instruction
     column of its datasets, read with its ``column_map``. Raises :class:`UnknownInstructions` when the data cannot be
-    read back."""
+    read back. A run records the distinct instructions it trained with (``inputs.query_instructions``), which are
+    used as they are; for a run without that record the data is read back only while its files are the ones
+    ``inputs.data`` fingerprints (:func:`_check_recorded_data`)."""
+    recorded = (run_config.get("inputs") or {}).get("query_instructions")
+    if isinstance(recorded, list) and all(isinstance(i, str) for i in recorded):
+        return Counter(recorded)
     if run_config.get("query_instructions") is False:
         return Counter({"": 1})
     dataset = run_config.get("dataset_name", "E5")
@@ -80,6 +101,7 @@ def trained_query_instructions(run_config: Mapping[str, Any]) -> Counter[str]:
         if unknown:
             raise UnknownInstructions(f"e5_sources {unknown} are not E5 sources of the paper's Table 6")
         return Counter(i for s in sources for i in E5_SOURCES[s].instructions)
+    _check_recorded_data(run_config)
     if dataset == "hf":
         from .dataset import DataError
         from .dataset.hf import instruction_counts

@@ -17,10 +17,10 @@
    the instruction as a system message, the query as the user message, which the export's chat template renders
    as ``LLM2Vec.encode([instruction, query])``), ``positive`` and ``negative``; it is read sequentially
    (:meth:`AnchorSentenceTransformerTrainer.get_batch_sampler`), so each batch is the project's batch.
-3. **The loss** (:func:`build_loss`): any loss of ``sentence_transformers.sentence_transformer.losses`` by name
-   (``loss``), with ``loss_kwargs``; ``scale`` defaults to ``loss_scale`` (the paper's 20 = 1 / 0.05) and a GIST
+3. **The loss** (:func:`build_loss`): a loss of :data:`TRAINABLE_LOSSES` by name (``loss``), with ``loss_kwargs``
+   checked at start-up (:func:`check_loss_arguments`, :func:`check_model_paths`); ``scale`` defaults to ``loss_scale`` (the paper's 20 = 1 / 0.05) and a GIST
    loss's ``temperature`` to ``1 / loss_scale``; ``guide`` (GIST) is a model folder, or the model itself when
-   absent (self-guided); a wrapping loss (``MatryoshkaLoss``, ...) names the loss it wraps as ``loss`` with its
+   absent (self-guided); ``MatryoshkaLoss`` names the loss it wraps as ``loss`` with its
    own ``loss_kwargs``. An unknown name or argument is one line naming the choices.
 4. **The run** is this project's (:class:`llm2vec.run.RunManager`: the lock, the run config, the final save and
    its completion marker); the saves are a Stage II run's (:meth:`AnchorSentenceTransformerTrainer._save`: the LoRA
@@ -29,7 +29,8 @@
    Stage II run of the project's trainer. ``retrieval_eval_dirs`` become sentence-transformers'
    ``InformationRetrievalEvaluator``\\ s, logged under the project trainer's names (:func:`retrieval_evaluators`).
 
-Not on this path (refused in one line): resuming from a checkpoint, ``validation_file`` / ``validation_size``,
+Not on this path (refused in one line): resuming (every message names the one way out, ``--overwrite_output_dir
+true``; a finished run of the same length is "nothing to do"), ``validation_file`` / ``validation_size``,
 ``embedding_token_budget`` (the cached losses' ``mini_batch_size`` plays its part) and ``use_packing: true``.
 """
 
@@ -39,6 +40,7 @@ import contextlib
 import inspect
 import json
 import logging
+import math
 import os
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -52,9 +54,20 @@ from .arguments import ConfigError, RunConfig
 logger = logging.getLogger("llm2vec")
 
 DEFAULT_LOSS = "CachedMultipleNegativesRankingLoss"
-WRAPPING_LOSSES = ("MatryoshkaLoss", "Matryoshka2dLoss", "AdaptiveLayerLoss")
+TRAINABLE_LOSSES = (
+    "MultipleNegativesRankingLoss",
+    "CachedMultipleNegativesRankingLoss",
+    "MultipleNegativesSymmetricRankingLoss",
+    "CachedMultipleNegativesSymmetricRankingLoss",
+    "GISTEmbedLoss",
+    "CachedGISTEmbedLoss",
+)
+"""The losses this path trains: in-batch negatives over (query, positive[, negative]) rows without labels."""
+WRAPPING_LOSSES = ("MatryoshkaLoss",)
 """Losses that modify another loss: ``loss_kwargs["loss"]`` names it, ``loss_kwargs["loss_kwargs"]`` its arguments."""
 GUIDED_LOSSES = ("GISTEmbedLoss", "CachedGISTEmbedLoss")
+SIMILARITIES = ("cos_sim", "dot_score", "euclidean_sim", "manhattan_sim")
+"""The ``similarity_fct`` names of ``sentence_transformers.util`` a loss may take (JSON holds no functions)."""
 
 
 # ---------------------------------------------------------------------------------------------- the losses
@@ -74,43 +87,122 @@ def loss_names() -> list[str]:
     )
 
 
-def check_loss_name(name: str, field_name: str = "loss") -> None:
-    """``name`` is a sentence-transformers loss; else one :class:`ConfigError` line listing the choices."""
-    choices = loss_names()
+def check_loss_name(name: str, field_name: str = "loss", wrapped: bool = False) -> None:
+    """``name`` is a sentence-transformers loss this path trains; else one :class:`ConfigError` line naming them."""
+    choices = TRAINABLE_LOSSES if wrapped else (*TRAINABLE_LOSSES, *WRAPPING_LOSSES)
     if name not in choices:
+        what = "a loss this path trains" if name in loss_names() else "a sentence-transformers loss"
         raise ConfigError(
-            f"{field_name}={name!r}: not a sentence-transformers loss; choose one of {', '.join(choices)}"
+            f"{field_name}={name!r}: not {what} (its rows are query, positive[, negative], without labels); choose "
+            f"one of {', '.join(choices)}"
         )
 
 
-def build_loss(name: str, kwargs: Mapping[str, Any], model, loss_scale: float = 20.0, guide_loader=None):
-    """The loss ``name`` of ``sentence_transformers.sentence_transformer.losses`` on ``model`` (module docstring).
+def _check_value(loss: str, key: str, value: Any, default: Any) -> None:
+    """A ``loss_kwargs`` value of the type its default (or name) implies; else one :class:`ConfigError` line."""
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    number = (whole or isinstance(value, float)) and math.isfinite(value)
+    if key.startswith("mini_batch") or key == "n_dims_per_step":
+        ok = (whole and value >= 1) or (value is None and default is None) or (value == -1 == default)
+        want = "a whole number of at least 1" + (" (or null)" if default is None else "")
+    elif key == "matryoshka_dims":
+        ok = isinstance(value, list) and bool(value) and all(isinstance(d, int) and d >= 1 for d in value)
+        want = "a list of whole numbers of at least 1"
+    elif callable(default):
+        ok, want = value in SIMILARITIES, f"one of {', '.join(SIMILARITIES)}"
+    elif isinstance(default, bool):
+        ok, want = isinstance(value, bool), "true or false"
+    elif isinstance(default, (int, float)):
+        ok = number and (value > 0 or key not in ("scale", "temperature"))
+        want = "a positive number" if key in ("scale", "temperature") else "a finite number"
+    else:
+        return
+    if not ok:
+        raise ConfigError(f"loss_kwargs.{key} of {loss}: {json.dumps(value, default=str)[:60]}; give {want}")
 
-    ``guide_loader(path, max_length)`` loads a GIST guide given as a folder (default: :func:`sentence_transformer`
-    without LoRA, at the model's length); a guide that is already a ``SentenceTransformer`` is used as it is. Refuses unknown names and arguments
-    with a :class:`ConfigError` naming the field and the choices."""
+
+def check_loss_arguments(name: str, kwargs: Mapping[str, Any], wrapped: bool = False) -> None:
+    """``name`` and its ``loss_kwargs`` (a wrapper's inner loss and arguments too) as this path trains them, before any
+    model loads; one :class:`ConfigError` line naming the field and what to give."""
     from sentence_transformers.sentence_transformer import losses
 
-    check_loss_name(name)
-    cls = getattr(losses, name)
-    kwargs = dict(kwargs or {})
-    params = inspect.signature(cls.__init__).parameters
+    check_loss_name(name, "loss_kwargs.loss" if wrapped else "loss", wrapped)
+    params = inspect.signature(getattr(losses, name).__init__).parameters
     accepted = [p for p in params if p not in ("self", "model")]
-    wrapper = ("loss_kwargs",) if name in WRAPPING_LOSSES and "loss_kwargs" not in params else ()
-    unknown = [k for k in kwargs if (k not in params and k not in wrapper) or k == "model"]
+    extra = ("loss_kwargs",) if name in WRAPPING_LOSSES else ()
+    unknown = [k for k in kwargs if (k not in params and k not in extra) or k == "model"]
     if unknown:
         raise ConfigError(
             f"loss_kwargs: {name} takes no argument {', '.join(map(repr, unknown))}; its arguments: {', '.join(accepted)}"
         )
+    for key, value in kwargs.items():
+        if key in params and key not in ("loss", "guide"):
+            _check_value(name, key, value, params[key].default)
     if name in WRAPPING_LOSSES:
-        inner = kwargs.pop("loss", DEFAULT_LOSS)
-        inner_kwargs = kwargs.pop("loss_kwargs", {}) if "loss_kwargs" not in params else {}
-        if not isinstance(inner, str):
-            raise ConfigError(f"loss_kwargs.loss of {name}: give the name of the loss it wraps, e.g. {DEFAULT_LOSS!r}")
-        check_loss_name(inner, f"loss_kwargs.loss of {name}")
-        kwargs["loss"] = build_loss(inner, inner_kwargs, model, loss_scale, guide_loader)
+        inner, inner_kwargs = kwargs.get("loss", DEFAULT_LOSS), kwargs.get("loss_kwargs") or {}
+        if not isinstance(inner, str) or not isinstance(inner_kwargs, Mapping):
+            raise ConfigError(f"loss_kwargs of {name}: loss is the name of the loss it wraps, loss_kwargs an object")
+        check_loss_arguments(inner, inner_kwargs, wrapped=True)
     elif "loss_kwargs" in kwargs:
         raise ConfigError(f"loss_kwargs: {name} wraps no other loss, so it takes no loss_kwargs of its own")
+    guide = kwargs.get("guide")
+    if guide is not None and not isinstance(guide, str):
+        raise ConfigError(f"loss_kwargs.guide of {name}: give a model folder or a cached hub id")
+
+
+def model_paths(kwargs: Mapping[str, Any], prefix: str = "loss_kwargs") -> Iterator[tuple[str, str]]:
+    """``(field, value)`` of every text in ``kwargs`` (at any depth) that names a model: a guide, a
+    ``*name_or_path`` argument, or any existing folder."""
+    for key, value in kwargs.items():
+        if isinstance(value, Mapping):
+            yield from model_paths(value, f"{prefix}.{key}")
+        elif isinstance(value, str) and (key == "guide" or key.endswith("name_or_path") or os.path.isdir(value)):
+            yield f"{prefix}.{key}", value
+
+
+def check_model_paths(config: RunConfig) -> None:
+    """Each model ``loss_kwargs`` names (:func:`model_paths`) is a folder here or a model in the local hub cache, not
+    ``output_dir``'s, not in use, and runs no code of its own without ``trust_remote_code``; one line each."""
+    from .fingerprints import model_folder
+    from .model_files import ModelFilesError, check_exists, check_not_in_use, check_remote_code
+
+    out = Path(config.training.output_dir).expanduser().resolve()
+    for field_name, path in model_paths(config.stage.loss_kwargs or {}):
+        if os.path.isfile(path):
+            raise ConfigError(f"{field_name} {path}: a file; give a model folder (or a cached hub id)")
+        try:
+            check_exists(path, field_name)
+            folder = model_folder(path)
+            if folder is None:
+                raise ModelFilesError(
+                    f"{field_name} {path}: not a folder here, nor a model in the local hub cache; run `hf download "
+                    f"{path}` first, or give a folder"
+                )
+            check_not_in_use(path, field_name)
+            check_remote_code(path, config.model.trust_remote_code, field_name)
+        except ModelFilesError as e:
+            raise ConfigError(str(e)) from None
+        read = folder.resolve()
+        if read == out or read in out.parents or out in read.parents:
+            raise ConfigError(f"{field_name} {path} and output_dir {out} overlap: a run never writes where it reads")
+
+
+def build_loss(name: str, kwargs: Mapping[str, Any], model, loss_scale: float = 20.0, guide_loader=None):
+    """The loss ``name`` of ``sentence_transformers.sentence_transformer.losses`` on ``model`` (module docstring),
+    after :func:`check_loss_arguments`. ``guide_loader(path, max_length)`` loads a GIST guide given as a folder
+    (default: :func:`sentence_transformer` without LoRA, at the model's length); a ``SentenceTransformer`` guide is
+    used as it is."""
+    from sentence_transformers import util
+    from sentence_transformers.sentence_transformer import losses
+
+    check_loss_arguments(name, {k: v for k, v in (kwargs or {}).items() if k != "guide" or isinstance(v, str)})
+    cls, kwargs = getattr(losses, name), dict(kwargs or {})
+    params = inspect.signature(cls.__init__).parameters
+    if isinstance(kwargs.get("similarity_fct"), str):
+        kwargs["similarity_fct"] = getattr(util, kwargs["similarity_fct"])
+    if name in WRAPPING_LOSSES:
+        inner, inner_kwargs = kwargs.pop("loss", DEFAULT_LOSS), kwargs.pop("loss_kwargs", {})
+        kwargs["loss"] = build_loss(inner, inner_kwargs, model, loss_scale, guide_loader)
     if "scale" in params and "scale" not in kwargs:
         kwargs["scale"] = loss_scale
     if name in GUIDED_LOSSES:
@@ -121,8 +213,6 @@ def build_loss(name: str, kwargs: Mapping[str, Any], model, loss_scale: float = 
             kwargs["guide"] = model  # self-guided: the model being trained, without gradient, picks the negatives
         elif isinstance(guide, (str, os.PathLike)):
             kwargs["guide"] = (guide_loader or _load_guide)(str(guide), model.max_seq_length)
-    elif "guide" in params and "guide" not in kwargs:
-        raise ConfigError(f"loss_kwargs: {name} needs a guide model; give loss_kwargs.guide (a model folder)")
     try:
         return cls(model, **kwargs)
     except (TypeError, ValueError) as e:
@@ -134,8 +224,8 @@ def _load_guide(path: str, max_length: int | None = None):
 
     if (Path(path) / "modules.json").exists():  # a sentence-transformers folder (an export)
         return SentenceTransformer(path, device="cpu", local_files_only=True)
-    work = Path(tempfile.mkdtemp(prefix="llm2vec-st-guide-"))
-    return sentence_transformer(path, work / "guide", max_length=max_length)
+    with tempfile.TemporaryDirectory(prefix="llm2vec-st-guide-") as work:  # loaded, the export is not read again
+        return sentence_transformer(path, Path(work) / "guide", max_length=max_length)
 
 
 # ---------------------------------------------------------------------------------------------- the model
@@ -184,6 +274,7 @@ def sentence_transformer(
     model = SentenceTransformer(str(work_dir), device=device, local_files_only=True, trust_remote_code=False)
     model.default_prompt_name = None
     model.prompts = {}
+    _spec_of(model, "")  # the template read while the folder is there
     if instruction_separator is not None:
         set_separator(model, instruction_separator)
     if lora is not None:
@@ -198,27 +289,23 @@ def sentence_transformer(
 
 
 def _spec_of(model, separator: str):
+    """The model's template with ``separator``; read from its folder once (the folder may be gone later)."""
     from transformers import AutoConfig
 
     from . import templates
     from .llm2vec import read_llm2vec_config
 
-    folder = _folder_of(model)
-    name = read_llm2vec_config(folder)["template"]
-    return templates.named_template(name, AutoConfig.from_pretrained(folder), model.tokenizer).with_separator(separator)
-
-
-def _folder_of(model) -> str:
-    folder = getattr(model, "_llm2vec_folder", None) or model[0].model.name_or_path
-    return str(folder)
+    if not hasattr(model, "_llm2vec_template"):
+        folder = str(model[0].model.name_or_path)
+        name = read_llm2vec_config(folder)["template"]
+        model._llm2vec_template = templates.named_template(name, AutoConfig.from_pretrained(folder), model.tokenizer)
+    return model._llm2vec_template.with_separator(separator)
 
 
 def set_separator(model, separator: str) -> None:
     """Rebuild the export's chat template of ``model`` with ``separator`` between instruction and text."""
     from .export.tokenizer import fitting_chat_template
 
-    if not hasattr(model, "_llm2vec_folder"):
-        model._llm2vec_folder = model[0].model.name_or_path
     model.tokenizer.chat_template = fitting_chat_template(_spec_of(model, separator), model.tokenizer)
 
 
@@ -378,6 +465,17 @@ def _trainer_class():
                     f"the LoRA weights hold NaN or infinite values at step {self.state.global_step}; {what}"
                 )
 
+        def _save_checkpoint(self, model, trial) -> None:  # staged and listed, as the project trainer's
+            from .run import staged_checkpoint
+
+            run_dir = self.args.output_dir
+            with staged_checkpoint(self, run_dir) as staging:
+                self.args.output_dir = str(staging)
+                try:
+                    super()._save_checkpoint(model, trial)
+                finally:
+                    self.args.output_dir = run_dir
+
         def _save(self, output_dir=None, state_dict=None):
             from .model_card import write_training_card
             from .trainer import RUN_CONFIG_NAME
@@ -399,19 +497,28 @@ def _trainer_class():
     return AnchorSentenceTransformerTrainer
 
 
-def check_config(config: RunConfig) -> None:
-    """What this path does not do, refused in one line naming the field."""
+NO_RESUME = "the trainer sentence_transformers path does not resume: pass --overwrite_output_dir true to start anew"
+"""The one way out of a run folder this path cannot continue: the Ctrl-C message, the refusals, a finished run."""
+
+
+def check_config(config: RunConfig) -> str | None:
+    """What this path does not do, refused in one line naming the field; its run folder as this path reads it:
+    ``None`` to go on, the "nothing to do" line of a finished run of the same training length, or a refusal naming
+    :data:`NO_RESUME` for any other run there (a live run's folder is left to :class:`llm2vec.run.RunManager`)."""
     stage, data, args = config.stage, config.data, config.training
     where = f"{config.source}: " if config.source else ""
     refused = {
         "embedding_token_budget": (stage.embedding_token_budget, "the cached losses' loss_kwargs.mini_batch_size"),
         "validation_file": (data.validation_file, "retrieval_eval_dirs (an InformationRetrievalEvaluator)"),
         "validation_size": (data.validation_size, "retrieval_eval_dirs (an InformationRetrievalEvaluator)"),
-        "resume_from_checkpoint": (args.resume_from_checkpoint, "a fresh run, or trainer llm2vec"),
     }
+    resume = args.resume_from_checkpoint
+    if resume not in (None, False, "", "false", "False"):
+        raise ConfigError(f"{where}resume_from_checkpoint {resume}: {NO_RESUME}")
     if not config.stage.loss:
         raise ConfigError(f"{where}loss is empty: name a sentence-transformers loss, e.g. {DEFAULT_LOSS}")
-    check_loss_name(config.stage.loss)
+    check_model_paths(config)  # before the loss's own checks: a folder that would run code is named as such
+    check_loss_arguments(config.stage.loss, config.stage.loss_kwargs or {})
     for name, (value, instead) in refused.items():
         if value:
             raise ConfigError(
@@ -421,6 +528,9 @@ def check_config(config: RunConfig) -> None:
         raise ConfigError(
             f"{where}use_packing true: not on the trainer sentence_transformers path; set it to auto or false"
         )
+    from .run import without_resume
+
+    return without_resume(config, NO_RESUME)
 
 
 def build_trainer(config: RunConfig, dataset, run_config: dict, callbacks: list, tokenizer, template):
@@ -430,21 +540,23 @@ def build_trainer(config: RunConfig, dataset, run_config: dict, callbacks: list,
     from .llm2vec import LLM2Vec
 
     args, stage = config.training, config.stage
-    work = tempfile.TemporaryDirectory(prefix="llm2vec-st-")
-    model = sentence_transformer(
-        config.model.model_name_or_path,
-        Path(work.name) / "model",
-        stage.peft_model_name_or_path,
-        lora=lora_config(stage),
-        max_length=config.model.max_seq_length,
-        template=config.model.template,
-        instruction_separator=config.data.instruction_separator if config.data.query_instructions else None,
-        dtype=config.dtype,
-        trust_remote_code=config.model.trust_remote_code,
-        accept_other_base=stage.accept_other_base,
-        seed=args.seed,
-    )
-    settings = json.loads((Path(work.name) / "model" / "llm2vec_config.json").read_text())
+    with tempfile.TemporaryDirectory(prefix="llm2vec-st-") as work:  # loaded, the export is not read again
+        model = sentence_transformer(
+            config.model.model_name_or_path,
+            Path(work) / "model",
+            stage.peft_model_name_or_path,
+            lora=lora_config(stage),
+            max_length=config.model.max_seq_length,
+            template=config.model.template,
+            instruction_separator=config.data.instruction_separator if config.data.query_instructions else None,
+            dtype=config.dtype,
+            trust_remote_code=config.model.trust_remote_code,
+            accept_other_base=stage.accept_other_base,
+            seed=args.seed,
+        )
+        settings = json.loads((Path(work) / "model" / "llm2vec_config.json").read_text())
+    for peft_config in model[0].model.peft_config.values():  # not the removed copy (peft reads its config on save)
+        peft_config.base_model_name_or_path = config.model.model_name_or_path
     settings.pop("prompts", None)
     encoder = LLM2Vec(model[0].model, tokenizer, **settings)  # the same modules: the project's save
     loss = build_loss(stage.loss, stage.loss_kwargs or {}, model, stage.loss_scale)
@@ -461,7 +573,6 @@ def build_trainer(config: RunConfig, dataset, run_config: dict, callbacks: list,
         encoder=encoder,
         evaluation_separator=template.separator if config.data.query_instructions else None,
     )
-    trainer.work_dir = work  # removed with the trainer
     logger.info("Stage II: %s, %s", config.model.model_name_or_path, describe(model, loss))
     return trainer
 

@@ -44,6 +44,10 @@ def interrupted_message(config: RunConfig, trainer) -> str:
     out, stage = config.training.output_dir, config.stage.stage
     step = trainer.state.global_step if trainer is not None else 0
     where = f"Stage {stage} run in {out} stopped by Ctrl-C" + (f" at step {step}" if step else " before training")
+    if getattr(config.stage, "trainer", "llm2vec") == "sentence_transformers":
+        from .st_training import NO_RESUME
+
+        return f"{where}; {NO_RESUME}"
     newest = newest_checkpoint(out)
     if newest is None:
         return f"{where}; no checkpoint had been saved, so nothing is kept to continue from: run the same command again"
@@ -83,7 +87,9 @@ def _train(config: RunConfig, made: list):
     if with_st:
         from .st_training import check_config
 
-        check_config(config)  # what that path does not do, before the folder is touched
+        if done := check_config(config):  # what that path does not do, before the folder is touched
+            logger.info(done)
+            return None
     callbacks = run_callbacks(config)  # the budget covers loading the data and the model
     with RunManager.open(config) as run:  # output_dir locked and inspected: start, resume, refuse or nothing to do
         if run.finished:
@@ -97,6 +103,7 @@ def _train(config: RunConfig, made: list):
         retrieval = retrieval_evaluation(config.data)  # the folders read and checked before the weights load
         schedule = plan_schedule(args, dataset.num_global_batches, config.stage.stop_after_n_steps, config.source)
         run_config = run.record(schedule, _data_files(dataset))  # refuses a resume whose schedule or inputs changed
+        run_config["inputs"]["query_instructions"] = trained_instructions(config, dataset)  # what the export writes
         logger.info("Stage %s %s", stage, schedule.describe())
         if with_st:
             from .st_training import build_trainer
@@ -295,6 +302,13 @@ def load_training_data(data: DataArguments, global_batch_size: int, seed: int, r
         require_negative=require_negative,
         validation_size=data.validation_size,
     )
+
+
+def trained_instructions(config: RunConfig, dataset: TrainDataset) -> list[str]:
+    """The distinct instructions the run's queries train with (``""``: none), in training order."""
+    if not config.data.query_instructions:
+        return [""]
+    return [e.query_instruction for e in dataset.instruction_examples()]
 
 
 def validation_pairs(data: DataArguments, dataset: TrainDataset) -> list:

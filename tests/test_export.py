@@ -869,3 +869,45 @@ def test_card_of_a_checkpoint_survives_unreadable_history(tmp_path):
     card = render_model_card(inputs)
     assert "could not be read" in card and "No training loss was logged." in card
     assert shown_path(os.fspath(upstream)) in card and os.fspath(upstream) not in card
+
+
+def test_the_query_prompt_is_the_instruction_the_run_trained_with_whatever_the_data_is_now(tmp_path, monkeypatch):
+    """The export's query prompt comes from the run's record of the instructions it trained with, not from the data as
+    it is now: data saved again with another instruction, or read from another working folder, changes nothing. A run
+    without that record is read back only while its data files are the ones it fingerprinted."""
+    from llm2vec import training
+    from llm2vec.export.prompts import resolve_query_instruction
+    from llm2vec.testing import save_tiny_model
+
+    data = tmp_path / "data.jsonl"
+    rows = [{"query": f"q{i}", "positive": f"p{i}", "instruction": "Trained with this"} for i in range(8)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "run"
+    monkeypatch.chdir(tmp_path)
+    argv = ["--model_name_or_path", str(save_tiny_model("llama3", tmp_path / "model")), "--output_dir", str(out)]
+    argv += ["--dataset_name", "jsonl", "--dataset_file_path", "data.jsonl", "--max_seq_length", "32"]
+    argv += ["--use_cpu", "true", "--per_device_train_batch_size", "4", "--max_steps", "1", "--warmup_steps", "0"]
+    argv += ["--num_threads", "1", "--report_to", "none", "--save_strategy", "no"]
+    training.run("I", argv)
+    data.write_text("".join(json.dumps({**r, "instruction": "Not this"}) + "\n" for r in rows))
+    run_config = json.loads((out / "run_config.json").read_text())
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert resolve_query_instruction(None, run_config, str(out)).instruction == "Trained with this"
+    del run_config["inputs"]["query_instructions"]
+    with pytest.raises(ExportError, match=r"the training data file .*data.jsonl is changed; pass query_instruction"):
+        resolve_query_instruction(None, run_config, str(out))
+
+
+def test_an_output_folder_that_cannot_be_written_is_refused_before_the_model_loads(
+    tiny_checkpoints, tmp_path, monkeypatch
+):
+    """A read-only mount (here: ``os.access`` says so, as it does for a non-root user) is one line before any weights
+    load, not a raw ``[Errno 30]`` after the export was built."""
+    import llm2vec.export.writer as writer
+
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: real(p, mode) and Path(p) != tmp_path)
+    monkeypatch.setattr(writer, "LLM2Vec", None)  # loading the model would fail otherwise
+    with pytest.raises(ExportError, match=rf"^output_dir {tmp_path / 'st'}: cannot write in {tmp_path} \(permissions"):
+        export_sentence_transformers(tiny_checkpoints["llama3"], tmp_path / "st", query_instruction="")

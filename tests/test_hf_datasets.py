@@ -494,6 +494,9 @@ def test_a_run_trains_on_hf_data_and_records_its_files(tmp_path):
         r.get("instruction").strip() if r.get("instruction") is not None else "Find it" for r in edge_rows("nq", 12)
     )
     expected["Find it"] += 16
+    trained = {e.query_instruction for e in trainer.train_dataset}  # the dropped tail aside
+    assert set(trained_query_instructions(run_config)) == trained < set(expected)  # the record: what trained
+    del run_config["inputs"]["query_instructions"]  # a run without the record: the data read back, as it trained
     assert trained_query_instructions(run_config) == expected
 
 
@@ -520,3 +523,45 @@ def test_memory_stays_far_below_a_list_of_python_objects(tmp_path):
     assert own["hf_disk"] < own["jsonl"] / 4, own  # 12 MiB measured
     assert resident["hf_disk"] < resident["jsonl"], resident  # the mapped pages counted too
     assert len({(r["examples"], r["digest"]) for r in records.values()}) == 1
+
+
+# ---------------------------------------------------------------------------------------------- only named inputs
+
+
+@pytest.mark.parametrize("builder", ["text", "json", "parquet", "csv", "JSON"])
+def test_a_builder_name_is_refused_not_run_over_the_working_folder(tmp_path, monkeypatch, builder):
+    """``datasets.load_dataset("text")`` reads every matching file under the working folder, recursively: a name of a
+    datasets builder is no dataset the user named, and is refused in one line before anything is read."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "notes.txt").write_text("private\n")
+    write_jsonl(tmp_path / "sub" / "other.jsonl", st_rows(2))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError) as refused:
+        load_hf(builder, 1, column_map={"query": "text", "positive": "text"}, cache_dir=str(tmp_path / "cache"))
+    message = str(refused.value)
+    assert "\n" not in message and f"dataset_file_path {builder!r}: the name of a datasets builder" in message
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_a_file_rewritten_with_its_old_time_is_converted_again(tmp_path, kind):
+    """``datasets`` keys its conversion cache by the file's path and modification time: a file rewritten with other
+    rows and its old time is read as it is now, never from the old conversion."""
+    cache = str(tmp_path / "cache")
+    path = write(kind, tmp_path, "qa", st_rows(4), ("anchor", "positive", "negative"))
+    first = [e.query for e in load_hf([path], 1, cache_dir=cache)]
+    stat = path.stat()
+    changed = [{**r, "anchor": r["anchor"].replace("question", "QUESTION")} for r in st_rows(4)]
+    write(kind, tmp_path, "qa", changed, ("anchor", "positive", "negative"))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_mtime_ns == stat.st_mtime_ns
+    again = [e.query for e in load_hf([path], 1, cache_dir=cache)]
+    assert sorted(again) == sorted(q.replace("question", "QUESTION") for q in first)
+
+
+@pytest.mark.parametrize("kind", ["folder", "parquet", "jsonl"])
+def test_a_dataset_without_rows_is_named_as_empty(tmp_path, kind):
+    path = write(kind, tmp_path, "empty", [])
+    with pytest.raises(DataError) as refused:
+        load_hf([path], 1)
+    assert str(refused.value) == f"{path}: the dataset has no rows; give one with (query, positive) rows"

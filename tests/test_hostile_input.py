@@ -526,6 +526,34 @@ def test_a_model_folder_s_code_never_runs_in_training_evaluation_or_export(evil_
     assert report[3] == "trusted True", proc.stdout + proc.stderr
 
 
+def test_a_model_folder_named_in_loss_kwargs_runs_no_code(evil_model, model, tmp_path):
+    """A model path inside ``loss_kwargs`` (a decoder, a guide) is checked as the base is: a folder whose config names
+    code is refused in one line before anything loads, though standard input says "y" to transformers' prompt."""
+    folder, marker = evil_model
+    data = write_tiny_e5(tmp_path / "e5", n=8)
+    argv = tiny_run_flags(model, data, tmp_path / "run", max_steps=1, trainer="sentence_transformers")
+    for loss, kwargs in [
+        ("DenoisingAutoEncoderLoss", {"decoder_name_or_path": str(folder), "tie_encoder_decoder": False}),
+        ("CachedGISTEmbedLoss", {"guide": str(folder)}),
+    ]:
+        script = (
+            f"import sys; from llm2vec.training import main; "
+            f"sys.exit(main('II', {argv!r} + ['--loss', {loss!r}, '--loss_kwargs', {json.dumps(kwargs)!r}]))"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", script],
+            input="y\n" * 20,
+            capture_output=True,
+            text=True,
+            env=subprocess_env(HF_MODULES_CACHE=str(tmp_path / "modules")),
+            timeout=600,
+        )
+        line = one_line(proc.stderr)
+        assert proc.returncode == 2 and not marker.exists(), proc.stderr
+        key = "decoder_name_or_path" if "decoder_name_or_path" in kwargs else "guide"
+        assert f"loss_kwargs.{key} {folder}: its config.json names custom code to run" in line, line
+
+
 def test_library_loading_refuses_custom_code_before_running_it(evil_model):
     folder, marker = evil_model
     with pytest.raises(ModelFilesError, match="names custom code to run"):

@@ -155,6 +155,8 @@ def test_the_run_folder_is_reached_through_the_run_package_alone():
         "llm2vec.trainer",
         "llm2vec.training",
         "llm2vec.export.writer",
+        "llm2vec.st_training",
+        "llm2vec.evaluation.paths",
     }
 
 

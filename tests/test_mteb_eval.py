@@ -555,3 +555,24 @@ def test_cli_authors_command_with_a_lora_adapter(llama_checkpoint, tmp_path, cap
         a = merged.encode_items([["", DOCUMENTS[0]]], show_progress_bar=False)
         b = plain.encode_items([["", DOCUMENTS[0]]], show_progress_bar=False)
     assert not np.allclose(a, b)
+
+
+def test_results_are_never_written_into_a_run_or_an_export_folder(llama_checkpoint, tmp_path, capsys):
+    """``--output_dir`` that is, or lies inside, a live run's folder or an export is refused in one line before the
+    model loads, as every other writer is; nothing is written there."""
+    from _drivers import GOOD, lock_held_elsewhere
+
+    from llm2vec.io import EXPORT_MARKER
+
+    beir = write_beir(tmp_path / "beir", **GOOD)
+    live, export = tmp_path / "live", tmp_path / "export"
+    live.mkdir()
+    export.mkdir()
+    (export / EXPORT_MARKER).write_text("{}")
+    for out, held in ((live, "a run in progress"), (export / "inside", "an export")):
+        before = sorted(p.name for p in out.parent.iterdir())
+        with lock_held_elsewhere(live):
+            assert mteb_eval_custom.main(eval_argv(llama_checkpoint, beir, out, "--local_task_name", "Mine")) == 2
+        line = one_line(capsys.readouterr().err)
+        assert f"{out.parent if held == 'an export' else out} holds {held}" in line, line
+        assert sorted(p.name for p in out.parent.iterdir()) == before

@@ -327,13 +327,19 @@ def _break(folder: Path, how: str) -> str:
             f.write(json.dumps({"query-id": "q0", "corpus-id": "nowhere", "score": 1}) + "\n")
         lines = (folder / "qrels.jsonl").read_text().count("\n")
         return rf"qrels.jsonl:{lines}: corpus-id 'nowhere' is not in corpus.jsonl"
+    if how == "huge grade":  # a JSON integer no float holds; the first line's grade becomes 10**400
+        first, *rest = (folder / "qrels.jsonl").read_text().splitlines(keepends=True)
+        row = json.loads(first)
+        huge = json.dumps({**row, "score": 0}).replace('"score": 0', '"score": 1' + "0" * 400)
+        (folder / "qrels.jsonl").write_text(huge + "\n" + "".join(rest))
+        return r"qrels.jsonl:1: score 10000000000000000000\.\.\. is above 2147483647"
     with open(folder / "queries.jsonl", "a") as f:
         f.write(json.dumps({"_id": "lonely", "text": "a query with no qrels line"}) + "\n")
     lines = (folder / "queries.jsonl").read_text().count("\n")
     return rf"queries.jsonl:{lines}: query 'lonely' has no line in qrels.jsonl"
 
 
-@pytest.mark.parametrize("how", ["missing file", "unknown document", "query without a relevant document"])
+@pytest.mark.parametrize("how", ["missing file", "unknown document", "huge grade", "query without a relevant document"])
 def test_a_bad_folder_is_refused_at_start_up_in_one_line(setup, tmp_path, capsys, how):
     from llm2vec.training import main
 

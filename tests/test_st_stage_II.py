@@ -336,3 +336,102 @@ def test_docs_mine_hard_negatives_runs_twice_as_printed_then_retrieval_evaluatio
     assert evals and all({k for k in h if split_log_key(k)} == names for h in evals), trainer.state.log_history
     assert all(0 <= h[k] <= 1 for h in evals for k in names)
     assert not [k for h in trainer.state.log_history for k in h if "@" in k or "cosine" in k or "sequential" in k]
+
+
+# ----------------------------------------------------------------------------------------------- refused at start-up
+
+
+ST = ["--trainer", "sentence_transformers", "--max_steps", "1"]
+
+
+@pytest.mark.parametrize(
+    ("loss", "kwargs", "message"),
+    [
+        ("CachedMultipleNegativesRankingLoss", {"mini_batch_size": "2"}, "loss_kwargs.mini_batch_size of Cached"),
+        ("CachedMultipleNegativesRankingLoss", {"mini_batch_size": 0}, "give a whole number of at least 1"),
+        ("CachedMultipleNegativesRankingLoss", {"mini_batch_size": -1}, "give a whole number of at least 1"),
+        ("CachedMultipleNegativesRankingLoss", {"mini_batch_size": 2.5}, "give a whole number of at least 1"),
+        ("CachedGISTEmbedLoss", {"mini_batch_size": True}, "loss_kwargs.mini_batch_size of CachedGISTEmbedLoss: true"),
+        ("MultipleNegativesRankingLoss", {"similarity_fct": "os.system"}, "give one of cos_sim, dot_score"),
+        ("MultipleNegativesRankingLoss", {"scale": 0}, "loss_kwargs.scale of MultipleNegativesRankingLoss: 0"),
+        ("CoSENTLoss", {}, "loss='CoSENTLoss': not a loss this path trains"),
+        ("ContrastiveLoss", {}, "loss='ContrastiveLoss': not a loss this path trains"),
+        ("AdaptiveLayerLoss", {}, "loss='AdaptiveLayerLoss': not a loss this path trains"),
+        ("DenoisingAutoEncoderLoss", {}, "loss='DenoisingAutoEncoderLoss': not a loss this path trains"),
+        ("MatryoshkaLoss", {"loss": "MatryoshkaLoss", "matryoshka_dims": [16]}, "loss_kwargs.loss='MatryoshkaLoss'"),
+        ("MatryoshkaLoss", {"matryoshka_dims": [16, 0]}, "loss_kwargs.matryoshka_dims of MatryoshkaLoss: [16, 0]"),
+    ],
+)
+def test_a_loss_or_argument_this_path_cannot_train_is_refused_before_the_run_starts(
+    checkpoint, tmp_path, loss, kwargs, message
+):
+    """Values of the wrong type or range, and losses whose rows are not (query, positive[, negative]) without labels,
+    are one line before the folder is touched, not a traceback at step 1."""
+    from llm2vec.training import run
+
+    data = write_tiny_e5(tmp_path / "data", n=8, sources=("nq",))
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError) as refused:
+        run("II", flags(checkpoint, data, out, *ST, "--loss", loss, "--loss_kwargs", json.dumps(kwargs)))
+    assert message in str(refused.value) and "\n" not in str(refused.value), str(refused.value)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("kind", ["missing", "file", "uncached id", "output_dir"])
+def test_a_guide_that_cannot_be_read_is_refused_before_the_run_starts(checkpoint, tmp_path, kind):
+    from llm2vec.training import run
+
+    data = write_tiny_e5(tmp_path / "data", n=8, sources=("nq",))
+    (tmp_path / "notes.txt").write_text("x")
+    out = tmp_path / "out"
+    guide, message = {
+        "missing": (str(tmp_path / "no" / "guide"), "no such folder"),
+        "file": (str(tmp_path / "notes.txt"), "a file; give a model folder"),
+        "uncached id": ("nobody/no-such-guide", "nor a model in the local hub cache"),
+        "output_dir": (checkpoint, "overlap: a run never writes where it reads"),
+    }[kind]
+    out = Path(checkpoint) if kind == "output_dir" else out
+    before = sorted(p.name for p in out.iterdir()) if out.exists() else None
+    with pytest.raises(ConfigError) as refused:
+        args = flags(checkpoint, data, out, *ST, "--loss", "CachedGISTEmbedLoss")
+        run("II", [*args, "--loss_kwargs", json.dumps({"guide": guide}), "--overwrite_output_dir", "true"])
+    assert f"loss_kwargs.guide {guide}" in str(refused.value) and message in str(refused.value), str(refused.value)
+    assert "\n" not in str(refused.value)
+    assert (sorted(p.name for p in out.iterdir()) if out.exists() else None) == before
+
+
+# ----------------------------------------------------------------------------------------------- the run folder
+
+
+def test_every_message_names_the_one_way_out_and_a_finished_run_has_nothing_to_do(
+    checkpoint, tmp_path, monkeypatch, caplog
+):
+    """This path does not resume: a resume, an unfinished or longer run's folder and Ctrl-C each name
+    ``--overwrite_output_dir true``; the same command again on a finished run is "nothing to do". Checkpoints are
+    staged and listed as the project trainer's (none is "incomplete"), and no temporary model copy (the model's,
+    a guide's) is left in TMPDIR."""
+    import tempfile
+
+    from llm2vec.run.folder import CHECKPOINT_MANIFEST
+    from llm2vec.training import interrupted_message, parse_config, run
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    data = write_tiny_e5(tmp_path / "data", n=8, sources=("nq",))
+    out = tmp_path / "out"
+    guide = json.dumps({"guide": checkpoint, "mini_batch_size": 2})
+    args = flags(checkpoint, data, out, *ST, "--loss", "CachedGISTEmbedLoss", "--loss_kwargs", guide)
+    args[args.index("--save_strategy") + 1] = "steps"
+    trainer = run("II", [*args, "--save_steps", "1"])
+    assert trainer.state.global_step == 1 and (out / "checkpoint-1" / CHECKPOINT_MANIFEST).is_file()
+    assert not any((tmp_path / "tmp").iterdir())
+    way_out = "does not resume: pass --overwrite_output_dir true to start anew"
+    with caplog.at_level(logging.INFO, logger="llm2vec"):
+        assert run("II", [*args, "--save_steps", "1"]) is None
+    assert "nothing to do" in caplog.text and way_out in caplog.text
+    longer = [*args[: args.index("--max_steps")], "--max_steps", "2", *args[args.index("--max_steps") + 2 :]]
+    for again in ([*args, "--resume_from_checkpoint", "true"], longer):
+        with pytest.raises(ConfigError, match=way_out):
+            run("II", again)
+    message = interrupted_message(parse_config("II", args), trainer)
+    assert message.endswith(way_out) and "--resume_from_checkpoint" not in message

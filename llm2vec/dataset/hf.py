@@ -6,10 +6,10 @@ Each entry of ``dataset_file_path`` (joined by ``,``) is one source, so each glo
 * a folder written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk`` (read with ``load_from_disk``; of a
   ``DatasetDict``, the split ``split``);
 * a ``.parquet``, ``.arrow``, ``.json`` or ``.jsonl`` file (an ``.arrow`` file written by ``datasets`` is mapped as
-  it is; the others are converted once into ``datasets``' cache, which ``datasets`` reuses while the file is
-  unchanged);
+  it is; the others are converted once into ``datasets``' cache, reused while the file's SHA-256 is unchanged);
 * a dataset id already in the local ``datasets`` cache, ``owner/name`` or ``owner/name:config`` (read with
-  ``datasets.load_dataset`` in offline mode: nothing is downloaded).
+  ``datasets.load_dataset`` in offline mode: nothing is downloaded); a builder's name (``text``, ``json``), which
+  would read the working folder, is refused.
 
 A source's name is its file's stem or folder's name (``data/fiqa.parquet`` is ``fiqa``), or the id as written.
 
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import operator
 import os
@@ -126,10 +127,22 @@ class Spec:
             self.repo, _, config = given.partition(":")
             self.config = config or None
             self.name = given
+            if self.repo.lower() in _builder_names():
+                raise DataError(
+                    f"dataset_file_path {given!r}: the name of a datasets builder, which would read every matching "
+                    f"file under {os.getcwd()}; give the data files themselves ({', '.join(FILE_BUILDERS)}) or a "
+                    "save_to_disk folder"
+                )
 
     @property
     def is_jsonl(self) -> bool:
         return self.path is not None and self.path.endswith(".jsonl")
+
+
+def _builder_names() -> set[str]:
+    from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
+
+    return set(_PACKAGED_DATASETS_MODULES)
 
 
 def _looks_like_a_path(given: str) -> bool:
@@ -204,6 +217,8 @@ def open_source(spec: Spec, split: str, cache_dir: str | None = None):
                 f"datasets cache as a dataset id ({_first_line(e)}). Download it once where there is network "
                 "(datasets.load_dataset), or give a local file or save_to_disk folder"
             ) from e
+        if _has_no_rows(spec.path, split):
+            raise DataError(f"{spec.given}: the dataset has no rows; give one with (query, positive) rows") from None
         if spec.is_jsonl:
             _find_bad_line(spec.path)  # raises naming the line, if the file's lines show the problem
         raise DataError(f"{spec.given}: cannot read it as a dataset ({_first_line(e.__cause__ or e)})") from e
@@ -212,6 +227,21 @@ def open_source(spec: Spec, split: str, cache_dir: str | None = None):
     else:
         files = [f["filename"] for f in dataset.cache_files]
     return dataset, files
+
+
+def _has_no_rows(path: str, split: str) -> bool:
+    """Whether the local dataset ``path`` (whose load failed) holds no rows: ``datasets`` fails on those obscurely."""
+    try:
+        if os.path.isdir(path):
+            state = next(f for f in (Path(path, split, "state.json"), Path(path, "state.json")) if f.is_file())
+            return not json.loads(state.read_text()).get("_data_files")
+        if path.endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            return pq.ParquetFile(path).metadata.num_rows == 0
+        return os.path.getsize(path) < 1 << 20 and not Path(path).read_bytes().strip()
+    except Exception:  # noqa: BLE001 - unreadable: the caller's line says so
+        return False
 
 
 def _from_disk(spec: Spec, split: str):
@@ -253,9 +283,39 @@ def _from_file(spec: Spec, cache_dir: str | None):
         # pyarrow's pre-buffering keeps the bytes of every row group read so far until the file is done: the
         # conversion's memory would grow with the file (measured: 0.7 GB of 2 M pairs, 0.4 GB without it)
         options["fragment_scan_options"] = pds.ParquetFragmentScanOptions(pre_buffer=False)
-    return datasets.load_dataset(
-        FILE_BUILDERS[suffix], data_files=spec.path, split="train", cache_dir=cache_dir, **options
-    )
+    return _converted(FILE_BUILDERS[suffix], spec.path, cache_dir, options)
+
+
+CONVERTED_FROM = "llm2vec-converted-from.json"
+"""Beside a conversion in ``datasets``' cache: the SHA-256 of the file it was made from. ``datasets`` keys its cache
+by the file's path and modification time only, so a file rewritten with its old time would be served as before."""
+
+
+def _converted(builder_name: str, path: str, cache_dir: str | None, options: dict):
+    """``path`` converted by ``builder_name`` into the cache, converted again unless the cache was made from these bytes."""
+    import datasets
+
+    from ..io import sha256_file
+
+    before = os.stat(path)
+    digest = sha256_file(path)
+    builder = datasets.load_dataset_builder(builder_name, data_files=path, cache_dir=cache_dir, **options)
+    record = Path(builder.cache_dir) / CONVERTED_FROM
+    try:
+        same = json.loads(record.read_text()).get("sha256") == digest
+    except (OSError, ValueError, AttributeError):
+        same = False
+    mode = None if same else datasets.DownloadMode.FORCE_REDOWNLOAD
+    builder.download_and_prepare(download_mode=mode)
+    after = os.stat(path)
+    if (after.st_size, after.st_mtime_ns, after.st_ctime_ns) != (
+        before.st_size,
+        before.st_mtime_ns,
+        before.st_ctime_ns,
+    ):
+        raise DataError(f"{path}: the file changed while it was read; run again once it is written")
+    record.write_text(json.dumps({"path": os.path.realpath(path), "sha256": digest}))
+    return builder.as_dataset(split="train")
 
 
 def _find_bad_line(path: str) -> None:

@@ -74,7 +74,7 @@ def read_input_json(path: str | os.PathLike, what: str, holds: str, error: type[
 
 
 def check_output_folder(folder: str | os.PathLike, what: str | None = None) -> None:
-    """``folder`` (which need not exist yet) can be made, read and written: its deepest part that exists is a
+    """``folder`` (which need not exist yet) can be made, read and written, in no run's or export's folder: its deepest part that exists is a
     folder this process can read, enter and write in. Creates nothing. Raises :class:`PathNameError` naming
     ``what`` (default: the folder), the folder at fault and what to do."""
     folder = Path(folder)
@@ -89,6 +89,14 @@ def check_output_folder(folder: str | os.PathLike, what: str | None = None) -> N
             f"{what}: cannot read the folder {existing} (permission denied); earlier results are read "
             "from there: fix its permissions or choose another output folder"
         )
+    from ..run import folder_holds
+
+    for holder in (existing, *existing.parents):
+        if held := folder_holds(holder):
+            raise PathNameError(
+                f"{what}: {holder} holds {held}; results are written apart from runs and exports: choose another "
+                "output folder"
+            )
     if not os.access(existing, os.W_OK):
         raise PathNameError(
             f"{what}: cannot write in the folder {existing} (permission denied or a read-only file "

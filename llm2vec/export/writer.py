@@ -164,6 +164,9 @@ def export_sentence_transformers(
     read = [("base model", base_model_name_or_path), ("adapter", peft_model_name_or_path)]
     read += [("instructions file", task_to_instructions_fp), *[("mteb results folder", r) for r in mteb_results]]
     check_export_target(output_dir, overwrite, read)  # the lock and rules of a run's folder (llm2vec.run.plan)
+    for folder in {output_dir, next(p for p in output_dir.absolute().parents if p.exists())}:  # before the model loads
+        if folder.exists() and not os.access(folder, os.W_OK | os.X_OK):
+            raise ExportError(f"output_dir {output_dir}: cannot write in {folder} (permissions or a read-only mount)")
     given = dict(instructions or {})
     if task_to_instructions_fp is not None:
         given.update(read_instructions(task_to_instructions_fp, tasks))

@@ -2,7 +2,14 @@
 
 from .folder import RUN_CONFIG_NAME, CheckpointError, newest_checkpoint
 from .lock import RunLocked
-from .plan import ExportFolderError, RunManager, check_export_target, claim_export_folder
+from .plan import (
+    ExportFolderError,
+    RunManager,
+    check_export_target,
+    claim_export_folder,
+    folder_holds,
+    without_resume,
+)
 from .saves import staged_checkpoint
 
 __all__ = [
@@ -13,6 +20,8 @@ __all__ = [
     "RunManager",
     "check_export_target",
     "claim_export_folder",
+    "folder_holds",
     "newest_checkpoint",
     "staged_checkpoint",
+    "without_resume",
 ]

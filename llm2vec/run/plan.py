@@ -402,6 +402,22 @@ def _plan_resume(plan: RunManager, where: str, overwrite: bool, saved: dict | No
     raise ConfigError(f"{where}: no checkpoint holds what it held when saved")
 
 
+def without_resume(config: RunConfig, way_out: str) -> str | None:
+    """For a trainer that does not resume, before the folder is opened: ``None`` to go on, the "nothing to do" line of
+    a finished run of the same length, else :class:`ConfigError` naming ``way_out`` (a live run's folder is left to
+    :meth:`RunManager.open`)."""
+    out = config.training.output_dir
+    if config.stage.overwrite_output_dir or not os.path.isdir(out) or is_held(Path(out) / LOCK_NAME):
+        return None
+    folder, stage = RunFolder.inspect(out), config.stage.stage
+    if not folder.holds_run:
+        return None
+    if folder.finished and end_values(folder.saved_config() or {}, stage) == end_values(config.resolved(), stage):
+        step = folder.marker.get("global_step")
+        return f"output_dir {out} holds this Stage {stage} run finished (step {step}): nothing to do ({way_out})"
+    raise ConfigError(f"output_dir {out} holds {folder.describe()}; {way_out}")
+
+
 def _plan_checkpoint(plan: RunManager, resume: str, where: str, overwrite: bool) -> None:
     """``--resume_from_checkpoint <folder>``: that checkpoint, whose files hash as saved; what the folder holds
     beyond it (later checkpoints of its run, another run) is replaced only with ``overwrite``."""
