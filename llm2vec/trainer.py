@@ -11,8 +11,6 @@ The contract with a model and its collator:
   optimizer step starts, :meth:`get_batch_samples` hands every micro-batch that carries token counts the step's
   sum of them (:func:`llm2vec.collator.step_counts`), and each micro-batch's loss is multiplied by
   :func:`llm2vec.collator.loss_weight` before backward. The result is exactly the gradient of one big batch.
-  Since both scalings are done here, the Trainer's own division is switched off (``loss_is_scaled_for_ga``, a
-  documented Trainer attribute since transformers 5; a test checks that the Trainer still honours it).
 - A model may run its own forward and backward passes over parts of a micro-batch: the memory-bounded steps
   of :mod:`llm2vec.chunked_steps` (Stage I's token-budget chunks, Stage II's gradient cache). It says so by a
   method ``step_in_parts(model, inputs, backward, no_sync)`` returning the output (loss detached), or ``None``
