@@ -83,7 +83,7 @@ class ModelArguments:
             "false, or auto (on with flash_attention_2, whose variable-length kernel skips the padding, for a family that "
             "declares packing exact, which the four shipped ones do; off otherwise, "
             "since sdpa and eager compute attention over the whole packed row, quadratic in its length; true "
-            "pays on CPU for Stage I chunks of about 1k tokens, see the README's benchmark).",
+            "pays on CPU for Stage I chunks of about 1k tokens, see docs/results/benchmarks.md).",
             "choices": PACKING,
         },
     )
@@ -108,7 +108,7 @@ class ModelArguments:
         metadata={
             "help": "Precision policy of bf16 training (bf16: true), the same under DDP and FSDP. bf16 (the authors'): "
             "pure bf16, the weights, their gradients and the AdamW states are bfloat16, so an update smaller "
-            "than half a bf16 step of a weight is lost (the README's precision section gives the measured share); "
+            "than half a bf16 step of a weight is lost (docs/scaling.md gives the measured share); "
             "under FSDP the Trainer's mixed precision is then switched off, since accelerate would otherwise "
             "keep fp32 copies of the weights. fp32: float32 master weights and AdamW states, forward and "
             "backward under bf16 autocast (FSDP: its bf16 mixed-precision policy). Ignored without bf16.",
