@@ -1,19 +1,4 @@
-"""Where the learning-rate schedule ends and where training stops: two numbers, as in the authors' runs.
-
-The Trainer's schedule (``lr_scheduler_type``, linear decay after ``warmup_steps`` in the paper's configs)
-spans its *horizon*:
-
-    horizon = max_steps                                      when max_steps > 0
-    horizon = ceil(num_train_epochs x global batches)        otherwise
-
-with the global batches of the data actually loaded (:attr:`TrainDataset.num_global_batches`).
-``stop_after_n_steps`` ends training at step N < horizon, as LLM2Vec's does: the authors' configs give
-``num_train_epochs: 3`` and no ``max_steps``, so their "2000 steps" models come from part-way down a 3-epoch
-schedule (decaying to zero at the stop instead is ``max_steps = N``). :func:`plan_schedule` computes the plan
-before training (saved as ``lr_schedule`` in ``run_config.json``), :class:`StopAfterNSteps` checks the Trainer's
-horizon and stops, :func:`check_resume` refuses a checkpoint planned with another schedule;
-:class:`StopAtTimeBudget` stops on the wall clock (``stop_after_minutes``) with the same schedule.
-"""
+"""Where the learning-rate schedule ends and where training stops: two numbers, as in the authors' runs."""
 
 from __future__ import annotations
 

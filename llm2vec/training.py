@@ -1,14 +1,4 @@
-"""One training run of either stage: parse and check the config, load the data, build the model, train, save.
-
-    torchrun --nproc_per_node=8 run_stage_I.py stage_I_config.json
-
-The two drivers (``run_stage_I.py``, ``run_stage_II.py``) call :func:`main` with their stage. Both stages run the same sequence;
-what differs is the argument class (:mod:`llm2vec.arguments`) and the model class, whose ``build``
-turns a run config into the model to train:
-
-- Stage I: :class:`llm2vec.llm2vec_q2d_d2q.LLM2Vec_q2d_d2q` (full causal LM, reconstruction loss);
-- Stage II: :class:`llm2vec.llm2vec_contrastive.LLM2VecContrastive` (LoRA, InfoNCE).
-"""
+"""One training run of either stage: parse and check the config, load the data, build the model, train, save."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
 """The fields both stages share: the model and how it embeds a text (:class:`ModelArguments`), the training data
-(:class:`DataArguments`), and :class:`ConfigError`, the one-line error every check of a config raises.
-
-Each value is checked in its class's ``__post_init__``; allowed values are imported from the modules that define
-them, never copied.
-"""
+(:class:`DataArguments`), and :class:`ConfigError`, the one-line error every check of a config raises."""
 
 from __future__ import annotations
 
