@@ -13,6 +13,10 @@ from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 
+class ConfigError(ValueError):
+    """A bad configuration: the message names the file or flag, the field, and what to do."""
+
+
 class ValueProblem(ValueError):
     """A value that cannot be read as its field's type or lies outside its range (one line, no source)."""
 

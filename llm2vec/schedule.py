@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 import torch
 from transformers import TrainerCallback, get_scheduler
 
-from .arguments import ConfigError
+from .config_values import ConfigError
 
 logger = logging.getLogger("llm2vec")
 
@@ -137,19 +137,11 @@ def check_resume(checkpoint: str | None, plan: SchedulePlan, extending: bool = F
 
 
 class StopAfterNSteps(TrainerCallback):
-    """Stops training at ``plan.stop_step`` (saving a checkpoint there when checkpoints are saved by steps, as the
-    Trainer does at the end of its schedule) and checks at the start that the Trainer's horizon is the plan's."""
+    """Stops training at ``plan.stop_step``, saving a checkpoint there when checkpoints are saved by steps (as the
+    Trainer does at the end of its schedule)."""
 
     def __init__(self, plan: SchedulePlan):
         self.plan = plan
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        if state.max_steps != self.plan.horizon_steps:
-            raise RuntimeError(
-                f"the Trainer schedules {state.max_steps} steps but the plan says "
-                f"{self.plan.horizon_steps}; llm2vec.schedule.plan_schedule's horizon no longer matches the "
-                "Trainer's computation"
-            )
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.plan.stops_early and state.global_step >= self.plan.stop_step:

@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config_values import ConfigError
 from ..dataset.hf import ROLES, check_column_map
 from ..pooling import POOLING_MODES
 from ..templates import TRAINING_SEPARATOR
@@ -17,10 +18,6 @@ DTYPE_NAMES = ("bfloat16", "float16", "float32")
 MASTER_WEIGHTS = ("bf16", "fp32")
 ATTENTION = ("flash_attention_2", "sdpa", "eager")
 PACKING = ("auto", "true", "false")
-
-
-class ConfigError(ValueError):
-    """A bad configuration: the message names the file or flag, the field, and what to do."""
 
 
 def _choice(name: str, value: Any, allowed) -> None:
