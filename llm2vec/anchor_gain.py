@@ -1,44 +1,4 @@
-"""What the anchor tells the decoder: the anchor's information gain and rank accuracy on held-out pairs.
-
-Stage I is meant to teach the anchor embedding e_X to hold its text (paper Sec. 3.2). Under teacher
-forcing the decoder can lower the reconstruction loss of Eq. 3-4 without reading e_X at all: it learns
-the language of the data and predicts each target token from the targets before it. The loss alone
-therefore cannot tell whether the anchor carries anything. This module measures it directly.
-
-For a batch of B held-out pairs (Q_i, D_i) and one direction (e = e_Q and y = D for EBQ2D, e = e_D and y = Q
-for EBD2Q), let
-
-    c_t(i, j) = - log P(y_t^i | e^j, y_<t^i)      the t-th target token of pair i, read from pair j's anchor
-
-(the reconstruction pass of Eq. 3-4 with another pair's anchor when j != i). Over all held-out pairs, with
-T the direction's target tokens, s = B // 2 and p(i) = (i + s) mod B:
-
-    loss  = sum_i sum_t c_t(i, i) / T                        the validation reconstruction loss
-    gain  = sum_i sum_t c_t(i, p(i)) / T - loss              the anchor gain (nats per target token)
-    gain@k: the same two sums over the first k target tokens of each pair only (t <= k), divided by
-            their count. Under teacher forcing the anchor matters most for the first tokens (later ones
-            follow from the prefix), so the per-token mean dilutes what gain@k shows.
-    rank accuracy: with C_i(j) = sum_t c_t(i, j), the share of pairs whose own anchor gives the lowest
-            C_i among R candidates j = i, i + 1, ..., i + R - 1 (mod B), R = min(B, rank_candidates);
-            a tie of the own anchor with m others counts 1 / (m + 1). Chance is 1 / R.
-
-The gain is 0 when the decoder ignores its anchor (or all anchors are the same vector), and the rank
-accuracy then at chance; both grow as the anchor tells the decoder which text it is reconstructing.
-
-Within a source. When the held-out pairs come from several sources (E5's datasets), another pair's anchor
-can differ from the own one by its source alone, and the measures would count telling sources apart. Given
-each pair's source, the same measures are computed within each source of a batch: pair i's partner is the
-member n // 2 places further in its source's members of the batch (n of them, in batch order), and its rank
-candidates are those members (at most R of them, from itself on). Pairs alone in their source in a batch are
-left out of these (``pairs_in_source`` counts the others).
-
-The anchors the passes read, e_Q of every pair against e_D of every pair (each query's own document the relevant
-one), also give :func:`llm2vec.geometry.anchor_geometry` (``geometry_*``), at no further forward pass.
-
-Shuffle the held-out pairs (:func:`llm2vec.dataset.hold_out` does) so that a batch's other pairs are not near twins.
-Every pass is the model's own forward with ``anchor_shifts`` (:func:`llm2vec.retrieval.measuring`): one encoding and
-max(R, s + 1) reconstruction passes per batch. The losses are in the units of the log's ``loss_q2d`` / ``loss_d2q``.
-"""
+"""What the anchor tells the decoder: the anchor's information gain and rank accuracy on held-out pairs."""
 
 from __future__ import annotations
 

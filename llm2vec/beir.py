@@ -1,19 +1,4 @@
-"""A retrieval folder of the BEIR layout, read and checked line by line: the one reader of such folders.
-
-The folder holds three JSON-lines files (the layout of BEIR and NanoBEIR, one split):
-
-- ``corpus.jsonl``: ``{"_id", "title", "text"}`` (``title`` optional);
-- ``queries.jsonl``: ``{"_id", "text"}``;
-- ``qrels.jsonl``: ``{"query-id", "corpus-id", "score"}`` (``score``: a whole-number relevance grade, 0 = judged
-  not relevant).
-
-:func:`read_beir_folder` reads one into a :class:`BeirFolder`, for mteb (:mod:`llm2vec.evaluation.local_task`) and
-for a training run's evaluation (:mod:`llm2vec.retrieval`). Whatever would make a score meaningless (a malformed
-line, an id given twice, ``7`` and ``"7"`` being one id as mteb keys them, an unknown or repeated qrels pair, a grade
-that is not a whole number >= 0, no relevant document at all) is a ``ValueError`` naming ``file:line``. A query with
-nothing to find is left out with a warning (``"leave_out"``, mteb's evaluation) or refused (``"refuse"``, a training
-run's: qrels that miss its queries are more likely the wrong split than a choice). No mteb or datasets import here.
-"""
+"""A retrieval folder of the BEIR layout, read and checked line by line: the one reader of such folders."""
 
 from __future__ import annotations
 

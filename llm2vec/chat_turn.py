@@ -1,34 +1,4 @@
-"""The user turn of a tokenizer's own chat template: how a model of no registered family gets its prompt.
-
-The chat template renders one user message whose content is a sentinel, with no system message, no generation
-prompt (``add_generation_prompt=False``) and ``enable_thinking=False`` where the template reads that switch (Qwen3's
-hybrid thinking). The rendering splits at the sentinel into the *opening* (BOS where the template writes it, and the
-user header) and what follows the user's text; that, less the whitespace at its end (ChatML's and Gemma's newline
-between turns), is the *closing*, and the closing's last token is the *anchor* the embedding is read at. The anchor
-must be one of the model's end-of-sequence ids (the paper's Eq. 1 reads the embedding at an appended [EOS]):
-
-- Qwen3: ``<|im_start|>user\\n`` ... ``<|im_end|>``; Gemma 3: ``<bos><start_of_turn>user\\n`` ... ``<end_of_turn>``;
-  Llama 3.x: ``<|begin_of_text|><|start_header_id|>user<|end_header_id|>\\n\\n`` ... ``<|eot_id|>``;
-- Phi-3 and Phi-4-mini, whose templates end a conversation without a generation prompt with the EOS token:
-  ``<|user|>\\n`` ... ``<|end|>\\n<|endoftext|>`` (Phi-4-mini without the newlines), anchor ``<|endoftext|>``;
-- a user turn left open, whose last token is no EOS id, takes the EOS that ends the assistant's reply in the same
-  chat format, appended after the turn: Mistral's ``<s>[INST] `` ... ``[/INST]`` (``[INST] `` ... `` [/INST]`` in
-  v0.2) and its reply's ``</s>`` give the closing ``[/INST]</s>``, as the registered ``mistral`` family appends
-  ``</s>``. A chat format that ends neither turn with an EOS id is refused, naming the token its user turn ends with.
-
-A default system turn that the template writes when the conversation has none (Llama 3.1 and later: knowledge
-cut-off and today's date; Qwen2.5 and SmolLM2: a persona) is left out, as the registered families and LLM2Vec leave
-it out: the rendering of ``[system, user]`` shows what surrounds a system message's text, and when the one-message
-rendering has that shape around a default text, the opening keeps only what precedes the system turn (BOS) and the
-user header after it. So the ids never depend on the day the prompt was built.
-
-Rendering runs the template (untrusted Jinja from the model folder, in transformers' sandbox, where one ``range``
-has at most 100,000 items) under two budgets: :data:`RENDER_LINES` executed template lines and
-:data:`RENDER_SECONDS` of wall-clock time, checked at each template line, so a template that loops without end,
-or whose lines each take long, stops; a template that raises, runs past a budget or renders the user's text other
-than once is a :class:`ChatTemplateError` of one line. (One Python operation the template calls, such as a huge
-``**``, runs to its end before the clock is read again.)
-"""
+"""The user turn of a tokenizer's own chat template: how a model of no registered family gets its prompt."""
 
 from __future__ import annotations
 

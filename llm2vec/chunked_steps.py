@@ -1,58 +1,7 @@
 """Memory-bounded training steps of both stages: a batch run in chunks, with the gradient of the whole batch.
 
-A training step's activations grow with the batch. Both stages can bound them by a token budget and run a
-micro-batch in chunks, each chunk's forward and backward within the budget; both steps are exact (the
-gradient is the plain step's up to float rounding).
-
-- **Stage I** (``token_budget``, :func:`reconstruction_step`). Each (query, document) pair's EBQ2D/EBD2Q terms
-  depend on that pair only, and every chunk divides its token NLL sums by the same step-wide
-  ``target_counts``; so the chunks' losses add up to the batch's loss and their gradients to its gradient.
-  A chunk is a set of pairs; each pair takes up to four decoder calls (query and document encoding,
-  q2d and d2q reconstruction: :func:`decoder_call_lengths`).
-- **Stage II** (``embedding_token_budget``, :func:`gradient_cache_step`: GradCache, Gao et al. 2021). The
-  InfoNCE loss couples every text of the batch, so the batch cannot be split like gradient accumulation:
-
-  1. embed every chunk without a graph (``torch.no_grad``), recording the RNG state before each chunk;
-  2. compute the loss over all embeddings, made leaf tensors, and back-propagate it to them only:
-     ``g = dL/de`` (the cache; no parameter is touched; under DDP the gather's backward all-reduce already
-     puts into ``g`` what every process's queries send to this process's documents);
-  3. embed each chunk again, with a graph, restoring its RNG state (dropout draws pass 1's masks), and
-     back-propagate ``g`` of its rows through it: ``sum_rows <g_row, de_row/dtheta>`` summed over the chunks
-     is ``dL/dtheta`` by the chain rule.
-
-  The RNG state after the step is the one after pass 1. With dropout, the masks are drawn for the chunks'
-  shapes, so they differ from the plain step's draws (same distribution); the step is exact for the masks it
-  drew. A chunk is a set of texts (queries, positives, negatives alike), each one decoder call.
-
-**One planner** (:func:`plan_chunks`). Items (pairs or texts) are taken longest first (by total length, ties by
-index) and added greedily to the current chunk while its cost stays within the budget; an item that alone
-exceeds it is a chunk of its own. A chunk's cost (:func:`chunk_cost`) is the positions its decoder calls
-process: padded, ``|chunk| x sum over calls of the longest item in that call``; with packing
-(:mod:`llm2vec.packing`, no padding) the sum of its items' real lengths.
-
-**One rule for several processes** (:func:`agreed_plan`). With a budget, every micro-batch takes the chunked
-step, even one that fits in one chunk, and the processes agree on the number of chunks: the largest of their
-plans; a process with fewer cuts its costliest chunk in two halves until it has as many. So every process runs
-the same forward passes, which FSDP and ZeRO-3 need (they gather the weights in each forward), and the same
-collectives in the same order, which DDP needs (it rebuilds its gradient buckets, a broadcast, at the first
-forward with a graph of its second step; Stage II's loss all-gathers come first in the cached step, so a
-process falling back to the plain step there would meet another process's all-gather). Tested with two gloo
-processes whose own plans differ, for both stages.
-
-**The trainer's side** (:func:`trainer_hooks`): a model with a budget defines ``step_in_parts(model, inputs,
-backward, no_sync)``, which only picks one of the steps here and its arguments. ``model`` is the wrapped model
-(DDP/FSDP): every forward whose graph is back-propagated goes through it; ``backward(tensor, grad=None)``
-back-propagates with the trainer's loss weight; ``no_sync()`` defers the gradient all-reduce, so every chunk's
-backward but the last runs inside it and the gradient is all-reduced once. The trainer builds these two with
-:func:`trainer_hooks` and calls ``step_in_parts`` in place of its own step.
-
-Why the gradient cache lives here and not inside the loss (as sentence-transformers'
-``CachedMultipleNegativesRankingLoss`` keeps it): its passes 1 and 3 are forwards of the *wrapped* model, which
-DDP and FSDP must see, and the InfoNCE loss (:mod:`llm2vec.loss.infonce`) is a function of embeddings that never
-holds the model; Stage I's chunked step needs the same planner and the same rule for several processes. So every
-part of a step in chunks is in this one module: the plan, the rule, both steps and the hooks the trainer hands
-them.
-"""
+Contract: Stage I's token-budget chunks and Stage II's gradient cache give the plain step's gradient up to float
+rounding; every process runs the same number of chunks (:func:`agreed_plan`), as DDP, FSDP and ZeRO-3 need."""
 
 from __future__ import annotations
 

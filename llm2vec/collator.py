@@ -1,32 +1,5 @@
 """Padded batches: :func:`pad_batch` (token ids -> tensors and masks, used by training and ``LLM2Vec.tokenize``
-alike) and the training collator (Stage I and II): examples -> explicitly built, padded tensors.
-
-The collator tokenizes with the same template function and :func:`pad_batch` as ``LLM2Vec.tokenize`` at evaluation
-time. In both stages a query gets its instruction (E5: its source's Table 6 instruction), joined to the
-text by ``instruction_separator`` (the authors' training data: ``"; "``), unless ``query_instructions`` is
-off; documents (positives, hard negatives) never get one. Stage I's ``text`` reconstruction targets are
-the text tokens only, so the instruction is never a target.
-
-Per-token normalisation (Stage I), all of it here but the division. A loss averaged over target tokens must
-divide by the tokens of the whole optimizer step, not of one micro-batch, or gradient accumulation and several
-processes would weigh a token by the size of its micro-batch:
-
-1. counted: the collator puts each batch's target tokens per direction under :data:`COUNTS_KEY`
-   (:func:`llm2vec.loss.reconstruction.target_counts`);
-2. summed: :func:`step_counts` replaces them, in every micro-batch of an optimizer step, by their sum over the
-   step's micro-batches and over all processes (the trainer calls it from ``get_batch_samples``);
-3. divided: the loss divides its token NLL sums by those counts (:class:`llm2vec.loss.ReconstructionLoss`), so
-   each micro-batch's loss is its share of the step's mean; a memory-bounded step's chunks divide by the same
-   counts (:mod:`llm2vec.chunked_steps`);
-4. weighted: :func:`loss_weight` is what the trainer multiplies that share by before backward: the number of
-   processes (DDP averages the gradients over them), or, for a batch without counts (a per-micro-batch mean),
-   ``1 / gradient_accumulation_steps``.
-
-Why here: the collator builds the target masks, so it is the one module that knows which tokens are counted;
-keeping the sum and the weight beside the count leaves the trainer a caller of two functions that names no
-loss part, and the division stays inside the loss, where it is part of the equation (Eq. 3-4 as token means).
-torchtitan divides by the global count of valid tokens in the step in the same way.
-"""
+alike) and the training collator (Stage I and II): examples -> explicitly built, padded tensors."""
 
 from __future__ import annotations
 

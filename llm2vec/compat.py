@@ -1,27 +1,4 @@
-"""What this package does differently on the older transformers releases that ``setup.py`` admits (>= 5.17).
-
-Each difference is found by feature, not by version number, and names the release that made it unnecessary, so
-that it can be deleted when the lower bound passes that release. ``tests/lower_bounds.txt`` names the tests that
-CI runs at the lower bounds (``.ci/run``), and these paths are among what they exercise.
-
-- **Loss scaling under gradient accumulation.** :class:`llm2vec.trainer.LLM2VecTrainer` scales the loss itself
-  and says so with the Trainer attribute ``loss_is_scaled_for_ga`` (read since transformers 5.19). Before 5.19 the
-  Trainer divides the loss by the accumulation steps again unless ``model_accepts_loss_kwargs`` is true *and* the
-  step's ``num_items_in_batch`` is not ``None`` (the test by which it recognised a loss already normalised over
-  the whole step); there the trainer sets both (:data:`TRAINER_READS_LOSS_IS_SCALED_FOR_GA` false). Without this,
-  every gradient of an accumulated step is ``1 / gradient_accumulation_steps`` too small.
-- **Activation checkpointing.** transformers 5.23 renamed the training arguments ``gradient_checkpointing`` and
-  ``gradient_checkpointing_kwargs`` to ``activation_checkpointing`` and ``activation_checkpointing_kwargs`` (the
-  old names stay as deprecated aliases) and the models' ``gradient_checkpointing_enable`` to
-  ``activation_checkpointing_enable``. The configs use the new names on every version: where the installed
-  ``TrainingArguments`` lacks them, :class:`TrainingArguments` here adds the two fields and copies them onto the old
-  ones, so the Trainer of that release checkpoints as asked; :func:`enable_activation_checkpointing` and
-  :func:`disable_activation_checkpointing` call whichever method the model has (for scripts that switch it on
-  a bare transformers model, such as the project's GPU check).
-- **peft's read of a deprecated property.** peft (0.21) reads ``is_gradient_checkpointing`` whenever it wraps a
-  model, which transformers 5.23 deprecates with a FutureWarning; :func:`peft_reads_deprecated_property` hides that
-  one warning where this package lets peft wrap a model (LoRA in Stage II, an adapter loaded to encode).
-"""
+"""What this package does differently on the older transformers releases that ``setup.py`` admits (>= 5.17)."""
 
 from __future__ import annotations
 

@@ -1,24 +1,4 @@
-"""Strict values for config fields: each raw value is read as its field's declared type, then range-checked.
-
-A config arrives as JSON (typed values) or as command-line flags (strings). :func:`coerce_config` turns every
-value into its field's type before any argument class sees it, and refuses what would be silently misread:
-
-- **booleans** take ``true`` / ``false`` (any case) or ``1`` / ``0``, nothing else: ``"False"``, ``"no"``,
-  ``2`` or ``null`` are errors (Python's ``bool("False")`` is true, which is how ``--overwrite_output_dir
-  False`` once replaced a finished run). A boolean flag given alone (``--bf16``) means true;
-- **whole numbers** take an integer, a string of one, or an integral float (``1e3``); ``6.7`` steps, ``"abc"``
-  and ``true`` are errors;
-- **numbers** take any finite number or a string of one; ``nan`` and ``inf`` are errors;
-- **text** takes a string (a JSON number for a text field is an error);
-- ``null`` (JSON) or ``null`` / ``none`` (a flag) only where the field may be unset;
-- any other flag given with no value, or with several values where one belongs, is an error.
-
-Other fields (dicts, lists of options, unions such as ``report_to``) take a flag's value as JSON where it parses,
-else as a string. NaN and infinity (JSON's ``NaN``, ``Infinity``, ``1e999``) are refused at any depth, named by
-their path (``lr_scheduler_kwargs.min_lr``). :func:`check_ranges` holds transformers' numeric fields to
-:data:`TRAINING_RANGES` and every number to :data:`NUMBER_LIMIT` either way. :func:`strict_booleans` holds the
-Python API's ``bool`` parameters to ``True`` / ``False``: ``trust_remote_code="false"`` is a ``TypeError``, not a yes.
-"""
+"""Strict values for config fields: each raw value is read as its field's declared type, then range-checked."""
 
 from __future__ import annotations
 
@@ -31,6 +11,10 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
+
+
+class ConfigError(ValueError):
+    """A bad configuration: the message names the file or flag, the field, and what to do."""
 
 
 class ValueProblem(ValueError):

@@ -1,26 +1,4 @@
-"""Gathering embeddings across data-parallel processes for Stage II's in-batch negatives.
-
-Under data parallelism each of the W processes holds B examples of the global batch. Every query must
-be scored against the documents of the *whole* global batch, so the positives and hard negatives are
-gathered from all processes, with a gradient:
-
-- forward: all-gather the (B, H) slices in rank order into (W * B, H); this rank's slice is the local
-  tensor itself, so the local autograd graph is kept;
-- backward: each process's loss covers only its own B queries but scores every process's documents, so
-  the gradient for this rank's slice has a part from every process's loss. The backward sums the
-  incoming (W * B, H) gradients over processes (one all-reduce) and returns this rank's slice.
-
-With DDP, which averages parameter gradients over processes, this gives exactly the gradient of the
-mean loss over all W * B queries, as if one process had held the whole batch (tested with two
-processes in ``tests/test_stage_II.py``). Replacing the local slice alone, without the backward
-all-reduce, would drop the gradient that the other processes' queries send to this rank's documents.
-
-Order and labels: candidates are ``cat(gathered positives, gathered negatives)``, each in rank order,
-so the positive of local query i on rank r sits at row ``r * B + i`` (:func:`positive_labels`). Every
-process must hold the same number of examples (the training data is arranged in full global batches).
-
-In a single process (or without ``torch.distributed`` initialised) everything here is the identity.
-"""
+"""Gathering embeddings across data-parallel processes for Stage II's in-batch negatives."""
 
 from __future__ import annotations
 

@@ -1,19 +1,4 @@
-"""What :meth:`llm2vec.LLM2Vec.encode` accepts as input, checked before anything is tokenized.
-
-``sentences`` is one of:
-
-- a ``str``: one text, embedded as one vector (the result has no batch dimension), as in sentence-transformers;
-- a sequence of items, in order: a ``list``, a ``tuple``, a one-dimensional numpy array of strings, or any other
-  ordered collection that is not one of the refused kinds below (an iterator is read once). The result has
-  one row per item, in input order (an empty sequence gives zero rows).
-
-Each item is a text (``str``, numpy's ``str_`` included), embedded without an instruction, or an
-``[instruction, text]`` pair: a list, tuple or numpy array of exactly two strings.
-
-Refused with one ``TypeError`` line naming what was given (and an item's index), because they would be misread or
-fail deep inside the tokenizer: a mapping (iterating gives its keys), a set (no order), ``bytes`` (not text),
-``None``, a number or a numpy array of numbers; an item that is none of the above, or a pair not of two strings.
-"""
+"""What :meth:`llm2vec.LLM2Vec.encode` accepts as input, checked before anything is tokenized."""
 
 from __future__ import annotations
 

@@ -1,15 +1,6 @@
 """Fingerprints of files and model folders: what a run records of its inputs (:mod:`llm2vec.run.plan`), what
 an adapter's load compares with the base it was trained on (:func:`llm2vec.model_files.check_adapter`) and what a
-stored evaluation result records of its model (:mod:`llm2vec.evaluation.result_keys`).
-
-A file's fingerprint is its size, modification time (ns) and the SHA-256 of its first MiB (``head_sha256``): cheap
-on a data file of many GB, and what a resume compares of its data. A model folder's files also get the SHA-256 of
-their whole contents (``sha256``, :func:`llm2vec.io.sha256_file`): a base model that differs from the recorded one
-only after its first MiB is another base. Each file is hashed whole once per process while it is unchanged (io keeps
-the digest): a 2.47 GB weights file takes seconds to a minute (docs/run_safety.md).
-A model's content fingerprint for result keys (:func:`model_content`) is each file's size and whole-contents SHA-256,
-without modification times, so a copy of a folder is the same model.
-"""
+stored evaluation result records of its model (:mod:`llm2vec.evaluation.result_keys`)."""
 
 from __future__ import annotations
 

@@ -1,28 +1,5 @@
 """Files: JSON and JSON-lines reading with one-line errors, atomic writes, content hashes and the records of saved
-folders, and the rule that a folder's files lie inside it.
-
-Every reader of a JSON-lines file in the package (training data, local retrieval tasks) goes through
-:func:`iter_jsonl`, so a malformed line gives the same kind of message everywhere: the file, the line
-number, what is wrong, and what to do. It reads at most :data:`MAX_LINE_BYTES` of a line, so one huge line (a
-file that is not JSON lines, say, or a corpus dumped on one line) is refused by its line number without being
-held in memory. Every JSON file a user writes (a run config, an instructions file, a tasks file) is read by
-:func:`read_json_file`, which refuses what would parse but mean something else: a text that is not UTF-8
-(named with the encoding it looks like), and an object that gives one key twice (``json`` keeps the last value
-silently).
-
-Atomic writes build a file or a folder under a temporary name and rename it into place at the end. A
-rename within one folder is atomic on POSIX (``os.replace``), so a reader sees either the old content or
-the complete new one, never a half-written file. An exception (or a KeyboardInterrupt) while writing
-removes the temporary file or folder; a hard kill can leave one behind, under a name starting with ``.``
-and ending in ``.tmp``, which no reader picks up.
-
-Every SHA-256 of a file is :func:`sha256_file` (a whole file's once per process while the file is unchanged). A save
-that writes a folder (a checkpoint, a run's final model, an export) records, last, each file it wrote with its size
-and SHA-256 (:func:`file_record`); a reader checks the folder against that record before use (:func:`record_problem`):
-a file missing, of another size, of other contents, a link, or an entry without its size or hash is damage. A model,
-adapter or run folder's file whose real path lies outside the folder is refused (:func:`links_outside`), save the
-links of a Hugging Face cache snapshot to its repository's blobs.
-"""
+folders, and the rule that a folder's files lie inside it."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""The LLM2Vec encoder: a decoder-only LLM that embeds a text at its appended anchor token.
-
-``LLM2Vec`` holds a transformers model (the decoder body, a causal LM, or either wrapped by PEFT), its
-tokenizer, the family's prompt template (:mod:`llm2vec.templates`) and a pooling mode
-(:mod:`llm2vec.pooling`). Training code (Stage I and II) and evaluation use the same ``tokenize`` and
-``forward``, so the token ids and the pooled position are identical in both.
-"""
+"""The LLM2Vec encoder: a decoder-only LLM that embeds a text at its appended anchor token."""
 
 from __future__ import annotations
 

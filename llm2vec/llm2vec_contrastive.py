@@ -1,24 +1,4 @@
-"""Stage II model: the encoder (with LoRA adapters) trained by InfoNCE (paper Sec. 3.3, Eq. 6-7).
-
-For a batch of (query Q, positive D+, hard negative D-) triples:
-
-    e_Q, e_D+, e_D- = LLM2Vec.embed(...)          (the same anchor embedding as evaluation, Eq. 1)
-    L = InfoNCE(e_Q ; [all e_D+ of the global batch ; all e_D- of the global batch])   (Eq. 6)
-
-- The three embeddings are computed inside this module's ``forward``, which the trainer calls on the
-  DDP-wrapped model, so DDP sees the whole computation and synchronises the gradients. (The authors'
-  code computed the embeddings with the unwrapped model inside the trainer.)
-- Candidates of other processes are gathered with gradient (:mod:`llm2vec.distributed`).
-- ``negative=None`` trains on in-batch negatives only.
-- ``encode`` works on the training model too: it calls ``LLM2Vec.embed``, not this ``forward``.
-
-Gradient cache (``embedding_token_budget > 0``): :meth:`LLM2VecContrastive.step_in_parts` computes the same
-loss and gradient with the activations of one chunk of texts at a time
-(:func:`llm2vec.chunked_steps.gradient_cache_step`, where the three passes, the chunk plan and the rule for
-several processes are documented). The chunks embed through ``forward(features=...)`` on the wrapped model,
-so DDP/FSDP see every forward. With the budget on, every batch takes this step, even one that fits a single
-chunk, and the processes agree on the number of chunks.
-"""
+"""Stage II model: the encoder (with LoRA adapters) trained by InfoNCE (paper Sec. 3.3, Eq. 6-7)."""
 
 from __future__ import annotations
 

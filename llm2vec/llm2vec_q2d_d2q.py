@@ -1,30 +1,4 @@
-"""Stage I model: the encoder plus its causal LM head, trained by bidirectional reconstruction.
-
-For a batch of (query Q, document D) pairs (paper Sec. 3.2, Algorithm 1), ``forward`` embeds both sides
-with ``LLM2Vec.embed`` (Eq. 1: the final-layer state at the anchor token, the same function evaluation
-uses) and returns the loss of :class:`llm2vec.loss.ReconstructionLoss`:
-
-    L = alpha * L_Q2D + (1 - alpha) * L_D2Q                               (Eq. 3-5)
-
-where the equations, the reconstruction pass and the token averaging are documented. The embeddings are
-not detached: the gradients of both reconstruction losses flow through them into the encoding pass.
-
-Memory-bounded steps (both exact; off by default):
-
-- ``token_budget``: :meth:`LLM2Vec_q2d_d2q.step_in_parts` splits a batch into chunks of pairs of at most
-  that many decoder positions and runs forward and backward chunk by chunk (:mod:`llm2vec.chunked_steps`, which
-  also holds Stage II's gradient cache: one planner, one rule for several processes). Each pair's EBQ2D/EBD2Q
-  terms depend on that pair only, and every chunk divides its token NLL sums by the same step-wide
-  ``target_counts``, so the chunks' losses add up to the batch's loss and their gradients to its gradient.
-- ``logit_chunk_rows``: the LM head's logits are built that many target rows at a time
-  (:mod:`llm2vec.loss.linear_cross_entropy`).
-
-With ``packing`` (on by default with flash_attention_2) a batch, or each chunk of it, takes two packed
-decoder calls without padding (:mod:`llm2vec.packing`): the queries and documents encoded together, then
-both reconstruction directions together; the budget then counts real tokens.
-
-Every output also reports the padding fraction of its decoder calls (``metrics``, logged by the trainer).
-"""
+"""Stage I model: the encoder plus its causal LM head, trained by bidirectional reconstruction."""
 
 from __future__ import annotations
 

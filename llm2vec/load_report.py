@@ -1,18 +1,4 @@
-"""transformers' load report where a decoder body is read from a causal-LM checkpoint.
-
-A Stage I model is saved as a causal LM: the decoder body and its LM head (``lm_head.weight`` where the head is not
-tied to the input embeddings). The encoder (:class:`llm2vec.LLM2Vec`, and so Stage II, the export and the evaluation)
-loads only the body (``AutoModel``), which leaves the head's weights unread. That is expected, and transformers 5
-reports it at every load as a ``LOAD REPORT`` table of ``UNEXPECTED`` keys. :func:`load_backbone` leaves that report
-out where the head is all it reports; a report of any other unexpected, missing or mismatched key is logged as
-transformers logs it.
-
-The mechanism: ``from_pretrained(..., output_loading_info=True)`` (transformers' documented argument) says which keys
-the load left out or lacked; while the load runs, a :class:`logging.Filter` on transformers' ``modeling_utils``
-logger holds back its report of this checkpoint (the record whose text has ``LOAD REPORT`` and ``from: <path>``),
-which is logged afterwards unless the unexpected keys are the LM head's alone. Should transformers word its report
-otherwise, the filter holds nothing and the report shows (``tests/test_encoder.py`` would fail).
-"""
+"""transformers' load report where a decoder body is read from a causal-LM checkpoint."""
 
 from __future__ import annotations
 

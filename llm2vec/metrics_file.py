@@ -1,9 +1,4 @@
-"""The run's log as it is written: every logged entry appended to a JSON-lines file (``metrics_file``).
-
-The Trainer writes its log only with a checkpoint or the final model, so a run killed between them loses its curve;
-:class:`MetricsFile` appends each entry as it is logged, ``{"step": <optimizer step>, **entry}`` on one line. A
-resumed run appends to the same file, so a step evaluated again on resume appears twice.
-"""
+"""The run's log as it is written: every logged entry appended to a JSON-lines file (``metrics_file``)."""
 
 from __future__ import annotations
 

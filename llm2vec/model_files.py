@@ -1,42 +1,4 @@
-"""What a model or adapter folder is checked for before it loads: code it would run, and pickled adapter weights.
-
-**Code from a model folder.** A ``config.json`` or ``tokenizer_config.json`` whose ``auto_map`` names classes
-asks transformers to import Python files of the folder (or of another hub repository) and run them. Without
-``trust_remote_code``, transformers asks on standard input, where a piped ``y`` runs the code. The project
-runs no such code unless the user says so: every load passes ``trust_remote_code`` explicitly (``False`` by
-default), and :func:`check_remote_code` refuses a model whose files name custom code in one line, before
-anything loads, even where transformers has a class of its own for the ``model_type`` (it would then load
-that class instead of the one the folder's author wrote, silently). ``trust_remote_code=True`` (the
-``trust_remote_code`` field of a run config, ``--trust_remote_code`` of evaluation and export) lets the code
-run.
-
-**Folders as saved.** A local model or adapter folder whose file links outside it is refused (a Hugging Face cache
-snapshot's links to its blobs aside), so a ``chat_template.jinja`` linked to a private file is never read; a run's
-final model or an export is checked against the sizes and SHA-256 its save recorded last
-(:func:`llm2vec.io.saved_folder_problem`).
-
-**Pickled adapters.** ``adapter_model.bin`` is a pickle: loading it can run code, and when ``torch.load``
-refuses to (``weights_only``) the result is a long traceback. :func:`check_adapter_weights` refuses a local
-adapter folder that holds only that file (peft reads ``adapter_model.safetensors`` first when both exist).
-
-**Adapters that do not belong to the base.** :func:`check_adapter` is the one check every adapter load goes through
-(training's ``peft_model_name_or_path``, :meth:`llm2vec.LLM2Vec.load` and so ``from_pretrained``, evaluation,
-the export), before any weights load: a LoRA adapter folder, its tensors exactly those peft creates for its config
-on the base (:func:`_adapter_problem`), and the base it was trained on identified by content (SHA-256 of the
-weights files); ``accept_other_base=True`` loads one trained on another base, with a warning.
-
-**Folders a live run holds** are refused (:func:`check_not_in_use`).
-
-**Folders that are not there** are named as missing (:func:`check_exists`), before transformers or peft would read the
-name as a hub id and report the hub: a name is a local path when it is written as one (absolute, starting with ``.``
-or ``~``, more than one ``/``: :func:`llm2vec.io.missing_local_path`), or when it is ``namespace/name``, ``namespace``
-is a folder here and no model of that id is in the local hub cache. Any other name is a hub id.
-
-A hub id is checked from its files in the local cache, downloading ``config.json`` and
-``tokenizer_config.json`` when they are not there (the load would fetch them anyway); when they cannot be
-had (offline), the check is left to transformers, which refuses custom code since ``trust_remote_code`` is
-passed as ``False``.
-"""
+"""What a model or adapter folder is checked for before it loads: code it would run, and pickled adapter weights."""
 
 from __future__ import annotations
 

@@ -1,31 +1,4 @@
-"""Packed decoder calls: the sequences of one call laid end to end in a single row, with no padding.
-
-A padded batch (B, T) with ``attention_mask`` becomes one row of its N real tokens, in row-major order,
-with position ids that restart at 0 at the start of each sequence and no attention mask:
-
-    padded   [a1 a2 a3 _ ]       packed  [a1 a2 a3 b1 b2 b3 b4 c1]
-             [b1 b2 b3 b4]       pos      0  1  2  0  1  2  3  0
-             [c1 _  _  _ ]
-
-Each call also passes the boundaries as transformers' variable-length keyword arguments (:func:`varlen_kwargs`):
-``cu_seq_lens_q = cu_seq_lens_k = [0, n_1, n_1 + n_2, ..., N]`` (int32) and ``max_length_q = max_length_k =
-max_i n_i``, computed once per call, so that ``flash_attention_2`` runs its variable-length kernel without
-rederiving them in every layer (a device sync each time). Where they are not taken (:func:`accepts_varlen_kwargs`)
-transformers finds the packed form from the position ids alone. ``sdpa`` and ``eager`` get a block-diagonal causal
-mask: the same numbers, at a cost quadratic in the row's length (cheaper than padding for Stage I's chunks, not for
-an ``encode`` batch), so ``ModelArguments.packing`` is on by default only with ``flash_attention_2``; the CPU tests
-use ``sdpa`` to check that a packed call equals the padded one.
-
-Exactness has two conditions. The model's attention must read the position ids (a family declares it:
-``TemplateSpec.packing_exact``; true for the shipped Llama, Qwen2 and Mistral families, false for OPT or
-Bloom, whose positions come from the attention mask or from ALiBi). And no dropout may be drawn: LoRA
-dropout draws its masks for the packed (1, N) row, not for the padded (B, T) batches, so with dropout a
-packed step is exact for its own masks but not equal to the padded step's numbers.
-
-The helpers build every tensor anew (nothing is written into a caller's tensor); :func:`unpack` puts the
-packed rows back into the (B, T, H) layout, zeros at the padding, so pooling and everything after it is
-the padded code path.
-"""
+"""Packed decoder calls: the sequences of one call laid end to end in a single row, with no padding."""
 
 from __future__ import annotations
 

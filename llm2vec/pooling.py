@@ -1,13 +1,4 @@
-"""Pooling: pure, vectorised functions over explicitly built masks.
-
-Masks are built once by :func:`llm2vec.collator.pad_batch` and never modified afterwards:
-
-- ``attention_mask`` (B, T): 1 on every real token (template prefix, instruction, text, anchor).
-- ``text_mask`` (B, T): 1 on the text tokens and the anchor; 0 on the template prefix and the
-  instruction, and on padding. Mean pooling averages over it, so instructions never enter an embedding.
-
-Padding may be on either side; pooling locates tokens through the masks, not through fixed columns.
-"""
+"""Pooling: pure, vectorised functions over explicitly built masks."""
 
 from __future__ import annotations
 

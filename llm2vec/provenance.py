@@ -1,10 +1,5 @@
 """What a saved model's run configs say about where it came from: the hub id of its base weights
-(:func:`base_model_hub_id`) and the query instructions it was trained with (:func:`trained_query_instructions`).
-
-Each training run saves its resolved config as ``run_config.json`` beside the model (:mod:`llm2vec.model_card`
-follows them back from a Stage II folder to the first stage). Nothing here imports the export or the evaluation:
-saving a checkpoint writes a model card, which reads this.
-"""
+(:func:`base_model_hub_id`) and the query instructions it was trained with (:func:`trained_query_instructions`)."""
 
 from __future__ import annotations
 

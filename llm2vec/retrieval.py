@@ -1,30 +1,4 @@
-"""Retrieval scores on BEIR-layout folders (:mod:`llm2vec.beir`), as mteb 2 computes them, with the model being trained.
-
-**The scores.** Every query is scored against the whole corpus by the cosine of the embeddings (float32). The
-documents are ranked by decreasing score, equal scores by decreasing document id (string order), which is how
-``pytrec_eval`` (trec_eval) and mteb's MRR break ties. With ``g_i`` the grade of the document at rank ``i`` (0 when
-not judged) and ``R`` the documents graded > 0 for the query:
-
-    nDCG@10   = sum_{i<=10} g_i / log2(i + 1)  /  the same sum over the query's grades sorted in decreasing order
-    MRR@10    = 1 / (the rank of the first document with g_i > 0) if it is <= 10, else 0
-    Recall@k  = |{i <= k : g_i > 0}| / |R|                                             (k = 1, 10, 100)
-
-each averaged over the folder's queries: ``pytrec_eval``'s ``ndcg_cut_10`` and ``recall_k`` (gains are the grades)
-and ``mteb``'s ``mrr_at_10``, which mteb reports as ``ndcg_at_10``, ``mrr_at_10`` and ``recall_at_k``
-(:func:`ranking_metrics`; ``tests/test_retrieval.py`` compares them with mteb's own scoring).
-
-**The embeddings.** Queries as ``[instruction, text]``, documents as ``["", title + " " + text]``, in the batches
-``LLM2Vec.encode`` makes, as the mteb evaluation embeds them, each by ``model(features=...)`` (through the trainer's
-wrapper, so that a sharded model gathers its weights).
-
-**Several processes.** Batch ``b`` is embedded by rank ``b mod W``; every rank runs the same number of forward passes
-(one with no batch left embeds batch 0 again and drops it: FSDP and DDP need the same collective calls everywhere),
-the embeddings are all-gathered and every rank computes the same scores. No rank waits on another's choice, so the
-evaluation can hang only where any collective of the run hangs (a rank that died), until ``ddp_timeout``.
-
-:class:`RetrievalEvaluation` is what a training run calls at every evaluation (:func:`measuring`): each folder's
-nDCG@10, MRR@10 and Recall@100 as ``<folder name>_<metric>``, their means as ``beir_mean_<metric>``.
-"""
+"""Retrieval scores on BEIR-layout folders (:mod:`llm2vec.beir`), as mteb 2 computes them, with the model being trained."""
 
 from __future__ import annotations
 

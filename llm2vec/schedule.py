@@ -1,19 +1,4 @@
-"""Where the learning-rate schedule ends and where training stops: two numbers, as in the authors' runs.
-
-The Trainer's schedule (``lr_scheduler_type``, linear decay after ``warmup_steps`` in the paper's configs)
-spans its *horizon*:
-
-    horizon = max_steps                                      when max_steps > 0
-    horizon = ceil(num_train_epochs x global batches)        otherwise
-
-with the global batches of the data actually loaded (:attr:`TrainDataset.num_global_batches`).
-``stop_after_n_steps`` ends training at step N < horizon, as LLM2Vec's does: the authors' configs give
-``num_train_epochs: 3`` and no ``max_steps``, so their "2000 steps" models come from part-way down a 3-epoch
-schedule (decaying to zero at the stop instead is ``max_steps = N``). :func:`plan_schedule` computes the plan
-before training (saved as ``lr_schedule`` in ``run_config.json``), :class:`StopAfterNSteps` checks the Trainer's
-horizon and stops, :func:`check_resume` refuses a checkpoint planned with another schedule;
-:class:`StopAtTimeBudget` stops on the wall clock (``stop_after_minutes``) with the same schedule.
-"""
+"""Where the learning-rate schedule ends and where training stops: two numbers, as in the authors' runs."""
 
 from __future__ import annotations
 
@@ -27,7 +12,7 @@ from dataclasses import asdict, dataclass
 import torch
 from transformers import TrainerCallback, get_scheduler
 
-from .arguments import ConfigError
+from .config_values import ConfigError
 
 logger = logging.getLogger("llm2vec")
 
@@ -152,19 +137,11 @@ def check_resume(checkpoint: str | None, plan: SchedulePlan, extending: bool = F
 
 
 class StopAfterNSteps(TrainerCallback):
-    """Stops training at ``plan.stop_step`` (saving a checkpoint there when checkpoints are saved by steps, as the
-    Trainer does at the end of its schedule) and checks at the start that the Trainer's horizon is the plan's."""
+    """Stops training at ``plan.stop_step``, saving a checkpoint there when checkpoints are saved by steps (as the
+    Trainer does at the end of its schedule)."""
 
     def __init__(self, plan: SchedulePlan):
         self.plan = plan
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        if state.max_steps != self.plan.horizon_steps:
-            raise RuntimeError(
-                f"the Trainer schedules {state.max_steps} steps but the plan says "
-                f"{self.plan.horizon_steps}; llm2vec.schedule.plan_schedule's horizon no longer matches the "
-                "Trainer's computation"
-            )
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.plan.stops_early and state.global_step >= self.plan.stop_step:

@@ -1,48 +1,8 @@
 """Prompt templates: one function per model family, shared by training and evaluation.
 
-A family's function returns the :class:`UserTurn` of its chat format: the *opening* (BOS where the format
-has one, and the user header), the *closing* that follows the user's content, and the *anchor*, the
-closing's last token. An input ``(instruction, text)`` becomes the user turn whose content is
-
-    instruction + separator + text          (just ``text`` when there is no instruction)
-
-so the token ids are those the model's own chat template gives for one user message (a test compares them
-with ``tokenizer.apply_chat_template``), except that the default system turn some templates insert
-(Llama-3.x: knowledge cut-off and date; Qwen2.5 and SmolLM2: a default persona) is left out, as LLM2Vec
-and the authors' code do, and nothing follows the anchor (ChatML's newline between turns is not part of
-the user turn). The anchor is the token the paper's Eq. 1 reads the embedding at:
-
-- ``llama3``: ``<|begin_of_text|><|start_header_id|>user<|end_header_id|>\\n\\n`` ... ``<|eot_id|>``; anchor
-  ``<|eot_id|>`` (the Instruct models' EOS);
-- ``qwen2`` and ``smollm2`` (ChatML): ``<|im_start|>user\\n`` ... ``<|im_end|>``; anchor ``<|im_end|>`` (EOS);
-- ``mistral``: ``<s>[INST] `` ... `` [/INST]</s>``; anchor ``</s>`` (EOS), appended after the user turn.
-
-In every family the anchor is one of the model's end-of-sequence ids (the tokenizer's EOS, or one of the
-``eos_token_id`` of the model's config or generation config), as Eq. 1 asks ([EOS] appended to the text).
-Mistral-7B-Instruct-v0.2's chat format closes a user turn with the plain-text ``[/INST]`` (4 tokens,
-``▁[ / INST ]``) and puts its EOS ``</s>`` only after an assistant reply, so its closing here is the
-user turn followed by ``</s>``, as LLM2Vec does for Mistral (it appends `` </s>``); the chat template
-check (:func:`chat_template_mismatch`) accepts that one appended EOS. :func:`anchor_mismatch` checks the
-EOS rule when a template is resolved.
-
-:func:`encode` tokenizes the prefix (opening + instruction + separator), the text and the closing
-separately, cuts the text so that everything fits, and appends the closing **after truncation**, so the
-anchor is always the last token however long the text is. Spaces at the boundaries are given to the
-piece that follows them, as joint tokenization would (byte-level BPE: ``"; "`` + ``"Paris"`` is ``;`` +
-`` Paris``); tokenizers that prepend a word-boundary marker to every text (sentencepiece's dummy prefix:
-Mistral, Llama-2) get one space fewer, so no extra space token appears.
-
-The separator is part of the :class:`TemplateSpec`: evaluation uses the spec as registered
-(:data:`EVALUATION_SEPARATOR`, the authors' evaluation), training replaces it by the config's
-``instruction_separator`` (:data:`TRAINING_SEPARATOR`, the authors' training data).
-
-The family is selected from the model config (``config.model_type``) together with the special tokens
-present in the tokenizer (Llama-3 and SmolLM2 are both ``model_type == "llama"`` but use different chat
-formats), never from a hub name. A model of no registered family whose tokenizer has a chat template gets the
-family :data:`DERIVED_TEMPLATE` (``"chat_template"``), derived from that template by :mod:`llm2vec.chat_turn` and
-checked against it (:func:`derive_template`); ``template="chat_template"`` asks for it for any model. Register a
-family with :func:`register_template` to set its format yourself.
-"""
+Contract: an ``(instruction, text)`` input gives the token ids of one user turn of the model's own chat template
+(no default system turn), and :func:`encode` appends the closing after truncation, so the anchor (an EOS id of
+the model) is always the last token."""
 
 from __future__ import annotations
 

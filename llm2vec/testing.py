@@ -1,14 +1,4 @@
-"""Tiny random causal LMs as their publishers ship them, built offline.
-
-Each model of :data:`PUBLISHED_MODELS` (``published/models.json``, sources in ``published/SOURCES.md``) is a tiny
-random model of the published architecture whose tokenizer and config carry the published facts: the tokenizer's
-layout (byte-level BPE, sentencepiece's legacy layout, transformers 5's ``LlamaTokenizer`` or ``GemmaTokenizer``),
-its special tokens, bos / eos / pad / unk (a model published without a pad token has none here), whether it adds its
-bos, the end-of-sequence and pad ids of ``config.json`` and ``generation_config.json``, tied embeddings, and the
-published chat template (``published/*.jinja``, verbatim). The BPE is trained in memory on a small built-in corpus,
-so the ids differ from the published ones; the tokens and what they do do not. Used by the test-suite, the
-distributed tests and the reduced CI demo; nothing here touches the network.
-"""
+"""Tiny random causal LMs as their publishers ship them, built offline."""
 
 from __future__ import annotations
 

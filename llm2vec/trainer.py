@@ -1,50 +1,10 @@
 """The Hugging Face Trainer, adapted once for every model of this package; it knows no stage by name.
 
-The contract with a model and its collator:
-
-- ``compute_loss`` is one call of the (DDP/FSDP-wrapped) model: ``model(**batch)`` returns an output with
-  ``loss`` and ``loss_parts`` (a dict, possibly empty); every part is logged under its name, averaged
-  over the logging interval like the loss. An output may also carry ``metrics``, a dict of numbers
-  (floats or scalar tensors) that are not losses (e.g. the padding fraction of the decoder calls): each is logged
-  under its name as its mean over the micro-batches of the logging interval (and over the processes).
-- Step-wide averaging (:mod:`llm2vec.collator`, where the per-token normalisation is documented): before an
-  optimizer step starts, :meth:`get_batch_samples` hands every micro-batch that carries token counts the step's
-  sum of them (:func:`llm2vec.collator.step_counts`), and each micro-batch's loss is multiplied by
-  :func:`llm2vec.collator.loss_weight` before backward. The result is exactly the gradient of one big batch.
-  Since both scalings are done here, the Trainer's own division is switched off (``loss_is_scaled_for_ga``, a
-  documented Trainer attribute since transformers 5; a test checks that the Trainer still honours it).
-- A model may run its own forward and backward passes over parts of a micro-batch: the memory-bounded steps
-  of :mod:`llm2vec.chunked_steps` (Stage I's token-budget chunks, Stage II's gradient cache). It says so by a
-  method ``step_in_parts(model, inputs, backward, no_sync)`` returning the output (loss detached), or ``None``
-  for the plain step; ``backward`` and ``no_sync`` are :func:`llm2vec.chunked_steps.trainer_hooks`. See
-  :meth:`training_step`.
-
-Both scalings are done by :func:`llm2vec.collator.loss_weight`, so the Trainer's own division is switched off
-(``loss_is_scaled_for_ga``, a documented Trainer attribute since transformers 5.19; before 5.19 by
-``model_accepts_loss_kwargs`` and a non-``None`` ``num_items_in_batch``, :mod:`llm2vec.compat`; a test checks
-that the Trainer does not divide again).
-
-Data order: the dataset is pre-arranged so that each optimizer step's global batch comes from one
-source (:func:`llm2vec.dataset.arrange_global_batches`); the sampler is therefore sequential (the public
-``train_sampling_strategy``, set by :meth:`LLM2VecTrainer.__init__`), and accelerate deals consecutive per-device
-batches to the ranks in turn.
-
-Divergence: the loss of every micro-batch, each loss part and the gradient norm are checked once per
-optimizer step, after backward and before ``optimizer.step()`` (in :meth:`_get_grad_norm`, which the
-Trainer calls there on every process). A non-finite value stops the run with :class:`TrainingDiverged`
-(the step, which value, the newest checkpoint): that step is not applied, no checkpoint, final model or
-completion marker is written, and no NaN is ever logged (the Trainer's ``logging_nan_inf_filter`` would log
-it as the mean of earlier losses, 0 right after a logging step). Weights are also checked to be finite
-before every save.
-
-Checkpoints hold what :meth:`llm2vec.LLM2Vec.save` writes (a full model or a LoRA adapter, the tokenizer,
-``llm2vec_config.json``), the resolved run config (``run_config.json``) and a model card (``README.md``,
-:mod:`llm2vec.model_card`). They are complete or absent: written under a temporary name and renamed when
-complete (:func:`llm2vec.run.staged_checkpoint`).
-
-The Trainer's private methods this class overrides are listed, each with the reason no public hook does its work,
-in :data:`PRIVATE_OVERRIDES`; every other override is of a public method.
-"""
+Contract: ``model(**batch)`` returns ``loss``, ``loss_parts`` (each logged by name) and optionally ``metrics``;
+each micro-batch's loss is weighted by :func:`llm2vec.collator.loss_weight` over the step's token counts, so a
+step's gradient equals one big batch's; a model with ``step_in_parts`` runs its own chunked step
+(:mod:`llm2vec.chunked_steps`); a non-finite loss, loss part or gradient norm stops the run with
+:class:`TrainingDiverged` before the step is applied. Private overrides: :data:`PRIVATE_OVERRIDES`."""
 
 from __future__ import annotations
 

@@ -1,14 +1,4 @@
-"""One training run of either stage: parse and check the config, load the data, build the model, train, save.
-
-    torchrun --nproc_per_node=8 run_stage_I.py stage_I_config.json
-
-The two drivers (``run_stage_I.py``, ``run_stage_II.py``) call :func:`main` with their stage. Both stages run the same sequence;
-what differs is the argument class (:mod:`llm2vec.arguments`) and the model class, whose ``build``
-turns a run config into the model to train:
-
-- Stage I: :class:`llm2vec.llm2vec_q2d_d2q.LLM2Vec_q2d_d2q` (full causal LM, reconstruction loss);
-- Stage II: :class:`llm2vec.llm2vec_contrastive.LLM2VecContrastive` (LoRA, InfoNCE).
-"""
+"""One training run of either stage: parse and check the config, load the data, build the model, train, save."""
 
 from __future__ import annotations
 
@@ -18,6 +8,7 @@ import os
 import sys
 import tempfile
 import traceback
+from pathlib import Path
 
 import torch
 import transformers
@@ -26,8 +17,10 @@ from safetensors import SafetensorError
 from .arguments import ConfigError, DataArguments, RunConfig, flag_groups, help_text, parse_config
 from .dataset import DataError, TrainDataset, load_e5, load_hf, load_jsonl
 from .distributed import release_process_group_at_exit
+from .fingerprints import model_folder
 from .llm2vec import PackingRefused
 from .metrics_file import MetricsFile
+from .model_files import ModelFilesError, _adapter_problem, check_model_files
 from .run import RunLocked, RunManager, newest_checkpoint
 from .schedule import StopAfterNSteps, StopAtTimeBudget, plan_schedule
 
@@ -64,11 +57,30 @@ def train(config: RunConfig):
     (:func:`interrupted_message`) once the lock is released and any half-written save is removed."""
     setup_logging(config.training)
     config.validate()
+    check_model_inputs(config)
     made = []  # the trainer, once it exists: the interruption message reads its step
     try:
         return _train(config, made)
     except KeyboardInterrupt:
         raise RunInterrupted(interrupted_message(config, made[0] if made else None)) from None
+
+
+def check_model_inputs(config: RunConfig, resume_from: str | None = None) -> None:
+    """Before anything reads them (a model's config could ask to run its code): the model and adapter of the config,
+    or, given ``resume_from``, an adapter checkpoint against the base. Refusals name the config and the folder."""
+    trust = config.model.trust_remote_code
+    if resume_from is None:
+        adapter, other_base = (
+            getattr(config.stage, name, None) for name in ("peft_model_name_or_path", "accept_other_base")
+        )
+        try:
+            check_model_files(config.model.model_name_or_path, adapter, trust, bool(other_base))
+        except ModelFilesError as e:
+            raise ConfigError(f"{config.source}: {e}") from None
+    elif (Path(resume_from) / "adapter_model.safetensors").is_file():
+        base = model_folder(config.model.model_name_or_path)
+        if base is not None and (problem := _adapter_problem(Path(resume_from), base, trust)):
+            raise ConfigError(f"resume_from_checkpoint {resume_from}: {problem}")
 
 
 def run_callbacks(config: RunConfig) -> list:
@@ -94,6 +106,7 @@ def _train(config: RunConfig, made: list):
     with RunManager.open(config) as run:  # output_dir locked and inspected: start, resume, refuse or nothing to do
         if run.finished:
             return None
+        check_model_inputs(config, run.resume_from)
         family = tokenizer, template = check_model_family(config)  # before the data and the weights load
         if config.stage.num_threads:
             torch.set_num_threads(config.stage.num_threads)

@@ -1,18 +1,4 @@
-"""Stage II's measures on held-out pairs while it trains: the validation InfoNCE loss and retrieval quality.
-
-For N held-out (query, positive[, hard negative]) triples, every text is embedded once through the training model's
-own ``forward(features=...)`` (:func:`llm2vec.retrieval.measuring`); under several processes each embeds a shard
-(triples r, r + W, ...; the same number of forward passes everywhere, as FSDP needs) and the embeddings are
-gathered, so any number of processes gives the one-process numbers.
-
-- ``loss``: InfoNCE as in training (Eq. 6-7, float32) over consecutive batches of ``contrastive_batch`` triples
-  (what one training loss sees), averaged over all queries.
-- retrieval of every query against all distinct validation positives by cosine similarity, its own positive the one
-  relevant document (hard negatives are not in the corpus): nDCG@10, Recall@1, Recall@10 and MRR@10 as
-  :mod:`llm2vec.retrieval` scores a retrieval folder (mteb's definitions), averaged over the queries.
-- the geometry of the same query and positive embeddings (:func:`llm2vec.geometry.anchor_geometry`, ``geometry_*``,
-  at the training loss's scale).
-"""
+"""Stage II's measures on held-out pairs while it trains: the validation InfoNCE loss and retrieval quality."""
 
 from __future__ import annotations
 

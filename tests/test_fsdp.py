@@ -6,7 +6,7 @@
   really ran FSDP2 and that each rank held only its shard of every parameter. The saved model loads back
   with ``LLM2Vec.from_pretrained``.
 - Multi-node: two torchrun launchers, each one "node" of one process, meet through the c10d rendezvous
-  (``--nnodes 2 --rdzv_backend c10d --rdzv_endpoint``), the command the README gives for several machines;
+  (``--nnodes 2 --rdzv_backend c10d --rdzv_endpoint``), the command docs/scaling.md gives for several machines;
   Stage II trained that way equals one process.
 """
 

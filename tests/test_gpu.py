@@ -181,26 +181,16 @@ def test_stage_I_flops_equal_torch_flop_counter():
     assert counted["aten.bmm"] == 2 * attention
 
 
-def test_paper_mfu_is_the_arithmetic_of_its_docstring():
-    available = 8 * 312e12 * 4 * 3600
-    used = 2000 * 512 * 660 * 6 * 1.24e9
-    assert round(used / available, 2) == gpu_check.PAPER_MFU
-
-
-@pytest.mark.parametrize(
-    "name,peak",
-    [
-        ("NVIDIA H100 80GB HBM3", 989.0),
-        ("NVIDIA H100 PCIe", 756.0),
-        ("NVIDIA H100 NVL", 835.0),
-        ("NVIDIA H200", 989.0),
-        ("NVIDIA A100-SXM4-80GB", 312.0),
-        ("NVIDIA A100 80GB PCIe", 312.0),
-        ("Tesla T4", None),
-    ],
-)
-def test_bf16_peaks_by_gpu_name(name, peak):
-    assert gpu_check.peak_tflops(name) == peak
+def test_a_gpu_name_takes_the_peak_of_its_most_specific_entry_and_an_unknown_one_none():
+    """A name that contains two entries of the peak table (an H100 PCIe also contains "H100") takes the entry
+    listed first, which is the more specific one; a GPU the table lacks gets no peak, so its MFU reads n/a."""
+    names = [name for name, _ in gpu_check.BF16_PEAK_TFLOPS]
+    for i, name in enumerate(names):
+        for general in names[i + 1 :]:
+            if general in name:
+                assert gpu_check.peak_tflops(f"NVIDIA {name}") == dict(gpu_check.BF16_PEAK_TFLOPS)[name]
+    assert any(general in name for i, name in enumerate(names) for general in names[i + 1 :])
+    assert gpu_check.peak_tflops("Tesla T4") is None
 
 
 # --------------------------------------------------------------------------- the GPU machine as it is

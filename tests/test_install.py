@@ -10,7 +10,7 @@ checkout among them, are not run, so only the wheel can provide ``llm2vec``. The
 the repository in ``tmp_path``, because building writes ``build/`` and ``*.egg-info`` next to ``setup.py`` and
 the checkout must stay untouched.
 
-Also the issue's acceptance check: no file of the package names the repository's folders (or finds the
+Also: no file of the package names the repository's folders (or finds the
 repository root as ``Path(__file__).parents[2]``).
 """
 

@@ -44,7 +44,6 @@ from _drivers import run_flags as flags
 
 from llm2vec.arguments import ConfigError, argument_classes
 from llm2vec.run import plan as config_fields
-from llm2vec.run import plan as resume
 from llm2vec.run.folder import COMPLETE_MARKER
 from llm2vec.run.lock import LOCK_NAME
 from llm2vec.trainer import LLM2VecTrainer, TrainingDiverged
@@ -398,10 +397,18 @@ def test_training_end_fields_are_found_by_name_or_metadata(monkeypatch):
     assert {"max_steps", "num_train_epochs", "stop_at"} <= set(config_fields.training_end_fields("I"))
     saved_by_older_version = {"max_steps": 40, "num_train_epochs": 3.0}
     assert config_fields.end_values(saved_by_older_version, "I")["stop_at"] is None
-    end = resume.planned_end_step
-    assert end({"max_steps": -1, "num_train_epochs": 3.0, "stop_at": None}, 12) == 36  # 3 epochs of 12 steps
-    assert end({"max_steps": -1, "num_train_epochs": 3.0, "stop_at": 20}, 12) == 20  # a longer schedule, cut
-    assert end({"max_steps": 40, "num_train_epochs": 3.0, "stop_at": 50}, 12) == 40
+    from transformers import TrainingArguments
+
+    from llm2vec.schedule import plan_schedule
+
+    def end(max_steps, stop):  # where training ends: computed once, by the schedule plan the run manager is handed
+        args = TrainingArguments("unused", max_steps=max_steps, num_train_epochs=3.0, report_to=[])
+        return plan_schedule(args, 12, stop).stop_step
+
+    assert end(-1, None) == 36  # 3 epochs of 12 steps
+    assert end(-1, 20) == 20  # a longer schedule, cut
+    with pytest.raises(ConfigError, match="stop_after_n_steps 50 is beyond .* max_steps 40"):
+        end(40, 50)
 
 
 # -------------------------------------------------------------------------------- changed inputs and settings

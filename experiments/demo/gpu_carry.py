@@ -1,5 +1,5 @@
-"""The inputs of the GPU preset for a GPU machine without network that takes uploads of at most 64 MiB: prepared
-on a machine that has them, reassembled on the GPU machine.
+"""The inputs of the GPU preset for a GPU machine without network: prepared on a machine that has one, copied
+over in two parts small enough for a file-transfer limit, reassembled on the GPU machine.
 
     python experiments/demo/gpu_carry.py [--out cache/gpu-carry] [--data cache/package-data]
 
@@ -35,7 +35,7 @@ from demo.smollm2 import GGUF_NAME, find_gguf  # noqa: E402
 from llm2vec.io import sha256_file as sha256  # noqa: E402
 
 DEFAULT_OUT = REPO / "cache" / "gpu-carry"
-PART1_BYTES = 56 * 2**20  # part 1 with the wheel, part 2 with the corpus, each well under 64 MiB with the repository
+PART1_BYTES = 56 * 2**20  # part 1 with the wheel, part 2 with the corpus
 LIMIT_BYTES = 60 * 2**20  # what one part may weigh (the repository's tracked files travel too)
 CORPUS_ARCHIVE = "package-data.tar.gz"
 MANIFEST = "carry.json"

@@ -18,7 +18,6 @@ from ..compat import TrainingArguments
 from ..dataset.records import DataError, check_path_kind
 from ..devices import resolve_dtype
 from ..io import missing_local_path
-from ..model_files import ModelFilesError, check_model_files
 from .shared import ConfigError, DataArguments, ModelArguments
 from .stages import StageIArguments, StageIIArguments
 
@@ -82,16 +81,7 @@ class RunConfig:
 
     def validate(self) -> None:
         """The checks that involve several argument classes or the machine; raises :class:`ConfigError`."""
-        self._check_adapter_path()  # a typo named by its field, before the model files' checks
-        try:  # before anything reads the model's config: transformers would offer to run its code
-            check_model_files(
-                self.model.model_name_or_path,
-                getattr(self.stage, "peft_model_name_or_path", None),
-                self.model.trust_remote_code,
-                getattr(self.stage, "accept_other_base", False),
-            )
-        except ModelFilesError as e:
-            raise ConfigError(f"{self.source}: {e}") from None
+        self._check_adapter_path()  # a typo named by its field, before the driver checks the model files
         try:  # a folder where a file belongs, or the reverse (a missing path is reported by the loader)
             for path in self.data.dataset_file_path.split(",") if self.data.dataset_name == "jsonl" else []:
                 check_path_kind(path, "jsonl")

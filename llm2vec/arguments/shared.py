@@ -1,9 +1,5 @@
 """The fields both stages share: the model and how it embeds a text (:class:`ModelArguments`), the training data
-(:class:`DataArguments`), and :class:`ConfigError`, the one-line error every check of a config raises.
-
-Each value is checked in its class's ``__post_init__``; allowed values are imported from the modules that define
-them, never copied.
-"""
+(:class:`DataArguments`), and :class:`ConfigError`, the one-line error every check of a config raises."""
 
 from __future__ import annotations
 
@@ -11,6 +7,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config_values import ConfigError
 from ..dataset.hf import ROLES, check_column_map
 from ..pooling import POOLING_MODES
 from ..templates import TRAINING_SEPARATOR
@@ -21,10 +18,6 @@ DTYPE_NAMES = ("bfloat16", "float16", "float32")
 MASTER_WEIGHTS = ("bf16", "fp32")
 ATTENTION = ("flash_attention_2", "sdpa", "eager")
 PACKING = ("auto", "true", "false")
-
-
-class ConfigError(ValueError):
-    """A bad configuration: the message names the file or flag, the field, and what to do."""
 
 
 def _choice(name: str, value: Any, allowed) -> None:
@@ -83,7 +76,7 @@ class ModelArguments:
             "false, or auto (on with flash_attention_2, whose variable-length kernel skips the padding, for a family that "
             "declares packing exact, which the four shipped ones do; off otherwise, "
             "since sdpa and eager compute attention over the whole packed row, quadratic in its length; true "
-            "pays on CPU for Stage I chunks of about 1k tokens, see the README's benchmark).",
+            "pays on CPU for Stage I chunks of about 1k tokens, see docs/results/benchmarks.md).",
             "choices": PACKING,
         },
     )
@@ -108,7 +101,7 @@ class ModelArguments:
         metadata={
             "help": "Precision policy of bf16 training (bf16: true), the same under DDP and FSDP. bf16 (the authors'): "
             "pure bf16, the weights, their gradients and the AdamW states are bfloat16, so an update smaller "
-            "than half a bf16 step of a weight is lost (the README's precision section gives the measured share); "
+            "than half a bf16 step of a weight is lost (docs/scaling.md gives the measured share); "
             "under FSDP the Trainer's mixed precision is then switched off, since accelerate would otherwise "
             "keep fp32 copies of the weights. fp32: float32 master weights and AdamW states, forward and "
             "backward under bf16 autocast (FSDP: its bf16 mixed-precision policy). Ignored without bf16.",

@@ -52,7 +52,7 @@ class _StageArguments:
         metadata={
             "help": "End training at the first optimizer step that ends this many minutes (wall clock) after the run "
             "started, model loading included; evaluate there when an evaluation is configured and save the final "
-            "model, as stop_after_n_steps does. For a machine lent for a fixed time. The learning-rate schedule is "
+            "model, as stop_after_n_steps does. For a job with a wall-clock limit. The learning-rate schedule is "
             "not shortened; trainer_state.json's log records the step and the minutes (stopped_by). Default: no "
             "time limit."
         },

@@ -1,9 +1,4 @@
-"""Training data: the paper's E5 data, a user's own JSON-lines files, and Hugging Face datasets.
-
-The loaders return a :class:`TrainDataset` whose consecutive blocks of
-``global_batch_size`` examples each come from one source; read it with a
-sequential sampler.
-"""
+"""Training data: the paper's E5 data, a user's own JSON-lines files, and Hugging Face datasets."""
 
 from .base import SourceStats, TrainDataset, arrange_global_batches, hold_out
 from .e5 import E5_SOURCES, load_e5

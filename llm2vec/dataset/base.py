@@ -1,14 +1,4 @@
-"""Single-source global batches: the dataset the loaders (``e5.py``, ``jsonl.py``, ``hf.py``) return.
-
-* :func:`arrange_global_batches` orders the examples so that every global batch comes from a single source
-  (in-batch negatives are then from the same dataset, as in LLM2Vec and the paper); :func:`arrange_positions`
-  is its rule by position, which the Hugging Face loader applies to table rows;
-* :class:`TrainDataset`, the ``torch`` dataset over the arranged list, with per-source counts
-  (:class:`SourceStats`) and its summary table;
-* :func:`hold_out`, the validation pairs carved from the training data (:func:`held_out_positions` by position).
-
-The records come from :func:`llm2vec.dataset.records.read_jsonl_pairs` (the parsing rules are there).
-"""
+"""Single-source global batches: the dataset the loaders (``e5.py``, ``jsonl.py``, ``hf.py``) return."""
 
 from __future__ import annotations
 

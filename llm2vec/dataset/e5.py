@@ -1,18 +1,4 @@
-"""The public E5 training data, as curated by the echo-embeddings authors.
-
-One JSON-lines file per source in ``data_dir`` (named by the caller: the
-package has no default location), each line ``{"query": ..., "positive": ...,
-"negative": ...}``. The files are used as they are (no further sampling).
-Queries get their source's instruction from Table 6 of the paper; documents
-get none.
-
-NLI and Quora duplicates have two instructions each. As in LLM2Vec (since
-v0.1.6, which reads ``allnli.jsonl`` and ``quora_duplicates.jsonl`` rather than
-the ``*_split1`` / ``*_split2`` files), the instruction alternates with the
-record's position in the file: record 0, 2, 4, ... gets the first instruction,
-record 1, 3, 5, ... the second. Positions count the file's records (blank lines
-excluded), before any shuffling, and a skipped record keeps its position.
-"""
+"""The public E5 training data, as curated by the echo-embeddings authors."""
 
 from __future__ import annotations
 

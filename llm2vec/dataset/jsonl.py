@@ -1,11 +1,4 @@
-"""A user's own training data: one or more JSON-lines files.
-
-Each line is ``{"query": ..., "positive": ..., "negative"?: ..., "instruction"?: ...}``.
-``instruction`` (optional) is the query's instruction for that line; without it
-the line gets ``default_instruction``. Documents never get an instruction. The
-source of a line is its file's stem (``data/fiqa.jsonl`` -> ``fiqa``), so every
-global batch comes from one file.
-"""
+"""A user's own training data: one or more JSON-lines files."""
 
 from __future__ import annotations
 

@@ -1,26 +1,4 @@
-"""Training examples and the one parser of JSON-lines pair files that both loaders (``e5.py``, ``jsonl.py``) use.
-
-* :class:`TrainExample`, the unit the collator receives;
-* :func:`read_jsonl_pairs`, the one parser of a JSON-lines file, with its error and skip rules;
-* :func:`check_path_kind`, :func:`missing_files`: the data paths, checked before they are read.
-
-Parsing rules (both loaders):
-
-* a line that is not valid JSON, not a JSON object, or lacks a required field,
-  or has a required field that is not a string, raises :class:`DataError`
-  naming ``file:line``;
-* surrounding whitespace of every text is stripped;
-* a record whose query or positive (or negative, where required) is empty after
-  stripping is skipped; skips are counted per file, logged as a warning with
-  the file name, and reported in :meth:`llm2vec.dataset.base.TrainDataset.summary`;
-* blank lines are not records; they are counted and reported too;
-* a file in which no record survives is an error;
-* records that repeat the query and positive of an earlier record of the file, and records whose negative equals
-  their positive (after stripping), are kept, counted (:class:`FileReport`) and warned about with their first
-  line numbers: a repeated pair can put the same positive twice in a batch, each copy an in-batch negative of
-  the other's query, and a negative equal to its positive scores exactly as it. Pairs are compared by the hash
-  of their two texts, so the check holds one integer per record.
-"""
+"""Training examples and the one parser of JSON-lines pair files that both loaders (``e5.py``, ``jsonl.py``) use."""
 
 from __future__ import annotations
 

@@ -1,17 +1,4 @@
-"""The paper's MTEB benchmark as data: which tasks, in which category, scored on which split and subset.
-
-A *tasks file* is a JSON object::
-
-    {"categories": [{"name": "Retrieval", "label": "Retr."}, ...],
-     "tasks": {"ArguAna": {"category": "Retrieval", "split": "test", "hf_subset": "default",
-                           "main_score": "ndcg_at_10"},
-               "CQADupstackRetrieval": {..., "subtasks": ["CQADupstackAndroidRetrieval", ...]}, ...},
-     "subsets": {"15": {"tasks": ["ArguAna", ...]}}}
-
-:func:`load_benchmark` reads it into a :class:`Benchmark`; :func:`mteb_tasks` restricts mteb's tasks to the paper's
-split and subset, the tables group scores by its categories. A task with ``subtasks`` (CQADupstackRetrieval) is
-evaluated as those mteb tasks, and scores their mean.
-"""
+"""The paper's MTEB benchmark as data: which tasks, in which category, scored on which split and subset."""
 
 from __future__ import annotations
 

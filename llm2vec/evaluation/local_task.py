@@ -1,15 +1,7 @@
 """A local BEIR-style retrieval folder (``corpus.jsonl``, ``queries.jsonl``, ``qrels.jsonl``; read and checked by
 :func:`llm2vec.beir.read_beir_folder`) as an mteb 2.x retrieval task: one ``default`` subset, one ``test`` split,
 main score nDCG@10, no hub access. Queries with nothing to find are left out with a warning; whatever would make
-the score meaningless is an error naming ``file:line``.
-
-The task's dataset "revision" is a hash of the three files, and the task keeps each file's SHA-256 as read when
-it was made (``task.file_sha256``): loading its data refuses files that changed since, so what a stored result
-records as its input (:mod:`llm2vec.evaluation.result_keys`) is what was scored. Its name becomes the results
-file's name, where mteb finds a stored result by name alone, so it may not be an mteb task's
-(:func:`check_local_task_name`). Its instruction (``task.instruction``) is kept as mteb keeps a task's own prompt,
-``metadata.prompt = {"query": instruction}``, where ``LLM2VecMTEBEncoder`` reads it.
-"""
+the score meaningless is an error naming ``file:line``."""
 
 from __future__ import annotations
 

@@ -1,18 +1,4 @@
-"""``mteb.get_model`` and ``mteb.get_model_meta`` for this package's models (an export, a trained folder, a hub id).
-
-mteb 2 finds a model by name in its registry (``mteb.models.model_implementations.MODEL_REGISTRY``, the
-``ModelMeta`` objects of its own model implementations), else on the Hugging Face Hub; a local folder is neither.
-:func:`register` adds a ``ModelMeta`` whose loader is :func:`~llm2vec.evaluation.mteb_wrapper.load_encoder` under
-the model's mteb name and under the folder (as given and absolute), so that::
-
-    register("output/st/anchor-1b")
-    model = mteb.get_model("output/st/anchor-1b")  # an LLM2VecMTEBEncoder
-    mteb.evaluate(model, tasks)
-
-evaluates with each task's instruction (the export's task prompts, else ``instructions=``, else the task's own;
-documents get none). :func:`register_results` registers the model of a ``model_meta.json`` mteb wrote beside this
-package's results, so that ``ModelMeta.model_validate_json_resolved`` can resolve its loader by name.
-"""
+"""``mteb.get_model`` and ``mteb.get_model_meta`` for this package's models (an export, a trained folder, a hub id)."""
 
 from __future__ import annotations
 

@@ -1,18 +1,4 @@
-"""An mteb 2.x encoder around :class:`llm2vec.LLM2Vec`, with the paper's instruction routing.
-
-Every text becomes an ``[instruction, text]`` pair embedded with :meth:`LLM2Vec.encode`, so the family's template
-(the one training used) builds the prompt and appends the anchor token. Routing (paper, Table 13; LLM2Vec's
-convention): a *document* (``prompt_type == PromptType.document``: a retrieval or reranking corpus) gets **no**
-instruction; every other input (queries, both sides of symmetric tasks) gets the task's instruction: its entry in
-the ``task name -> instruction`` mapping, else the task's own query prompt (``task_metadata.prompt``), else
-:class:`MissingInstructionError` (or, with ``allow_missing_instructions``, none and a warning). The text is mteb's
-own ``text`` field (a corpus entry's title and body already joined).
-
-The encoder's ``ModelMeta`` names :func:`load_encoder` as its loader with the settings as ``loader_kwargs``, so the
-``model_meta.json`` mteb writes records how to load the model again. ``devices="auto"`` loads one replica per CUDA
-device (:mod:`llm2vec.evaluation.replicas`). :func:`evaluate` serves a stored result only when it records the key
-of what would be computed now (:mod:`llm2vec.evaluation.result_keys`).
-"""
+"""An mteb 2.x encoder around :class:`llm2vec.LLM2Vec`, with the paper's instruction routing."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""Where evaluation reads and writes: the input files, the names that become path components, the results folder.
-
-mteb writes ``<output_dir>/results/<model name>/<revision>/<task name>.json``: each name is one path component,
-or ``..``, a ``/`` or an absolute name would put the files outside ``output_dir``. :func:`check_name` accepts a
-non-empty string, not ``.`` or ``..``, free of ``/``, ``\\`` and control characters, of at most
-:data:`MAX_NAME_BYTES` bytes in UTF-8; the model name's ``org/name`` is escaped by mteb (:func:`model_folder_name`).
-:func:`check_output_folder` checks, creating nothing, that the results folder can be read and written.
-"""
+"""Where evaluation reads and writes: the input files, the names that become path components, the results folder."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""Encoding on several devices: one model replica per device (:func:`replicate`), fed by threads from a shared queue.
-
-:func:`encode_on_replicas` sorts the items by length, cuts them into contiguous chunks, and has one thread per replica
-(each chunk taking a replica no other thread uses) take chunks until none is left (long and short chunks balance out; threads share the process, so nothing is pickled,
-and PyTorch releases the GIL in its kernels); the embeddings are written back to the items' positions.
-"""
+"""Encoding on several devices: one model replica per device (:func:`replicate`), fed by threads from a shared queue."""
 
 from __future__ import annotations
 

@@ -1,22 +1,4 @@
-"""What a stored evaluation result was computed from, and when it is reused.
-
-mteb's results cache finds a task's stored result (``<output_dir>/results/<model>/<revision>/<Task>.json``) by the
-task's name and the folder names alone, and its ``only-missing`` strategy serves it again whatever the task's data,
-its instruction or the model's files are now. :func:`llm2vec.evaluation.mteb_wrapper.evaluate` serves a stored
-result only when it records the key of what would be computed now, made of four parts (:func:`computed_from`):
-
-``task`` (a local folder's name and file hashes; an mteb task's name and dataset revision; another class's name,
-class and dataset), ``instruction`` (what its queries get now), ``model`` (the content fingerprint of the base and
-adapter folders, :func:`llm2vec.fingerprints.model_content`) and ``settings`` (pooling, max length, template, dtype,
-``doc_max_length``: the encoder's ``identity`` without paths).
-
-Each result file the package writes records, under :data:`FIELD`, the ``key`` (SHA-256 of the four parts as
-canonical JSON), the ``compared`` parts and what is ``recorded`` but not compared: paths (a copied folder is the same
-input) and the batch size (padding is masked: batches change embeddings by rounding only, at most 4.8e-7 between
-batch sizes 1 and 24 on the tiny test model in float32), and the mteb version. A stored result without a record,
-with an unreadable one or another key is computed again (:func:`why_not_reused` says why); an encoder made from a
-model in memory has no model fingerprint, so its stored results are never served.
-"""
+"""What a stored evaluation result was computed from, and when it is reused."""
 
 from __future__ import annotations
 

@@ -1,16 +1,4 @@
-"""The paper's MTEB tables, printed from mteb result folders (``<TaskName>.json``, scores in 0-1).
-
-The split and hf_subset of each task come from a :class:`~llm2vec.evaluation.benchmark.Benchmark`; scores are
-scaled to 0-100 and rendered as Markdown in the layout of the paper's Table 1 (one average per category and the
-mean over all tasks: the paper's "Avg" is over tasks, not categories) and one row per task, beside a row of the
-paper (:func:`paper_reference`) and the difference. An average over fewer tasks than the category holds is marked
-``*`` with a footnote giving n/total, and never compared with the paper. ``CQADupstackRetrieval`` is the mean of
-mteb's 12 sub-forum tasks and counts as missing unless all 12 are there.
-
-A paper-results file is a JSON object ``{"models": [...], "tables": {"table1": {"models": {model: {row:
-{category: score}}}}, "table14": {"models": {model: {row: {task: score}}}}, ...}, "known_inconsistencies":
-{"cells": [...]}}`` with scores in percent, as printed.
-"""
+"""The paper's MTEB tables, printed from mteb result folders (``<TaskName>.json``, scores in 0-1)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,4 @@
-"""The prompts of an export: ``document``, ``query`` and two per instruction entry, and the query instruction.
-
-Prompts: ``document`` (no instruction, the default, as ``LLM2Vec.encode(text)``), ``query`` (the query instruction:
-:func:`resolve_query_instruction`), and for each instruction entry ``name`` both ``name`` (with the instruction)
-and ``name-document`` (without): mteb's sentence-transformers path picks ``<task>-document`` for a retrieval
-corpus and ``<task>`` for queries and symmetric tasks, which is the routing of
-:mod:`llm2vec.evaluation.mteb_wrapper`. The prefix and closing token ids of each prompt come from
-``templates.encode`` itself (the ids before ``text_start`` and after ``text_end``), not from per-family strings.
-"""
+"""The prompts of an export: ``document``, ``query`` and two per instruction entry, and the query instruction."""
 
 from __future__ import annotations
 

@@ -1,19 +1,4 @@
-"""The exported tokenizer and chat template: sentence-transformers' input becomes ``templates.encode``'s token ids.
-
-The rendered input carries :data:`~llm2vec.export.prompts.TEXT_MARKER` between prefix and text (and, in the chat
-layout, between text and closing); the exported tokenizer's pre-tokenizer splits the input there and drops the
-marker, so the pieces are tokenized separately, exactly as ``templates.encode`` does, even where tokenizing them
-as one string would merge tokens across a boundary (Mistral's ``"[INST] "`` followed by a word).
-
-An input without the markers tokenizes exactly as with the source tokenizer (``add_special_tokens=False``, which
-is how ``templates.encode`` calls it), so ``LLM2Vec.from_pretrained(<export>)`` gives the source's token ids:
-
-- chat layout: only the split is added; the normalizer and post-processor are the source's (the chat template
-  trims the text and renders the closing itself);
-- text layout: the prompt ends in :data:`~llm2vec.export.prompts.STRIP_MARKER`; the normalizer strips the text's
-  leading and trailing whitespace only in a piece that carries that marker, and the post-processor appends the
-  suffix (the anchor) when called with special tokens, which reserves its room when truncating.
-"""
+"""The exported tokenizer and chat template: sentence-transformers' input becomes ``templates.encode``'s token ids."""
 
 from __future__ import annotations
 

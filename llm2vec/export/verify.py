@@ -1,13 +1,4 @@
-"""The checks of an export: what cannot be exported, and the written folder against ``LLM2Vec.encode``.
-
-Before the folder is renamed into place it is loaded with ``SentenceTransformer`` and checked on probe texts
-(:data:`PROBE_TEXTS`: short, starting or ending with spaces and newlines, digits, special tokens, and one longer
-than ``max_length``): the same token ids as ``templates.encode`` for every prompt (and, in the chat layout, for the
-ad-hoc instructions of :data:`~llm2vec.export.prompts.ADHOC_PROBES`), embeddings with cosine >= :data:`MIN_COSINE`
-to ``LLM2Vec.encode``, and (chat layout) that a conversation of two user turns is refused. The folder's tokenizer
-and ``llm2vec_config.json``, read as ``LLM2Vec.from_pretrained(<folder>)`` reads them, must give the same token ids
-too.
-"""
+"""The checks of an export: what cannot be exported, and the written folder against ``LLM2Vec.encode``."""
 
 from __future__ import annotations
 

@@ -1,24 +1,4 @@
-"""LM head + cross-entropy summed over target rows, without materialising all the logits at once.
-
-For hidden states h_1..h_N (N, H) at the target positions, the LM head (weight W (V, H), bias b) and the
-targets y_1..y_N:
-
-    NLL = sum_i [ logsumexp_v (W h_i + b)_v - (W h_i + b)_{y_i} ]        (the sum of Eq. 3's / 4's terms)
-
-The plain computation builds the (N, V) logits (and, for the float32 cross-entropy, an (N, V) float32
-copy) and keeps them for backward: with a 128k vocabulary and a few thousand target rows that is several
-GB. ``linear_cross_entropy_sum(..., chunk_rows=R)`` computes the same sum over blocks of R rows; each
-block's logits are recomputed in backward (``torch.utils.checkpoint``), so at most one block of (R, V)
-logits (and its float32 copy and softmax) exists at a time, in forward and in backward. Every block is
-the plain computation on its rows, so the result differs from the plain one only by the order of the
-float sum over blocks (the tests check loss and gradients at 1e-6 relative in float32).
-
-Optional fused path: on CUDA, when ``liger_kernel`` is importable (``pip install -e '.[liger]'``), the
-chunked path uses Liger's fused linear cross-entropy instead, which never builds more than a block of
-logits either and computes the gradients in forward; it accumulates in float32 (``accum_dtype``). It has no
-CPU implementation, so the CPU test-suite cannot run it (it checks only the arguments it is given); its
-agreement with the plain path is checked on a GPU (the project's GPU check, the ``liger`` line).
-"""
+"""LM head + cross-entropy summed over target rows, without materialising all the logits at once."""
 
 from __future__ import annotations
 

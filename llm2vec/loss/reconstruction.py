@@ -1,38 +1,4 @@
-"""The Stage I loss: embedding-based bidirectional reconstruction (paper Sec. 3.2, Eq. 3-5, Algorithm 1).
-
-For a batch of (query Q, document D) pairs with anchor embeddings e_Q, e_D (Eq. 1):
-
-    L_Q2D = - sum_t log P(d_t | e_Q, d_<t)                                 (Eq. 3, EBQ2D)
-    L_D2Q = - sum_t log P(q_t | e_D, q_<t)                                 (Eq. 4, EBD2Q)
-    L     = alpha * L_Q2D + (1 - alpha) * L_D2Q,   alpha = 0.2             (Eq. 5)
-
-Reconstruction pass. For the anchor embedding e_X (B, H) of one side and the target ids y_1..y_m of the
-other side, the same decoder reads
-
-    [ e_X ; Embed(y_1) ; ... ; Embed(y_m) ]          (positions 0, 1, ..., m)
-
-under teacher forcing, and the LM head at position t-1 predicts y_t. The anchor sits directly before the
-first target at position 0 and the targets follow at consecutive positions 1..m; the targets are
-right-padded, so padding never separates the anchor from y_1 (the authors' code put the anchor before
-the left padding). Logits are computed only at positions that have a target, optionally a block of rows
-at a time (``logit_chunk_rows``, :mod:`llm2vec.loss.linear_cross_entropy`: the same sum, less memory).
-
-Averaging. Each direction is a mean over target *tokens*:
-
-    L_Q2D = (sum of the token NLLs of the document targets) / N_Q2D
-
-where N_Q2D is ``target_counts["q2d"]``: the number of document target tokens. The collator puts each
-batch's own counts in the batch; the trainer replaces them by their sum over every micro-batch of the
-optimizer step and over all processes (:mod:`llm2vec.trainer`), so accumulation and data parallelism
-give exactly the gradient of one big batch. Likewise ``"d2q"`` counts the query targets.
-
-Packing (``packed=True``, :mod:`llm2vec.packing`): the sequences [e_X ; Embed(y_1..y_m)] of both
-directions go through the decoder in one packed call, each at positions 0..m, with no padding; the same
-sums as the padded passes.
-
-A direction whose weight is 0 (alpha = 0 or 1) is not computed at all. The anchor embeddings are not
-detached: both losses send gradients back through e_Q and e_D into the encoding pass.
-"""
+"""The Stage I loss: embedding-based bidirectional reconstruction (paper Sec. 3.2, Eq. 3-5, Algorithm 1)."""
 
 from __future__ import annotations
 

@@ -24,9 +24,8 @@ from typing import Any
 from accelerate import PartialState
 
 from ..arguments import ConfigError, RunConfig, argument_classes
-from ..fingerprints import fingerprint_file, fingerprint_model, model_folder
+from ..fingerprints import fingerprint_file, fingerprint_model
 from ..io import COMPLETE_MARKER, EXPORT_MARKER, atomic_dir, atomic_write, file_record, remove_stale_temporaries
-from ..model_files import _adapter_problem
 from .folder import (
     FINAL_SAVE_RECORD,
     RUN_CONFIG_NAME,
@@ -169,14 +168,6 @@ def check_resume_inputs(checkpoint: str | None, inputs: dict, geometry: dict, co
     before = {"inputs": saved.get("inputs"), "batch_geometry": saved.get("batch_geometry")}
     entry = {"step": step, "from_step": step + 1, "checkpoint": str(checkpoint), "changes": changes}
     return history + [{**entry, "settings": {**settings, **lengths}, "before": before}]
-
-
-def planned_end_step(values: dict[str, Any], per_epoch: int) -> int:
-    """``max_steps`` if positive, else ``num_train_epochs`` passes; capped by any other positive length field."""
-    max_steps = values.get("max_steps", -1)
-    end = max_steps if max_steps and max_steps > 0 else math.ceil(values["num_train_epochs"] * per_epoch)
-    caps = [v for k, v in values.items() if k not in ("max_steps", "num_train_epochs") and type(v) is int and v > 0]
-    return min([end, *caps])
 
 
 class ExportFolderError(ConfigError):
@@ -439,8 +430,8 @@ def _plan_checkpoint(plan: RunManager, resume: str, where: str, overwrite: bool)
 
 def _resume_from(plan: RunManager, checkpoint: str) -> None:
     """Resume from ``checkpoint``; refuse one of the other stage (its run config's, else its weights': an adapter is
-    Stage II's) and an adapter whose tensors are not those its config implies on the base."""
-    folder, config, stage = Path(checkpoint), plan.config, plan.config.stage.stage
+    Stage II's). The driver checks an adapter checkpoint against the base (:func:`llm2vec.training.train`)."""
+    folder, stage = Path(checkpoint), plan.config.stage.stage
     adapter = (folder / "adapter_model.safetensors").is_file()
     full = any((folder / n).is_file() for n in ("model.safetensors", "model.safetensors.index.json"))
     saved = (read_json(folder / RUN_CONFIG_NAME) or {}).get("stage") or ("II" if adapter else "I" if full else None)
@@ -449,9 +440,6 @@ def _resume_from(plan: RunManager, checkpoint: str) -> None:
             f"resume_from_checkpoint {checkpoint}: a Stage {saved} checkpoint, but this is a Stage {stage} config; "
             f"resume it with run_stage_{saved}.py"
         )
-    base = model_folder(config.model.model_name_or_path)
-    if adapter and base is not None and (problem := _adapter_problem(folder, base, config.model.trust_remote_code)):
-        raise ConfigError(f"resume_from_checkpoint {checkpoint}: {problem}")
     plan.resume_from = checkpoint
 
 
@@ -466,6 +454,7 @@ class RunManager:
     continue_past: int | None = None  # continuing a finished run: the step it ended at
     clear: bool = False  # --overwrite_output_dir: delete the old run (after the disk check)
     keep_up_to: int | None = None  # ... but keep the checkpoints up to this step (the one resumed from)
+    schedule: Any = None  # the run's llm2vec.schedule.SchedulePlan, handed over by record()
 
     @classmethod
     @contextlib.contextmanager
@@ -492,7 +481,7 @@ class RunManager:
         it was given) and batch geometry; refuses a resume whose schedule or inputs changed."""
         from ..schedule import check_resume
 
-        config, args = self.config, self.config.training
+        config, args, self.schedule = self.config, self.config.training, schedule
         check_resume(self.resume_from, schedule, extending=self.continue_past is not None)
         found = {
             "data": {p: fingerprint_file(p) for p in sorted({os.path.realpath(p) for p in data_files})},
@@ -507,13 +496,12 @@ class RunManager:
         return {**config.resolved(), **extra, "resumed_with_changes": resumed}
 
     def train(self, trainer) -> None:
-        """Check where training ends and the disk space, delete what an overwrite replaces, train, save the final
-        model (from the resumed checkpoint when it is at the end step)."""
+        """Check the recorded schedule's end against a resumed or finished run and the disk space, delete what an
+        overwrite replaces, train, save the final model (from the resumed checkpoint when it is at the end step)."""
         args, stage, folder = self.config.training, self.config.stage.stage, self.folder
-        batches = math.ceil(len(trainer.train_dataset) / (args.per_device_train_batch_size * args.world_size))
-        per_epoch = max(1, math.ceil(batches / args.gradient_accumulation_steps))  # optimizer steps per epoch
+        per_epoch, end = self.schedule.global_batches_per_epoch, self.schedule.stop_step
         values = end_values(self.config.resolved(), stage)
-        end, ends_at = planned_end_step(values, per_epoch), ", ".join(f"{k} {v}" for k, v in values.items())
+        ends_at = ", ".join(f"{k} {v}" for k, v in values.items())
         start = step_of(self.resume_from) if self.resume_from else 0
         if self.continue_past is not None and end <= self.continue_past:
             raise ConfigError(
