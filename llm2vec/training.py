@@ -115,7 +115,8 @@ def _train(config: RunConfig, made: list):
         dataset, validation = load_data(config, tokenizer, template)
         retrieval = retrieval_evaluation(config.data)  # the folders read and checked before the weights load
         schedule = plan_schedule(args, dataset.num_global_batches, config.stage.stop_after_n_steps, config.source)
-        run_config = run.record(schedule, _data_files(dataset))  # refuses a resume whose schedule or inputs changed
+        # refuses a resume whose schedule, inputs or retrieval folders changed
+        run_config = run.record(schedule, _data_files(dataset), retrieval)
         run_config["inputs"]["query_instructions"] = trained_instructions(config, dataset)  # what the export writes
         logger.info("Stage %s %s", stage, schedule.describe())
         if with_st:

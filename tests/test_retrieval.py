@@ -382,3 +382,34 @@ def test_two_folders_of_one_name_are_refused(setup, tmp_path, capsys):
     argv = tiny_run_flags(model, data, tmp_path / "run", max_steps=1, retrieval_eval_instruction="")
     assert main("II", argv + ["--retrieval_eval_dirs", str(folders[0]), str(twin)]) == 2
     assert "share the name 'NanoA', which names their log keys" in capsys.readouterr().err
+
+
+def test_a_resume_refuses_a_retrieval_folder_changed_since_the_run_started(setup, tmp_path, capsys):
+    """A folder's scores are logged under its name; a resume whose folder of that name holds other files than the run
+    recorded at its start is refused in one line naming the folder and the way out, accept_changed_inputs or not. The
+    same files at another path resume."""
+    from llm2vec.training import main
+
+    model, data, _ = setup
+    folder = write_tiny_beir(tmp_path / "NanoR", seed=3)
+    out = tmp_path / "run"
+
+    def argv(steps, where, *more):
+        fields = {"max_steps": steps, "eval_steps": 1, "save_steps": 1, "retrieval_eval_instruction": ""}
+        return tiny_run_flags(model, data, out, **fields) + ["--retrieval_eval_dirs", str(where), *more]
+
+    assert main("I", argv(1, folder)) == 0
+    capsys.readouterr()
+    with open(folder / "corpus.jsonl", "a") as f:
+        f.write(json.dumps({"_id": "new", "title": "", "text": "another document"}) + "\n")
+    resume = ["--resume_from_checkpoint", "true", "--accept_changed_inputs", "true"]
+    assert main("I", argv(2, folder, *resume)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"retrieval folder {folder.resolve()} (NanoR) is not the one this run evaluated" in err, err
+    assert "file corpus.jsonl: its SHA-256 differs" in err, err
+    assert "Restore the folder, or start anew with --overwrite_output_dir true or another output_dir" in err, err
+    assert not (out / "checkpoint-2").exists()
+    copy = write_tiny_beir(tmp_path / "elsewhere" / "NanoR", seed=3)  # the files the run started with
+    assert main("I", argv(2, copy, "--resume_from_checkpoint", "true")) == 0
+    assert (out / "checkpoint-2").is_dir()

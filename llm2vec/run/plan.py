@@ -136,6 +136,21 @@ def input_changes(saved: dict[str, Any], inputs: dict[str, Any], geometry: dict[
     return changes
 
 
+def check_retrieval_folders(checkpoint: str | None, inputs: dict[str, Any]) -> None:
+    """Refuse a resume whose retrieval folder of a name (its log keys') holds other files than the run recorded for
+    that name (``inputs.retrieval``): its score curve would join two folders under one name. No
+    ``accept_changed_inputs`` here: the logged history cannot be split again."""
+    saved = read_json(Path(checkpoint) / RUN_CONFIG_NAME) if checkpoint else None
+    old = ((saved or {}).get("inputs") or {}).get("retrieval") or {}
+    for name, now in (inputs.get("retrieval") or {}).items():
+        if name in old and (changes := _file_changes("file", old[name].get("files", {}), now["files"])):
+            raise ConfigError(
+                f"retrieval folder {now['path']} ({name}) is not the one this run evaluated as {name!r} since it "
+                f"started ({'; '.join(changes)}): its scores would continue one curve with another folder's. Restore "
+                "the folder, or start anew with --overwrite_output_dir true or another output_dir"
+            )
+
+
 def _short(value: Any) -> str:
     return text if len(text := json.dumps(value)) <= 60 else text[:57] + "..."
 
@@ -476,9 +491,11 @@ class RunManager:
     def finished(self) -> bool:
         return self.finished_message is not None
 
-    def record(self, schedule, data_files: list[str]) -> dict[str, Any]:
+    def record(self, schedule, data_files: list[str], retrieval=None) -> dict[str, Any]:
         """The run config saved with every save, with its inputs' fingerprints (a data file under its real path, however
-        it was given) and batch geometry; refuses a resume whose schedule or inputs changed."""
+        it was given; each retrieval folder of ``retrieval``, a :class:`llm2vec.retrieval.RetrievalEvaluation`, by its
+        name with the SHA-256 of the files it read) and batch geometry; refuses a resume whose schedule or inputs
+        changed."""
         from ..schedule import check_resume
 
         config, args, self.schedule = self.config, self.config.training, schedule
@@ -487,7 +504,15 @@ class RunManager:
             "data": {p: fingerprint_file(p) for p in sorted({os.path.realpath(p) for p in data_files})},
             "base_model": fingerprint_model(config.model.model_name_or_path),
             "adapter": fingerprint_model(getattr(config.stage, "peft_model_name_or_path", None)),
+            "retrieval": {
+                f.name: {
+                    "path": os.path.realpath(f.data.path),
+                    "files": {n: {"sha256": h} for n, h in f.data.file_sha256.items()},
+                }
+                for f in (retrieval.folders if retrieval else [])
+            },
         }
+        check_retrieval_folders(self.resume_from, found)
         geometry = {"per_device_train_batch_size": args.per_device_train_batch_size, "processes": args.world_size}
         geometry |= {"gradient_accumulation_steps": args.gradient_accumulation_steps}
         geometry |= {"global_batch_size": config.global_batch_size}
