@@ -407,8 +407,15 @@ def _retrieval_evaluator_class():
             super().__init__()
             self.evaluators = list(evaluators)
             self.primary_metric = f"{MEAN}_ndcg_at_10"
+            self.fresh = set()  # the output folders whose CSV files this run started
 
         def __call__(self, model, output_path=None, epoch=-1, steps=-1) -> dict[str, float]:
+            if output_path is not None and output_path not in self.fresh:  # this path never resumes: a run's CSVs
+                self.fresh.add(output_path)  # start fresh; a replaced run's are moved aside, never appended to
+                for old in (Path(output_path) / e.csv_file for e in self.evaluators):
+                    if old.is_file():
+                        logger.warning("%s is a replaced run's: moved to %s.before-run", old, old.name)
+                        os.replace(old, old.with_name(f"{old.name}.before-run"))
             scores = {}
             for evaluator in self.evaluators:
                 metrics = evaluator(model, output_path, epoch, steps)

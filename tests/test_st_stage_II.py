@@ -435,3 +435,21 @@ def test_every_message_names_the_one_way_out_and_a_finished_run_has_nothing_to_d
             run("II", again)
     message = interrupted_message(parse_config("II", args), trainer)
     assert message.endswith(way_out) and "--resume_from_checkpoint" not in message
+
+
+def test_an_overwritten_run_starts_its_evaluation_csv_files_fresh(checkpoint, tmp_path):
+    """sentence-transformers appends each evaluation to ``output_dir/eval/*.csv``; a run over a replaced one
+    (``--overwrite_output_dir true``) writes its own rows only, the replaced run's file moved aside, not deleted."""
+    from llm2vec.training import run
+
+    data, beir = write_tiny_e5(tmp_path / "data", n=8, sources=("nq",)), write_tiny_beir(tmp_path / "NanoCsv")
+    out = tmp_path / "out"
+    args = flags(checkpoint, data, out, *ST, "--retrieval_eval_dirs", str(beir), "--retrieval_eval_instruction", "")
+    args += ["--eval_steps", "1", "--per_device_eval_batch_size", "8"]
+    run("II", args)
+    (csv,) = (out / "eval").glob("*.csv")
+    first = csv.read_text().splitlines()
+    assert len(first) == 2, first  # the header and the evaluation at step 1
+    run("II", [*args, "--overwrite_output_dir", "true"])
+    assert len(csv.read_text().splitlines()) == 2
+    assert csv.with_name(f"{csv.name}.before-run").read_text().splitlines() == first
