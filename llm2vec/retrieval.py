@@ -23,6 +23,8 @@ LOGGED = ("ndcg_at_10", "mrr_at_10", "recall_at_100")
 MEAN = "beir_mean"
 """The name under which the means over the folders are logged (``beir_mean_ndcg_at_10``); no folder may have it."""
 RECALL_AT = (1, 10, 100)
+PROGRESS_BATCHES = 100
+"""An embedding of this many batches or more logs its progress, about every tenth of its batches."""
 
 
 @contextlib.contextmanager
@@ -116,16 +118,22 @@ def cosine_metrics(
 
 
 @torch.no_grad()
-def embed_items(model, encoder, items: Sequence[tuple[str, str]], batch_size: int, device) -> torch.Tensor:
+def embed_items(
+    model, encoder, items: Sequence[tuple[str, str]], batch_size: int, device, what: str = "texts"
+) -> torch.Tensor:
     """(N, H) float32 embeddings of ``(instruction, text)`` items in input order, in ``encoder.encode``'s batches,
     each embedded by ``model(features=...)`` (``model``: ``encoder`` or the trainer's wrapper of it); shared among
-    the processes as the module docstring says. Every process returns all N rows."""
+    the processes as the module docstring says. Every process returns all N rows. From :data:`PROGRESS_BATCHES`
+    batches on, the progress is logged (``what``: what they are) about every tenth of the batches."""
     order, batches = encoder.length_sorted_batches(items, batch_size)
     rank, size = world()
     mine = list(range(rank, len(batches), size))
     turns = math.ceil(len(batches) / size)
+    every = math.ceil(turns / 10) if len(batches) >= PROGRESS_BATCHES else 0
     rows = []
     for turn in range(turns):
+        if every and turn % every == 0 and turn:
+            logger.info(f"embedding {len(items)} {what}: batch {turn * size} of {len(batches)}")
         b = mine[turn] if turn < len(mine) else 0  # no batch left: batch 0 again, for the same forward count
         embedded = model(features=encoder.padded(batches[b], device)).float()
         rows.append(embedded if turn < len(mine) else embedded[:0])
@@ -158,8 +166,10 @@ def folder_metrics(model, encoder, folder: BeirFolder, instruction: str, batch_s
     """nDCG@10, MRR@10 and Recall@1/10/100 of ``folder`` (module docstring), with its ``queries`` and ``documents``
     counts; ``model`` embeds (``encoder`` or the trainer's wrapper of it), in the mode it is in."""
     judgments = Judgments.of_folder(folder)
-    q = embed_items(model, encoder, [(instruction, t) for t in folder.queries.values()], batch_size, device)
-    d = embed_items(model, encoder, [("", folder.document_text(i)) for i in folder.corpus], batch_size, device)
+    queries = [(instruction, t) for t in folder.queries.values()]
+    q = embed_items(model, encoder, queries, batch_size, device, f"queries of {folder.name}")
+    documents = [("", folder.document_text(i)) for i in folder.corpus]
+    d = embed_items(model, encoder, documents, batch_size, device, f"documents of {folder.name}")
     metrics = cosine_metrics(q, d, judgments)
     return {**metrics, "queries": float(len(folder.queries)), "documents": float(len(folder.corpus))}
 
@@ -189,11 +199,21 @@ class RetrievalEvaluation:
         read = [read_beir_folder(path, queries_without_relevant="refuse") for path, _ in folders]
         return cls([RetrievalFolder(data.name, data, instruction) for data, (_, instruction) in zip(read, folders)])
 
-    def describe(self) -> str:
-        return "; ".join(
-            f"{f.name} ({len(f.data.queries)} queries, {len(f.data.corpus)} documents, instruction {f.instruction!r})"
-            for f in self.folders
-        )
+    def describe(self, hidden_size: int | None = None) -> list[str]:
+        """One line per folder: its size, the texts one evaluation embeds and, given the model's ``hidden_size``,
+        the memory of its document embeddings (documents x hidden size x 4 bytes, float32, on every process)."""
+        lines = []
+        for f in self.folders:
+            nq, nd = len(f.data.queries), len(f.data.corpus)
+            held = nd * hidden_size * 4 if hidden_size else 0
+            memory = f", document embeddings {nd:,} x {hidden_size} x 4 = {held:,} bytes ({held / 1e9:.2f} GB)" * bool(
+                held
+            )
+            lines.append(
+                f"{f.name}: {nq:,} queries, {nd:,} documents; each evaluation embeds {nq + nd:,} texts{memory}; "
+                f"instruction {f.instruction!r}"
+            )
+        return lines
 
     def __call__(self, model, encoder, batch_size: int, device) -> dict[str, float]:
         """``<folder>_<metric>`` for each folder and metric of :data:`LOGGED`, and ``beir_mean_<metric>``: ``model``

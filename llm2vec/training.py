@@ -113,7 +113,8 @@ def _train(config: RunConfig, made: list):
         logger.info("Stage %s: %d CPU thread(s), seed %d", stage, torch.get_num_threads(), args.seed)
         transformers.set_seed(args.seed)
         dataset, validation = load_data(config, tokenizer, template)
-        retrieval = retrieval_evaluation(config.data)  # the folders read and checked before the weights load
+        # the retrieval folders read and checked before the weights load
+        retrieval = retrieval_evaluation(config.data, config.model)
         schedule = plan_schedule(args, dataset.num_global_batches, config.stage.stop_after_n_steps, config.source)
         # refuses a resume whose schedule, inputs or retrieval folders changed
         run_config = run.record(schedule, _data_files(dataset), retrieval)
@@ -260,9 +261,10 @@ def load_data(config: RunConfig, tokenizer, template) -> tuple[TrainDataset, lis
     return dataset, validation
 
 
-def retrieval_evaluation(data: DataArguments):
+def retrieval_evaluation(data: DataArguments, model=None):
     """The retrieval folders of ``data`` (``retrieval_eval_dirs``) read and checked (:mod:`llm2vec.retrieval`), or
-    ``None`` without any; a bad folder is a :class:`DataError` naming the file and line."""
+    ``None`` without any; a bad folder is a :class:`DataError` naming the file and line. What each evaluation costs
+    is logged, a line per folder (with ``model``'s arguments, the memory of the document embeddings)."""
     folders = data.retrieval_folders()
     if not folders:
         return None
@@ -272,7 +274,16 @@ def retrieval_evaluation(data: DataArguments):
         evaluation = RetrievalEvaluation.read(folders)
     except (OSError, ValueError) as e:
         raise DataError(f"retrieval_eval_dirs: {e}") from None
-    logger.info("retrieval evaluation at every eval_steps: %s", evaluation.describe())
+    hidden_size = None
+    if model is not None:  # its config was read already (check_model_family)
+        from transformers import AutoConfig
+
+        remote = bool(getattr(model, "trust_remote_code", False))
+        hidden_size = getattr(
+            AutoConfig.from_pretrained(model.model_name_or_path, trust_remote_code=remote), "hidden_size", None
+        )
+    for line in evaluation.describe(hidden_size):
+        logger.info("retrieval evaluation at every eval_steps: %s", line)
     return evaluation
 
 

@@ -413,3 +413,29 @@ def test_a_resume_refuses_a_retrieval_folder_changed_since_the_run_started(setup
     copy = write_tiny_beir(tmp_path / "elsewhere" / "NanoR", seed=3)  # the files the run started with
     assert main("I", argv(2, copy, "--resume_from_checkpoint", "true")) == 0
     assert (out / "checkpoint-2").is_dir()
+
+
+def test_the_start_up_says_what_each_evaluation_embeds_and_holds_and_a_long_one_shows_progress(
+    setup, tmp_path, caplog, monkeypatch
+):
+    """A line per folder names its queries and documents, the texts one evaluation embeds and the memory of its
+    document embeddings (documents x hidden size x 4 bytes); an embedding of many batches logs its progress."""
+    import logging
+
+    import llm2vec.retrieval
+    from llm2vec.training import run
+
+    model, data, folders = setup
+    hidden = json.loads((model / "config.json").read_text())["hidden_size"]
+    monkeypatch.setattr(llm2vec.retrieval, "PROGRESS_BATCHES", 20)  # NanoB's 130 documents: 26 batches of 5
+    with caplog.at_level(logging.INFO):
+        run("I", run_flags(setup, tmp_path / "run", "I", max_steps=1, eval_on_start="false"))
+    for folder, (queries, documents) in zip(folders, [(12, 40), (5, 130)]):
+        held = documents * hidden * 4
+        line = (
+            f"{folder.name}: {queries} queries, {documents} documents; each evaluation embeds {queries + documents} "
+            f"texts, document embeddings {documents} x {hidden} x 4 = {held:,} bytes"
+        )
+        assert line in caplog.text, caplog.text
+    assert "embedding 130 documents of NanoB: batch 3 of 26" in caplog.text, caplog.text
+    assert "documents of NanoA: batch" not in caplog.text  # 8 batches: no progress lines
