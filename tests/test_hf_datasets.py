@@ -565,3 +565,37 @@ def test_a_dataset_without_rows_is_named_as_empty(tmp_path, kind):
     with pytest.raises(DataError) as refused:
         load_hf([path], 1)
     assert str(refused.value) == f"{path}: the dataset has no rows; give one with (query, positive) rows"
+
+
+def test_repeated_pairs_and_negatives_equal_to_their_positive_warn_as_json_lines_does(tmp_path, caplog):
+    """The JSON-lines loader's two warnings (one function, llm2vec.dataset.records.warn_suspect_pairs), by row; the
+    rows are kept."""
+    rows = [{"query": f"q{i}", "positive": f"p{i}", "negative": f"n{i}"} for i in range(8)]
+    rows[4] = {**rows[1], "negative": "another negative"}  # row 4 repeats the pair of row 1
+    rows[6] = dict(rows[1])  # row 6 too
+    rows[2]["negative"] = " " + rows[2]["positive"]  # row 2: the same text once stripped
+    path = write("parquet", tmp_path, "d", rows)
+    with caplog.at_level(logging.WARNING, logger="llm2vec.dataset"):
+        ds = load_hf([path], 1, require_negative=True)
+    assert len(ds) == 8
+    warnings = " | ".join(r.getMessage() for r in caplog.records)
+    assert f"{path}: 2 of 8 records repeat the query and positive of an earlier record (rows 4, 6)" in warnings
+    assert f"{path}: 1 of 8 records has a negative equal to its positive (row 2)" in warnings
+
+
+def test_a_text_longer_than_a_json_lines_line_is_refused_naming_dataset_row_and_field(tmp_path, monkeypatch):
+    """A text over llm2vec.io.MAX_LINE_BYTES (the JSON-lines reader's bound) is refused before it is tokenized (a
+    20 MB row took 30 s and 4.2 GB to tokenize, to keep max_seq_length tokens of it); the test lowers the bound."""
+    import llm2vec.dataset.hf
+
+    monkeypatch.setattr(llm2vec.dataset.hf, "MAX_LINE_BYTES", 1000)
+    rows = [{"query": f"q{i}", "positive": f"p{i}"} for i in range(4)]
+    rows[2]["positive"] = "é" * 501  # 1,002 bytes, 501 characters
+    path = write("parquet", tmp_path, "big", rows)
+    with pytest.raises(DataError) as error:
+        load_hf([path], 1)
+    message = str(error.value)
+    assert message.startswith(f'{path}, row 2: field "positive" holds 1,002 bytes, more than 1,000'), message
+    assert len(message.splitlines()) == 1
+    rows[2]["positive"] = "é" * 500  # 1,000 bytes: read
+    assert len(load_hf([write("parquet", tmp_path, "fits", rows)], 1)) == 4

@@ -48,8 +48,9 @@ from typing import Any
 import numpy as np
 
 from ..config_values import strict_booleans
+from ..io import MAX_LINE_BYTES
 from .base import SourceStats, TrainDataset, arrange_positions, held_out_positions, record_counts
-from .records import DataError, TrainExample
+from .records import DataError, FileReport, TrainExample, warn_suspect_pairs
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ DEFAULT_COLUMNS: dict[str, tuple[str, ...]] = {
 }
 FILE_BUILDERS = {".parquet": "parquet", ".arrow": "arrow", ".json": "json", ".jsonl": "json"}
 SCAN_ROWS = 65_536  # rows per block of the row checks: their memory is bounded by a block, not the dataset
+PAIR_ROWS = 4096  # rows per block of the repeated-pair check, whose texts it holds as Python strings
 FIX = "Fix or remove this row."
 
 
@@ -495,6 +497,7 @@ class Source:
                     row = offset + pc.index(pc.is_null(array), True).as_py()
                     raise DataError(f"{self.where(row)}: required {self.field(role)} is missing or null. {FIX}")
                 self._check_utf8(array, role, offset)
+                self._check_size(array, role, offset)
                 if role in required and not pa.types.is_null(array.type):
                     empties.append((role, pc.match_substring_regex(array, _whitespace_only()).to_numpy(False)))
             skip = np.logical_or.reduce([e for _, e in empties]) if empties else np.zeros(batch.num_rows, bool)
@@ -536,7 +539,44 @@ class Source:
                 f"{self.label}: all {records} rows were skipped because a required text is empty or whitespace "
                 "only. Check the dataset's columns and column_map."
             )
+        self._warn_suspect_pairs(records)
         return stats
+
+    def _check_size(self, array, role: str, offset: int) -> None:
+        """No text longer than a JSON-lines line may be (:data:`llm2vec.io.MAX_LINE_BYTES`): tokenizing one costs
+        seconds and gigabytes, though the collator keeps ``max_seq_length`` tokens of it."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if pa.types.is_null(array.type):
+            return
+        sizes = pc.binary_length(array)
+        row = pc.index(pc.greater(sizes, MAX_LINE_BYTES), True).as_py()
+        if row >= 0:
+            raise DataError(
+                f"{self.where(offset + row)}: {self.field(role)} holds {sizes[row].as_py():,} bytes, more than "
+                f"{MAX_LINE_BYTES:,} (llm2vec.io.MAX_LINE_BYTES, the longest JSON-lines line read), more than any "
+                f"text a model reads; it is not read. {FIX}"
+            )
+
+    def _warn_suspect_pairs(self, records: int) -> None:
+        """The JSON-lines loader's warnings (:func:`~llm2vec.dataset.records.warn_suspect_pairs`) about kept rows that
+        repeat an earlier row's query and positive or whose negative is the positive, by row; the pairs' hashes are
+        held in one array, the texts a block at a time."""
+        report, hashes = FileReport(path=self.label, records=records), np.empty(len(self.kept), np.int64)
+        roles = ("query", "positive", "negative")
+        for start in range(0, len(self.kept), PAIR_ROWS):
+            rows = self.kept[start : start + PAIR_ROWS]
+            texts = [self._array(r).take(rows).to_pylist() if self.columns[r] else [None] * len(rows) for r in roles]
+            for i, (row, query, positive, negative) in enumerate(zip(rows.tolist(), *texts)):
+                hashes[start + i] = hash((query.strip(), positive.strip()))
+                if negative is not None and negative.strip() == positive.strip():
+                    report.negative_is_positive.append(row)
+        order = np.argsort(hashes, kind="stable")  # equal hashes in row order: all but the first repeat it
+        repeats = np.zeros(len(hashes), bool)
+        repeats[order[1:]] = hashes[order[1:]] == hashes[order[:-1]]
+        report.duplicates = self.kept[repeats].tolist()
+        warn_suspect_pairs(self.label, report, unit="row")
 
     def _check_utf8(self, array, role: str, offset: int) -> None:
         import pyarrow as pa

@@ -176,27 +176,7 @@ def read_jsonl_pairs(
         )
     if report.blank_lines:
         logger.warning("%s: ignored %d blank lines", path, report.blank_lines)
-    if report.duplicates:
-        logger.warning(
-            "%s: %d of %d records %s the query and positive of an earlier record (%s); they are kept, but two copies "
-            "in one batch make each an in-batch negative of the other's query",
-            path,
-            len(report.duplicates),
-            report.records,
-            "repeats" if len(report.duplicates) == 1 else "repeat",
-            _line_list(report.duplicates),
-        )
-    if report.negative_is_positive:
-        logger.warning(
-            "%s: %d of %d records %s a negative equal to %s positive (%s); they are kept, but such a hard negative "
-            "scores exactly as the positive",
-            path,
-            len(report.negative_is_positive),
-            report.records,
-            "has" if len(report.negative_is_positive) == 1 else "have",
-            "its" if len(report.negative_is_positive) == 1 else "their",
-            _line_list(report.negative_is_positive),
-        )
+    warn_suspect_pairs(path, report)
     if not records:
         if report.records == 0:
             raise DataError(f"{path}: the file holds no records. Check that it is the right file.")
@@ -207,10 +187,36 @@ def read_jsonl_pairs(
     return records, report
 
 
-def _line_list(lines: list[int], shown: int = 5) -> str:
+def warn_suspect_pairs(path: str, report, unit: str = "line") -> None:
+    """Warn about ``report``'s repeated pairs and negatives equal to their positive (kept), each with the first
+    ``unit`` (lines of a JSON-lines file, rows of a dataset) where they are; ``report.records`` is the total."""
+    if report.duplicates:
+        logger.warning(
+            "%s: %d of %d records %s the query and positive of an earlier record (%s); they are kept, but two copies "
+            "in one batch make each an in-batch negative of the other's query",
+            path,
+            len(report.duplicates),
+            report.records,
+            "repeats" if len(report.duplicates) == 1 else "repeat",
+            _line_list(report.duplicates, unit=unit),
+        )
+    if report.negative_is_positive:
+        logger.warning(
+            "%s: %d of %d records %s a negative equal to %s positive (%s); they are kept, but such a hard negative "
+            "scores exactly as the positive",
+            path,
+            len(report.negative_is_positive),
+            report.records,
+            "has" if len(report.negative_is_positive) == 1 else "have",
+            "its" if len(report.negative_is_positive) == 1 else "their",
+            _line_list(report.negative_is_positive, unit=unit),
+        )
+
+
+def _line_list(lines: list[int], shown: int = 5, unit: str = "line") -> str:
     """``line 3``, ``lines 5, 7``, or the first ``shown`` of many followed by ``...``."""
     listed = ", ".join(map(str, lines[:shown])) + (", ..." if len(lines) > shown else "")
-    return f"line{'s' if len(lines) > 1 else ''} {listed}"
+    return f"{unit}{'s' if len(lines) > 1 else ''} {listed}"
 
 
 def _listing(folder: str, n: int = 2) -> str:
