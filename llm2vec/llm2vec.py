@@ -67,26 +67,18 @@ class LLM2Vec(nn.Module):
     """Text encoder over a decoder-only LLM.
 
     Args:
-        model: a transformers model (``AutoModel``/``AutoModelForCausalLM``, optionally PEFT-wrapped).
-        tokenizer: its tokenizer.
-        pooling_mode: one of ``eos_token`` (the paper's), ``last_token``, ``mean``, ``weighted_mean``.
+        model, tokenizer: a transformers model (``AutoModel``/``AutoModelForCausalLM``, optionally PEFT) and its
+            tokenizer.
+        pooling_mode: ``eos_token`` (the paper's), ``last_token``, ``mean`` or ``weighted_mean``.
         max_length: the most tokens of one input, template and anchor included.
-        template: a registered template name, or ``"chat_template"`` for the family derived from the tokenizer's own
-            chat template; ``None`` detects the family from config and tokenizer (the derived one when no family is
-            registered for the model: :func:`llm2vec.templates.resolve_template`).
-        doc_max_length: if set, every text is first cut to this many tokens, then the prompt is added and
-            ``max_length`` applies (the authors' evaluation used 400 under 512). An encoding-time setting:
-            training ignores it and it is not saved with the model.
-        packing: run each decoder call packed, without padding (:mod:`llm2vec.packing`): the same embeddings;
-            faster only with ``flash_attention_2``. An execution setting, not saved with the model. ``True`` needs
-            a family that declares packing exact (``TemplateSpec.packing_exact``; a ``ValueError`` otherwise);
-            ``"if_exact"`` packs for such a family and runs padded calls for any other.
-        prompts: ``name -> instruction`` for ``encode(prompt_name=...)``, ``encode_query`` (``"query"``) and
-            ``encode_document`` (``"document"``); saved in ``llm2vec_config.json`` (an export writes its prompts
-            there). An instruction is joined to the text in the family's chat layout, as ``[instruction, text]``.
-        truncate_dim: ``encode`` keeps the first ``truncate_dim`` dimensions (before ``normalize_embeddings``), as
-            sentence-transformers does; an encoding-time setting, not saved. More than the model's hidden size is a
-            ``ValueError``.
+        template: a registered name, ``"chat_template"`` (derived from the tokenizer), or ``None`` (detected).
+        doc_max_length: cut every text to this many tokens before the prompt is added (encoding only).
+        packing: packed decoder calls, same embeddings; ``True`` needs a family that declares packing exact
+            (a :class:`PackingRefused` otherwise), ``"if_exact"`` packs only for such a family.
+        prompts: ``name -> instruction`` for ``encode(prompt_name=...)``, ``encode_query``, ``encode_document``.
+        truncate_dim: ``encode`` keeps the first dimensions; more than the hidden size is a ``ValueError``.
+
+    ``doc_max_length``, ``packing`` and ``truncate_dim`` are encoding-time settings, not saved with the model.
     """
 
     def __init__(
@@ -174,18 +166,11 @@ class LLM2Vec(nn.Module):
         accept_other_base: bool = False,
         **kwargs,
     ) -> LLM2Vec:
-        """Build the model from a checkpoint (hub id or local folder), optionally with a LoRA adapter.
+        """Build the model from a checkpoint (hub id or folder), optionally with a LoRA adapter, on the CPU.
 
-        This is how training and evaluation both load a model: the model stays on the CPU in its current
-        mode (the trainer moves it). Settings come from, in rising priority: defaults, the base folder's
-        ``llm2vec_config.json``, the adapter folder's, then the arguments given here. ``kwargs`` go to
-        the class's constructor (e.g. a training subclass's loss settings).
-
-        A model whose files name custom code, or an adapter stored only as a pickle, is refused with
-        :class:`llm2vec.model_files.ModelFilesError` before anything loads; ``trust_remote_code=True`` lets a
-        model folder's code run (:mod:`llm2vec.model_files`). An adapter that is no LoRA adapter folder, does not
-        fit the base model, or whose ``run_config.json`` records another base is refused the same way
-        (:func:`llm2vec.model_files.check_adapter`); ``accept_other_base=True`` loads the last with a warning.
+        Settings in rising priority: defaults, the base's ``llm2vec_config.json``, the adapter's, the arguments;
+        ``kwargs`` go to the constructor. Custom code, a pickled or unfitting adapter, or one recorded for another base
+        is refused with :class:`llm2vec.model_files.ModelFilesError` (``trust_remote_code``, ``accept_other_base``).
         """
         check_model_files(base_model_name_or_path, peft_model_name_or_path, trust_remote_code, accept_other_base)
         settings = dict(DEFAULTS)

@@ -70,16 +70,11 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
     Args:
         model, tokenizer, **kwargs: as for :class:`LLM2Vec`; the model must keep its LM head.
         alpha: weight of EBQ2D in Eq. 5 (the paper's 0.2).
-        token_budget: most decoder positions of one forward/backward, padded (real ones with packing); 0: the
-            whole batch at once. See :meth:`step_in_parts`.
+        token_budget: most decoder positions of one forward/backward (0: the whole batch); :meth:`step_in_parts`.
         logit_chunk_rows: LM-head logits built this many target rows at a time (0: all at once).
-        reconstruction_input_dropout: word dropout on the reconstruction pass's teacher-forced inputs
-            (an option, not the paper's; :func:`llm2vec.loss.reconstruction.drop_target_inputs`).
-        reconstruction_prefix: a text whose tokens are read before the anchor in the reconstruction pass, so
-            the anchor is not at position 0 (an option, not the paper's; ``""``: none).
-        stop_decoder_gradient: the reconstruction pass reads the decoder's weights without gradient, so only the
-            encoding pass learns from it (an option, not the paper's; :class:`llm2vec.loss.reconstruction.
-            WithoutWeightGradient`).
+        reconstruction_input_dropout, reconstruction_prefix, stop_decoder_gradient: options, not the paper's
+            (:mod:`llm2vec.loss.reconstruction`): word dropout on the teacher-forced inputs, a text read before
+            the anchor, the decoder's weights read without gradient in the reconstruction pass.
     """
 
     backbone_class = AutoModelForCausalLM

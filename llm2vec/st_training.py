@@ -1,37 +1,8 @@
 """Stage II through sentence-transformers: this project's model, data and run folder, ST's trainer and losses.
 
-``trainer: sentence_transformers`` in a Stage II config (:func:`llm2vec.training.train` dispatches here):
-
-1. **The model** (:func:`sentence_transformer`). The base (a hub id, a Stage I folder, with
-   ``peft_model_name_or_path`` merged) is written by this project's sentence-transformers export
-   (:func:`llm2vec.export.export_sentence_transformers`, chat layout, not normalised, checked against
-   ``LLM2Vec.encode`` before it is used) into a temporary folder and loaded as a ``SentenceTransformer``:
-   tokenization, chat format, anchor appended after truncation and anchor pooling are the export's. Its chat
-   template is rebuilt with the training separator (``instruction_separator``, ``"; "``), as the project's
-   training collator joins instruction and query; evaluation during training switches back to the evaluation
-   separator. The paper's LoRA (``lora_r`` 16, ``lora_alpha`` 32, ``lora_dropout`` 0.05 on
-   ``lora_target_modules``) is added with ``peft.get_peft_model`` to the decoder body, exactly as
-   :meth:`llm2vec.llm2vec_contrastive.LLM2VecContrastive.build` adds it, so the adapters have the same names.
-2. **The data** (:func:`st_dataset`). The project's arranged training data (single-source global batches, in the
-   order the project's trainer reads it) becomes a ``datasets.Dataset`` with the columns ``query`` (a conversation:
-   the instruction as a system message, the query as the user message, which the export's chat template renders
-   as ``LLM2Vec.encode([instruction, query])``), ``positive`` and ``negative``; it is read sequentially
-   (:meth:`AnchorSentenceTransformerTrainer.get_batch_sampler`), so each batch is the project's batch.
-3. **The loss** (:func:`build_loss`): a loss of :data:`TRAINABLE_LOSSES` by name (``loss``), with ``loss_kwargs``
-   checked at start-up (:func:`check_loss_arguments`, :func:`check_model_paths`); ``scale`` defaults to ``loss_scale`` (the paper's 20 = 1 / 0.05) and a GIST
-   loss's ``temperature`` to ``1 / loss_scale``; ``guide`` (GIST) is a model folder, or the model itself when
-   absent (self-guided); ``MatryoshkaLoss`` names the loss it wraps as ``loss`` with its
-   own ``loss_kwargs``. An unknown name or argument is one line naming the choices.
-4. **The run** is this project's (:class:`llm2vec.run.RunManager`: the lock, the run config, the final save and
-   its completion marker); the saves are a Stage II run's (:meth:`AnchorSentenceTransformerTrainer._save`: the LoRA
-   adapter, the tokenizer, ``llm2vec_config.json``, ``run_config.json``, the model card), so
-   ``LLM2Vec.from_pretrained(base, adapter)``, the export and the MTEB evaluation read the result as they read a
-   Stage II run of the project's trainer. ``retrieval_eval_dirs`` become sentence-transformers'
-   ``InformationRetrievalEvaluator``\\ s, logged under the project trainer's names (:func:`retrieval_evaluators`).
-
-Not on this path (refused in one line): resuming (every message names the one way out, ``--overwrite_output_dir
-true``; a finished run of the same length is "nothing to do"), ``validation_file`` / ``validation_size``,
-``embedding_token_budget`` (the cached losses' ``mini_batch_size`` plays its part) and ``use_packing: true``.
+``trainer: sentence_transformers`` in a Stage II config (:func:`llm2vec.training.train` dispatches here); the
+steps (model, data, loss, run) are in docs/design.md. Refused in one line: resuming, ``validation_file`` /
+``validation_size``, ``embedding_token_budget`` and ``use_packing: true``.
 """
 
 from __future__ import annotations

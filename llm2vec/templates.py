@@ -75,17 +75,9 @@ def join_instruction(instruction: str, separator: str) -> str:
 class TemplateSpec:
     """A registered family: its user turn, how to recognise it, and the instruction separator.
 
-    ``turn``: the family's function returning its :class:`UserTurn`.
-    ``model_types``: values of ``config.model_type`` this family can have.
-    ``marker_tokens``: tokens that must all be in the tokenizer's vocabulary (they tell apart families
-    sharing a ``model_type``); the anchor token must be in the vocabulary too.
-    ``separator``: what joins an instruction and its text (:func:`join_instruction`).
-    ``packing_exact``: whether a packed decoder call (:mod:`llm2vec.packing`: sequences end to end in one row,
-    position ids restarting at 0, no attention mask) gives this family's models the same hidden states as each
-    text run alone. It holds for architectures whose attention reads the position ids and whose masks
-    transformers builds from them (Llama, Mistral, Qwen2, GPT-NeoX; tested against texts run alone); it does not
-    for OPT (learned positions from the attention mask: 0.32 relative) or Bloom (ALiBi: 7e-3). ``False`` (the
-    default for a new family) makes ``packing: true`` an error and ``packing: auto`` off.
+    ``turn`` returns the family's :class:`UserTurn`; ``model_types`` and ``marker_tokens`` (all in the vocabulary,
+    with the anchor) recognise it; ``separator`` joins instruction and text; ``packing_exact``: packed decoder calls
+    give the same hidden states as texts run alone (``False``, the default, refuses ``packing: true``).
     """
 
     name: str
@@ -503,18 +495,10 @@ def _end_of_turn_not_eos(error, where: str, model_type: str, registered: str) ->
 
 
 def derive_template(config, tokenizer, generation_config=None) -> TemplateSpec:
-    """The family :data:`DERIVED_TEMPLATE` of a model: the user turn of ``tokenizer``'s own chat template
-    (:func:`llm2vec.chat_turn.derive_turn`: one user message rendered around a sentinel, no system turn, no generation
-    prompt, thinking off), whose anchor is one of the model's end-of-sequence ids (:func:`eos_ids`, with the
-    generation config saved beside the model when none is given).
-
-    The derived family is checked before it is returned: for each of :data:`DERIVATION_PROBES`, with the evaluation
-    and the training separator, :func:`encode` must give the chat template's ids for that user message
-    (:func:`chat_template_mismatch`: the default system turn left out, whitespace after the anchor, an EOS appended
-    after an open user turn). A template that cannot render one user message (it raises, or runs without end), whose
-    user turn and reply end with no EOS id, or whose pieces do not tokenize as the whole turn is refused with a
-    ``ValueError`` of one line naming the model folder and ``template=`` as the way out. Packing is off for a derived
-    family (``packing_exact=False``): its architecture is not known to give packed calls equal to texts run alone.
+    """The family :data:`DERIVED_TEMPLATE` of a model: the user turn of ``tokenizer``'s own chat template, anchored
+    at one of the model's EOS ids, checked on :data:`DERIVATION_PROBES` against the chat template
+    (:func:`chat_template_mismatch`). A template that cannot be derived is a one-line ``ValueError`` naming the
+    model folder and ``template=``; packing is off for a derived family (docs/design.md).
     """
     from . import chat_turn
 

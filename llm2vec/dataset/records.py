@@ -114,19 +114,12 @@ def read_jsonl_pairs(
 
     Args:
         path: the file.
-        require_negative: ``negative`` must be present and non-empty; otherwise it
-            is optional (absent, null or empty all mean "no negative").
-        read_instruction: take the optional per-line ``instruction`` field;
-            when False the field is ignored and ``RawRecord.instruction`` is None.
-        limit: stop after this many kept records (the rest of the file is not read).
-        fix: what to tell the user to do about a malformed line.
+        require_negative: ``negative`` must be non-empty; otherwise absent, null or empty mean "no negative".
+        read_instruction: take the per-line ``instruction`` (False: ``RawRecord.instruction`` is None).
+        limit: stop after this many kept records. fix: what to tell the user about a malformed line.
 
-    Returns:
-        The kept records in file order, and a :class:`FileReport`.
-
-    Raises:
-        DataError: on a malformed line, a file that cannot be decoded as UTF-8,
-            or a file in which no record survives.
+    Returns the kept records in file order and a :class:`FileReport`; raises :class:`DataError` on a malformed
+    line, a file that is not UTF-8, or a file in which no record survives.
     """
     report = FileReport(path=path)
     records: list[RawRecord] = []

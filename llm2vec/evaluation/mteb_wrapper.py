@@ -93,16 +93,13 @@ class LLM2VecMTEBEncoder(AbsEncoder):
     """mteb encoder (``EncoderProtocol``) over one or more :class:`LLM2Vec` replicas.
 
     Args:
-        model: an ``LLM2Vec``, or a list of replicas of it (one per device) for multi-GPU encoding.
+        model: an ``LLM2Vec``, or a list of replicas of it (one per device).
         instructions: ``task name -> instruction``, or the path of such a JSON file.
-        model_name: the ``org/model`` name of the results folder (default: from the model's config path).
-        revision: the revision folder (default: a hash of the settings that change the embeddings). Both names
-            must be plain folder names (:class:`~llm2vec.evaluation.paths.PathNameError`).
+        model_name, revision: the results folders (defaults: from the config path; a hash of the settings),
+            plain folder names (:class:`~llm2vec.evaluation.paths.PathNameError`).
         allow_missing_instructions: encode a task with no instruction without one (a warning) instead of raising.
-        batch_size: default batch size when mteb's ``encode_kwargs`` give none.
-        identity: what defines this model's embeddings (base, adapter, pooling, dtype, ...): hashed into the default
-            revision, recorded as ``loader_kwargs``; its folders' files are fingerprinted into every result's key.
-        chunk_size: inputs per work item of the multi-replica path (default ``4 * batch_size``).
+        batch_size: when mteb's ``encode_kwargs`` give none; chunk_size: inputs per work item (``4 * batch_size``).
+        identity: what defines the embeddings: hashed into the default revision, fingerprinted into result keys.
     """
 
     @strict_booleans

@@ -55,19 +55,15 @@ def reconstruction_nll(
     input_dropout: float = 0.0,
     prefix_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Sum over a batch of -log P(y_t | anchor, y_<t): the reconstruction pass above.
+    """Sum over a batch of -log P(y_t | anchor, y_<t): the reconstruction pass.
 
     Args:
-        decoder: the decoder body (``inputs_embeds`` -> ``last_hidden_state``), the one that made ``anchor``.
+        decoder: the decoder body (``inputs_embeds`` -> ``last_hidden_state``) that made ``anchor``.
         lm_head: the causal LM's output layer.
-        anchor: (B, H) anchor embeddings.
-        target_ids: (B, M) right-padded target token ids.
-        target_mask: (B, M) 1 on real targets, 0 on padding.
-        logit_chunk_rows: 0 builds the logits of all target rows at once; R > 0 builds them R rows at a time
-            (:func:`llm2vec.loss.linear_cross_entropy.linear_cross_entropy_sum`, the same sum).
-        input_dropout: share of the teacher-forced target inputs replaced by zero vectors
-            (:func:`drop_target_inputs`; 0: the paper's pass).
-        prefix_ids: token ids read before the anchor (:func:`anchor_block`; ``None``: the paper's pass).
+        anchor: (B, H) anchor embeddings; target_ids, target_mask: (B, M) right-padded targets and their mask.
+        logit_chunk_rows: 0 builds all logits at once; R > 0 builds them R rows at a time (the same sum).
+        input_dropout: share of teacher-forced target inputs replaced by zero vectors (0: the paper's pass).
+        prefix_ids: token ids read before the anchor (``None``: the paper's pass).
     """
     hidden = reconstruction_states(decoder, anchor, target_ids, target_mask, input_dropout, prefix_ids)
     predicting = target_mask.bool()
@@ -178,23 +174,19 @@ def target_counts(query_targets: dict, positive_targets: dict) -> dict[str, torc
 
 
 class ReconstructionLoss(nn.Module):
-    """Eq. 5 over a batch of pairs, each direction a token mean (see the module docstring).
+    """Eq. 5 over a batch of pairs, each direction a token mean:
+    ``L = alpha * L_Q2D + (1 - alpha) * L_D2Q`` (docs/design.md).
 
     Args:
         alpha: weight of EBQ2D; ``1 - alpha`` weighs EBD2Q. The paper uses 0.2.
-        logit_chunk_rows: LM-head logits built this many target rows at a time (0: all at once); the same
-            loss and gradients, with at most one block of logits in memory (:func:`reconstruction_nll`).
+        logit_chunk_rows: build the LM-head logits this many target rows at a time (0: all); the same loss.
         packed: both directions in one packed decoder call (:func:`packed_reconstruction_nll`).
-        input_dropout: in training mode, the share of teacher-forced target inputs zeroed
-            (:func:`drop_target_inputs`); an option, 0 (the paper) by default; never applied in eval mode.
-        prefix_ids: token ids read before the anchor in every reconstruction pass (:func:`anchor_block`);
-            an option, none (the paper) by default.
-        stop_decoder_gradient: run the reconstruction pass with the decoder's weights detached
-            (:class:`WithoutWeightGradient`); an option, off (the paper) by default.
+        input_dropout: in training mode, the share of teacher-forced target inputs zeroed (0, the paper's).
+        prefix_ids: token ids read before the anchor (:func:`anchor_block`; none, the paper's).
+        stop_decoder_gradient: the reconstruction pass with the decoder's weights detached (off, the paper's).
 
-    ``forward(decoder, lm_head, query_embedding, document_embedding, query_targets, positive_targets,
-    counts)`` returns ``(loss, parts)`` with ``parts = {"q2d": L_Q2D, "d2q": L_D2Q}`` (the directions
-    computed). ``counts`` defaults to the batch's own :func:`target_counts`.
+    ``forward(decoder, lm_head, query_embedding, document_embedding, query_targets, positive_targets, counts)``
+    returns ``(loss, {"q2d": L_Q2D, "d2q": L_D2Q})``; ``counts`` defaults to the batch's :func:`target_counts`.
     """
 
     def __init__(
