@@ -381,16 +381,12 @@ class LLM2Vec(nn.Module):
     ) -> np.ndarray | torch.Tensor:
         """Embed texts or ``[instruction, text]`` pairs; returns float32 in the input order.
 
-        The arguments mean what they mean in sentence-transformers' ``encode``: ``prompt`` is an instruction given
-        to every text (joined in the family's chat layout: ``encode(texts, prompt=i)`` equals
-        ``encode([[i, t] for t in texts])``, and an export's ``encode(texts, prompt=i)``); ``prompt_name`` names one
-        of :attr:`prompts`; ``truncate_dim`` (default :attr:`truncate_dim`, at most the embedding's dimension) keeps
-        the first dimensions, before ``normalize_embeddings``. ``show_progress_bar=None`` shows a bar only for more
-        than one batch and when the ``llm2vec`` logger is at INFO or below. A single string gives a single vector. Inputs are sorted by token
-        length (fewer pad tokens per batch) and the order restored afterwards. A mapping, a set, bytes, numbers or
-        ``None`` (as the input or as one item) raise a one-line ``TypeError`` (:mod:`llm2vec.encode_inputs`), as do
-        a ``prompt`` or ``prompt_name`` that is not a string and a true/false keyword given anything but ``True`` or
-        ``False`` (:func:`llm2vec.config_values.strict_booleans`)."""
+        The arguments mean what they mean in sentence-transformers' ``encode``: ``prompt`` is an instruction given to
+        every text (``encode(texts, prompt=i)`` equals ``encode([[i, t] for t in texts])``), ``prompt_name`` names
+        one of :attr:`prompts`, ``truncate_dim`` keeps the first dimensions before ``normalize_embeddings``. A single
+        string gives a single vector. Inputs of another type, a non-string prompt and a true/false keyword given
+        anything but ``True`` or ``False`` raise a one-line ``TypeError``.
+        """
         items, single = read_inputs(sentences)  # what is accepted and refused: llm2vec.encode_inputs
         instruction = self.resolve_prompt(prompt, prompt_name)
         if instruction is not None:

@@ -32,8 +32,7 @@ class LLM2VecContrastive(LLM2Vec):
     Args:
         model, tokenizer, **kwargs: as for :class:`LLM2Vec` (the model is usually a ``peft.PeftModel``).
         loss_scale: InfoNCE scale = 1 / tau (paper: tau = 0.05, scale 20).
-        embedding_token_budget: 0 (the plain step), or the most tokens of one chunk of the gradient cache:
-            padded (rows x longest row), or real ones with packing (see the module docstring).
+        embedding_token_budget: 0 (the plain step), or the most tokens of one chunk of the gradient cache.
     """
 
     SIDES = ("query", "positive", "negative")

@@ -178,12 +178,9 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
     ) -> StageIOutput | dict[str, torch.Tensor] | torch.Tensor:
         """Stage I loss of a collated batch; ``target_counts`` as in :class:`ReconstructionLoss`.
 
-        ``anchor_shifts`` = (s_1, ..., s_S) turns the forward into the measurement of :mod:`llm2vec.anchor_gain`,
-        never a training loss: the batch is embedded once, pair i is reconstructed from the anchors of pair
-        (i + s) mod B for each s, and the result is ``{direction: (S, B, M) float32 token NLLs}`` (0 on padding;
-        :meth:`ReconstructionLoss.token_nll`), with ``"anchors"``: e_Q and e_D stacked, (2, B, H). Given ``features``
-        alone (a tokenized batch of texts), the forward is :meth:`embed`: the retrieval evaluation embeds through the
-        wrapped model this way (:mod:`llm2vec.retrieval`).
+        ``anchor_shifts`` (s_1..s_S) measures instead (:mod:`llm2vec.anchor_gain`): pair i is reconstructed from
+        pair (i + s) mod B's anchors, giving ``{direction: (S, B, M) token NLLs, "anchors": (2, B, H)}``. Given
+        ``features`` alone, the forward is :meth:`embed`.
         """
         if features is not None:
             return self.embed(features)
@@ -225,12 +222,8 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
         )
 
     def step_in_parts(self, model, inputs: dict, backward, no_sync) -> StageIOutput | None:
-        """Forward and backward of a batch in token-budget chunks of pairs (the trainer's hook,
-        :func:`llm2vec.chunked_steps.reconstruction_step`); ``None`` (the plain step) without a budget. With a
-        budget every batch takes it, one that fits in one chunk too, so that all processes agree on the chunks.
-
-        Every chunk carries the step-wide ``target_counts`` (the batch's own when it has none), so chunk losses
-        add up to the batch's loss. Returns the combined, detached output.
+        """Forward and backward of a batch in token-budget chunks of pairs; ``None`` (the plain step) without a budget.
+        Every chunk carries the step-wide ``target_counts``; returns the combined, detached output.
         """
         if not self.token_budget:
             return None

@@ -216,13 +216,11 @@ def check_adapter(
     accept_other_base: bool = False,
     trust_remote_code: bool = False,
 ) -> None:
-    """Refuse (:class:`ModelFilesError`, one line naming the file or tensor and what to do) a local adapter folder
-    that is no LoRA adapter folder, whose tensors are not exactly those peft creates for its config on the base
-    model (:func:`_adapter_problem`), or that was trained on another base than ``base_model_name_or_path``: the
-    base is identified by the SHA-256 of its weights files, against the fingerprint its ``run_config.json``
-    recorded, else against the folder its ``adapter_config.json`` names. A base that cannot be compared (no record,
-    the named base is not here) counts as another base. ``accept_other_base`` loads another base with a warning;
-    nothing loads the rest. A hub id that is not a local folder is left to peft."""
+    """Refuse (:class:`ModelFilesError`, one line) a local adapter folder that is no LoRA adapter, whose tensors are not
+    those peft creates on the base, or that was trained on another base than ``base_model_name_or_path`` (by the
+    weights' SHA-256 in its ``run_config.json``, else the folder its config names); ``accept_other_base`` loads the
+    last with a warning. A hub id is left to peft.
+    """
     if peft_model_name_or_path is None:
         return
     folder = Path(peft_model_name_or_path)

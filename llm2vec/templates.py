@@ -186,13 +186,9 @@ def _has_token(tokenizer, token: str) -> bool:
 
 
 def resolve_template(config, tokenizer, name: str | None = None, generation_config=None) -> TemplateSpec:
-    """The template for a model: by explicit ``name``, else detected from ``config`` and ``tokenizer``; a model of no
-    registered family whose tokenizer has a chat template gets the family derived from it (:func:`derive_template`,
-    also what ``name="chat_template"`` asks for).
-
-    For a registered family, an anchor that is not one of the model's end-of-sequence ids (:func:`anchor_mismatch`)
-    is logged as a warning, and when the tokenizer carries a chat template, the spec's token ids are compared with it
-    once (:func:`chat_template_mismatch`) and a difference is logged as a warning.
+    """The template for a model: by explicit ``name``, else detected from ``config`` and ``tokenizer``, else derived
+    from its chat template (:func:`derive_template`, also ``name="chat_template"``). For a registered family, an
+    anchor that is no EOS id or ids that differ from the chat template's are logged as warnings.
     """
     if name in (DERIVED_TEMPLATE, PLAIN_TEMPLATE):
         return named_template(name, config, tokenizer, generation_config)
@@ -336,15 +332,9 @@ def encode(
 ) -> list[EncodedText]:
     """Token ids for ``(instruction, text)`` items; the text is cut so that prefix + text + closing <= max_length.
 
-    ``text_max_tokens`` additionally cuts every text to at most that many tokens before the prompt is
-    added (the authors' evaluation: ``doc_max_length = 400`` under a 512 cap); ``None`` = no such cap.
-
-    The text is stripped of surrounding whitespace (as the Llama-3 chat template and LLM2Vec do). Prefix,
-    text and closing are tokenized separately, with the spaces between them handled as in the module
-    docstring, so the ids equal those of the whole user turn tokenized at once. With a tokenizer that marks
-    the start of a text as a word start (a sentencepiece dummy prefix), a text that follows a prompt ending in
-    something else than a space (Phi-3's ``<|user|>\\n``) is tokenized after that prompt and the prompt's ids
-    are taken off, since alone it would get a word-start mark it does not have in the whole turn.
+    ``text_max_tokens`` first cuts every text to that many tokens (``None``: no such cap). The text is stripped;
+    prefix, text and closing are tokenized apart so that the ids equal those of the whole user turn tokenized at
+    once (docs/design.md), and the closing is appended after truncation.
     """
     turn = spec.turn()
     dummy_prefix = adds_leading_space(tokenizer)
@@ -393,16 +383,10 @@ def chat_template_mismatch(
     chat_ids: Callable[[str], list[int]] | None = None,
     eos: Collection[int] | None = None,
 ) -> str | None:
-    """``None`` when :func:`encode` agrees with the tokenizer's own chat template for one user message,
-    else a one-line description of the difference.
-
-    They agree when the chat template's ids are ours with, at most, a system turn inserted after the
-    common beginning (the default system turn of Llama-3.x, Qwen2.5 and SmolLM2, which this package
-    leaves out), whitespace tokens after the anchor (ChatML's newline between turns), and our EOS anchor
-    appended after a user turn the chat format leaves open (Mistral).
-
-    ``chat_ids`` gives the chat template's ids for a message content (default: ``apply_chat_template``);
-    ``eos``: the ids an appended anchor may be (default: the tokenizer's EOS).
+    """``None`` when :func:`encode` agrees with the tokenizer's chat template for one user message, else a one-line
+    description of the difference. Allowed: a default system turn left out, whitespace after the anchor, and an EOS
+    anchor appended after an open user turn. ``chat_ids``: the chat template's ids for a content (default
+    ``apply_chat_template``); ``eos``: the ids an appended anchor may be (default the tokenizer's EOS).
     """
     difference = _chat_difference(tokenizer, spec, instruction, text, chat_ids, eos)
     if difference is None:

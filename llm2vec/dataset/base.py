@@ -95,14 +95,8 @@ def arrange_global_batches(
 ) -> list[TrainExample]:
     """Order examples so that each consecutive block of ``global_batch_size`` is single-source.
 
-    Each source is shuffled, cut into full chunks of ``global_batch_size`` (the
-    incomplete tail of each source is dropped and the count logged), the chunks
-    of all sources are shuffled together, and concatenated. Deterministic for a
-    given seed and input.
-
-    The trainer must read the result in order (sequential sampler); with
-    ``global_batch_size = per_device_batch_size * world_size * gradient_accumulation_steps``
-    every optimisation step then sees examples of a single source.
+    Each source is shuffled and cut into full chunks (the tail is dropped and logged); the chunks of all sources
+    are shuffled together. Deterministic for a seed; the trainer must read the result in order.
     """
     arranged, dropped = _arrange(examples_by_source, global_batch_size, seed)
     _log_dropped(dropped, global_batch_size)
@@ -280,11 +274,8 @@ def hold_out(
 ) -> tuple[dict[str, list[TrainExample]], list[TrainExample]]:
     """Carve a validation slice out of the training examples before anything is arranged or trained.
 
-    ``size`` is a count (>= 1) or a fraction (0 < size < 1) of all examples; 0 carves nothing. The slice is
-    drawn with its own generator seeded by ``seed``, over the sources in sorted order and each source's
-    examples in file order, so it depends only on the data and the seed: the same on a resume and in
-    every process of a run. Returns the remaining examples by source and the slice, in a shuffled order
-    (so that the batches of the slice mix sources and topics).
+    ``size``: a count (>= 1) or a fraction (0 < size < 1) of all examples; 0 carves nothing. The slice depends only
+    on the data and ``seed``. Returns the remaining examples by source and the slice, shuffled.
     """
     chosen = held_out_positions({n: len(e) for n, e in examples_by_source.items()}, size, seed)
     if not chosen:

@@ -350,13 +350,9 @@ def evaluate(
 ):
     """``mteb.evaluate`` of each task with the results cache in ``output_dir``.
 
-    A stored result is served (mteb's ``only-missing``) only when it records the key of what would be computed now
-    (:mod:`llm2vec.evaluation.result_keys`); otherwise, or with ``overwrite``, it is computed again and written over
-    (mteb's ``always``) with a warning saying why, and a failure then says why it was not reused. Each result file
-    written records its key.
-
-    Returns mteb's ``ModelResult`` (``task_results`` in the order of ``tasks``, and ``exceptions`` of failed tasks
-    unless ``raise_error``); the files are in :meth:`LLM2VecMTEBEncoder.results_folder`.
+    A stored result is served only when it records the key of what would be computed now
+    (:mod:`llm2vec.evaluation.result_keys`); otherwise, or with ``overwrite``, it is computed again, with a warning
+    saying why. Returns mteb's ``ModelResult`` (``task_results`` in the order of ``tasks``).
     """
     import mteb
     from mteb.results import ModelResult

@@ -123,13 +123,9 @@ class QueryInstruction:
 def resolve_query_instruction(
     given: str | None, run_config: Mapping | None, run_folder: str | None
 ) -> QueryInstruction:
-    """The ``query`` prompt's instruction: ``given`` when it is a string (``""`` exports an empty ``query`` prompt,
-    with a warning: ``encode_query`` then equals ``encode_document``); otherwise the one instruction the run in
-    ``run_folder`` trained its queries with (:func:`llm2vec.provenance.trained_query_instructions`).
-
-    Raises :class:`ExportError` when ``given`` is None and that instruction is not one non-empty string: no run
-    config, data that cannot be read back, queries trained without an instruction, or several instructions
-    (E5's sources); the message lists what the run used and says to pass ``query_instruction``.
+    """The ``query`` prompt's instruction: ``given`` when it is a string (``""``: an empty prompt, with a warning);
+    otherwise the one instruction the run in ``run_folder`` trained its queries with. Raises :class:`ExportError`,
+    listing what the run used, when that is not one non-empty string.
     """
     fix = (
         'pass query_instruction (--query_instruction "...") with the instruction queries should get, or '
