@@ -31,7 +31,7 @@ METHOD = (
 TRAINING = (
     "llm2vec/training.py", "llm2vec/trainer.py", "llm2vec/schedule.py", "llm2vec/distributed.py",
     "llm2vec/compat.py", "llm2vec/devices.py", "llm2vec/dataset/", "llm2vec/metrics_file.py",
-    "llm2vec/st_training.py",
+    "llm2vec/st_training.py", "llm2vec/st_model.py", "llm2vec/st_losses.py",
 )  # fmt: skip
 
 
