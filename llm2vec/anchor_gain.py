@@ -132,11 +132,10 @@ def pair_terms(
     first_tokens: int = FIRST_TOKENS,
     rank_candidates: int = RANK_CANDIDATES,
 ) -> dict[str, list[dict[str, float]]]:
-    """Each pair's part of :func:`anchor_gain`'s sums, per direction, in the order of the batches' pairs:
-    ``loss`` = sum_t c_t(i, i), ``rolled`` = sum_t c_t(i, p(i)), ``tokens`` = T_i, the same over the first k
-    targets (``first_loss``, ``first_rolled``, ``first_tokens``), the rank credit ``hit`` and ``chance`` = 1 / R.
-    ``anchor_gain`` of the same batches is (sum rolled - sum loss) / sum tokens, and so on: the pieces a standard
-    error over groups of pairs (modules, say) is computed from."""
+    """Each pair's part of :func:`anchor_gain`'s sums per direction, in the batches' order (``loss``, ``rolled``,
+    ``tokens``, their ``first_*`` over the first k targets, ``hit``, ``chance``): what a standard error over groups
+    of pairs is computed from.
+    """
     tallies, _ = _tally(model, batches, device, None, first_tokens, rank_candidates)
     return {direction: t.terms for direction, t in tallies.items()}
 

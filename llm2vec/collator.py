@@ -108,11 +108,9 @@ class TrainCollator:
 
 
 def check_examples(collator: TrainCollator, examples: Sequence[TrainExample]) -> int:
-    """Run ``collator`` on one example of each distinct query instruction (the prompt is the only part of an
-    input that cannot be cut to fit: a text is truncated, an instruction is not), so what tokenization would
-    reject at the step that draws it is found before step 1. Texts themselves are checked when read
-    (:func:`llm2vec.dataset.records.read_jsonl_pairs`: strings of valid Unicode). Raises :class:`DataError` naming
-    the example's ``file:line``; returns the number of distinct instructions checked."""
+    """Run ``collator`` on one example of each distinct query instruction, so that an instruction too long to fit is
+    found before step 1. Raises :class:`DataError` naming the example's ``file:line``; returns how many were checked.
+    """
     from .dataset import DataError
 
     first: dict[str, TrainExample] = {}

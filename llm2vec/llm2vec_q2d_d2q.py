@@ -147,12 +147,10 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
         return text
 
     def validation_metrics(self, model, pairs, collate, args) -> dict[str, float]:
-        """What the trainer logs at each evaluation (``model``: this model as the trainer wraps it): the
-        validation reconstruction loss and the anchor measures per direction (:func:`llm2vec.anchor_gain.anchor_gain`:
-        the gain, the gain over the first target tokens, the rank accuracy; within each source too when the pairs
-        come from several) over batches of ``args.per_device_eval_batch_size`` pairs (a last pair alone joins the
-        batch before it), and their Eq. 5 combination as ``loss``. Every process measures all pairs: the same
-        forward passes everywhere, as FSDP needs."""
+        """What the trainer logs at each evaluation: the validation reconstruction loss and the anchor measures per
+        direction (:func:`llm2vec.anchor_gain.anchor_gain`) and their Eq. 5 combination as ``loss``; every process
+        measures all pairs (the same forward passes everywhere, as FSDP needs).
+        """
         size = max(2, args.per_device_eval_batch_size)
         starts = list(range(0, len(pairs), size))
         if len(starts) > 1 and len(pairs) - starts[-1] < 2:

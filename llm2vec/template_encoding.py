@@ -86,11 +86,8 @@ def eos_ids(tokenizer, config=None, generation_config=None) -> set[int]:
 
 @dataclass(frozen=True)
 class EncodedText:
-    """Token ids of one (instruction, text) item.
-
-    ``input_ids[:text_start]`` is the template prefix with the instruction, ``input_ids[text_start:text_end]``
-    the (possibly truncated) text, ``input_ids[text_end:]`` the closing of the user turn, whose last token,
-    ``input_ids[-1]``, is the anchor (one token for every family but Mistral's `` [/INST]</s>``).
+    """Token ids of one (instruction, text) item: ``input_ids[:text_start]`` the prefix with the instruction,
+    ``[text_start:text_end]`` the (possibly cut) text, ``[text_end:]`` the closing, whose last id is the anchor.
     """
 
     input_ids: tuple[int, ...]

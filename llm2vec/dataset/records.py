@@ -19,12 +19,8 @@ class DataError(ValueError):
 
 @dataclass(frozen=True)
 class TrainExample:
-    """One training triple.
-
-    ``query_instruction`` is prepended to the query only (by the template code);
-    documents (positive, negative) never get an instruction. ``negative`` is
-    ``None`` when the example has no hard negative. ``source`` names the dataset
-    the example comes from; a global batch never mixes sources.
+    """One training triple: ``query_instruction`` goes to the query only; ``negative`` is ``None`` without a hard
+    negative; ``source`` names the dataset (a global batch never mixes sources).
     """
 
     query: str
@@ -37,12 +33,8 @@ class TrainExample:
 
 @dataclass(frozen=True)
 class RawRecord:
-    """A parsed, non-empty record of a JSON-lines file, before an instruction is chosen.
-
-    ``index`` is the 0-based position of the record among the file's records
-    (blank lines excluded, skipped-empty records included), so that choices made
-    by position (the alternating NLI / Quora instructions) do not shift when a
-    record is skipped. ``line`` is the 1-based line number.
+    """A parsed, non-empty record of a JSON-lines file, before an instruction is chosen: ``index`` is its 0-based
+    position among the file's records (skipped empty ones included), ``line`` its 1-based line number.
     """
 
     index: int

@@ -313,11 +313,10 @@ class LLM2VecMTEBEncoder(AbsEncoder):
 def load_encoder(
     model_name: str, revision: str | None = None, device: str | None = None, **kwargs: Any
 ) -> LLM2VecMTEBEncoder:
-    """mteb's loader (``ModelMeta.load_model`` calls ``loader(name, revision=..., device=..., **loader_kwargs)``):
-    :meth:`LLM2VecMTEBEncoder.from_pretrained` of ``base_model_name_or_path`` (default ``model_name``, a folder or
-    hub id) and ``peft_model_name_or_path``, named ``model_name``, with the other keyword arguments of
-    ``from_pretrained``. ``instructions`` default: the task prompts of the model's ``llm2vec_config.json`` (an
-    export's, :func:`prompt_instructions`); tasks without one use their own instruction."""
+    """mteb's loader (``loader(name, revision=..., device=..., **loader_kwargs)``): the encoder from_pretrained of
+    ``base_model_name_or_path`` (default ``model_name``) and ``peft_model_name_or_path``; ``instructions`` default to
+    the task prompts of the model's ``llm2vec_config.json``.
+    """
     base = kwargs.pop("base_model_name_or_path", None) or model_name
     peft = kwargs.pop("peft_model_name_or_path", None)
     instructions = kwargs.pop("instructions", None)

@@ -54,11 +54,10 @@ class ExportedPrompt:
 
 
 def template_prompt(encoder: LLM2Vec, name: str, instruction: str, layout: str = CHAT_LAYOUT) -> ExportedPrompt:
-    """The prompt of ``instruction``. Chat layout: the instruction itself (the chat template adds the rest). Text
-    layout: the template's opening with the instruction (the string whose ids ``templates.encode`` puts before the
-    text), :data:`TEXT_MARKER`, the spaces that end that string (they start the text piece, where a sentencepiece
-    dummy prefix would otherwise be missing), :data:`STRIP_MARKER`. Whether the exported tokenizer gives exactly
-    the ids of ``templates.encode`` is checked by :func:`verify_export` before anything is written."""
+    """The prompt of ``instruction``: in the chat layout the instruction itself; in the text layout the template's
+    opening with the instruction, :data:`TEXT_MARKER`, its trailing spaces and :data:`STRIP_MARKER` (checked against
+    ``templates.encode`` by :func:`verify_export`).
+    """
     tokenizer = encoder.tokenizer
     (encoded,) = templates.encode(tokenizer, encoder.template, [(instruction, "x")], max_length=1 << 30)
     ids = list(encoded.input_ids)

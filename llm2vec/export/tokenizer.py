@@ -93,11 +93,10 @@ def fitting_chat_template(spec: templates.TemplateSpec, tokenizer) -> str:
 def export_tokenizer(
     tokenizer, suffix_ids: Sequence[int], max_length: int, chat_template: str | None = None, pad: str | None = None
 ):
-    """A copy of ``tokenizer`` that splits its input at :data:`TEXT_MARKER`, truncates and pads right (with ``pad``
-    as its pad token where it has none: :func:`llm2vec.templates.pad_token`), and carries
-    ``chat_template`` (the chat layout's) or none (the text layout). In the text layout it also strips the text
-    (:data:`STRIP_MARKER`) and appends ``suffix_ids`` when called with special tokens. Input without the markers
-    tokenizes as with ``tokenizer`` when called without special tokens (the module docstring)."""
+    """A copy of ``tokenizer`` that splits its input at :data:`TEXT_MARKER`, truncates and pads right (``pad`` where it
+    has no pad token) and carries ``chat_template`` (the chat layout) or none (the text layout, which also strips the
+    text and appends ``suffix_ids``); input without the markers tokenizes as with ``tokenizer``.
+    """
     import copy
 
     from tokenizers import Regex, normalizers, pre_tokenizers, processors

@@ -26,10 +26,8 @@ def reconstruction_states(
     input_dropout: float = 0.0,
     prefix_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The padded reconstruction pass: (B, M, H) final-layer states, row t predicting ``target_ids[:, t]``.
-
-    The decoder reads ``[Embed(prefix) ; e_X ; Embed(y_1) ; ... ; Embed(y_m)]``; the state at the anchor predicts
-    y_1 and the state at Embed(y_t) predicts y_{t+1}. Arguments as in :func:`reconstruction_nll`.
+    """The padded reconstruction pass over ``[Embed(prefix) ; e_X ; Embed(y_1) ; ... ; Embed(y_m)]``: (B, M, H)
+    final-layer states, row t predicting ``target_ids[:, t]``. Arguments as in :func:`reconstruction_nll`.
     """
     embed = decoder.get_input_embeddings()
     target_embeds = drop_target_inputs(embed(target_ids), input_dropout)
@@ -94,11 +92,8 @@ def packed_reconstruction_nll(
     input_dropout: float = 0.0,
     prefix_ids: torch.Tensor | None = None,
 ) -> list[torch.Tensor]:
-    """:func:`reconstruction_nll` of several reconstruction passes, each ``(anchor, target_ids, target_mask)``
-    as there, run as one packed decoder call; returns one sum per pass.
-
-    Pair b of a pass is the sequence [anchor_b ; Embed(y_1) ; ... ; Embed(y_m)] at positions 0..m; its
-    states at positions 0..m-1 predict y_1..y_m, its last state predicts nothing.
+    """:func:`reconstruction_nll` of several passes, each ``(anchor, target_ids, target_mask)``, run as one packed
+    decoder call; returns one sum per pass.
     """
     embed = decoder.get_input_embeddings()
     pieces, positions, predicting, labels = [], [], [], []
@@ -124,11 +119,8 @@ def packed_reconstruction_nll(
 
 
 def anchor_block(embed: nn.Module, anchor: torch.Tensor, prefix_ids: torch.Tensor | None) -> torch.Tensor:
-    """The reconstruction input before the targets, (B, k + 1, H): ``[Embed(p_1..p_k) ; e_X]``.
-
-    The paper's pass has no prefix (k = 0): the anchor sits at position 0, where a decoder's attention
-    sink usually is. ``prefix_ids`` (k,) puts k fixed tokens first (an option, not the paper's pass), so
-    that the anchor is read at position k instead.
+    """The reconstruction input before the targets, (B, k + 1, H): ``[Embed(p_1..p_k) ; e_X]``; the paper's pass has
+    no prefix (k = 0, the anchor at position 0).
     """
     block = anchor[:, None, :]
     if prefix_ids is None or len(prefix_ids) == 0:
@@ -138,10 +130,8 @@ def anchor_block(embed: nn.Module, anchor: torch.Tensor, prefix_ids: torch.Tenso
 
 
 def drop_target_inputs(target_embeds: torch.Tensor, p: float) -> torch.Tensor:
-    """Word dropout on the decoder's teacher-forced inputs (an option, not the paper's pass): each target
-    input embedding Embed(y_t) is replaced by a zero vector with probability ``p``; the targets predicted
-    stay the same. A decoder that cannot lean on the previous targets has to read the anchor (the remedy
-    of Bowman et al., 2016, for text VAEs whose decoder ignores the latent). ``p = 0`` returns the input.
+    """Word dropout on the teacher-forced inputs (an option, not the paper's pass): each Embed(y_t) becomes a zero
+    vector with probability ``p``; the targets stay the same. ``p = 0`` returns the input.
     """
     if p <= 0.0:
         return target_embeds
@@ -150,11 +140,9 @@ def drop_target_inputs(target_embeds: torch.Tensor, p: float) -> torch.Tensor:
 
 
 class WithoutWeightGradient(nn.Module):
-    """``module`` run with its parameters detached (``torch.func.functional_call``): gradients reach its inputs,
-    never its weights. The reconstruction pass under ``stop_decoder_gradient`` (an option, not the paper's):
-    the decoder cannot lower the reconstruction loss by learning to predict the targets without the anchor,
-    only the encoding pass can, by what it puts into the anchor. The weights are shared, so the decoder still
-    changes as the encoder does. Not for FSDP-sharded modules (their parameters are gathered by hooks)."""
+    """``module`` run with its parameters detached (``torch.func.functional_call``): gradients reach its inputs, never
+    its weights (``stop_decoder_gradient``, an option). Not for FSDP-sharded modules.
+    """
 
     def __init__(self, module: nn.Module):
         super().__init__()
