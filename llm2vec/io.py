@@ -235,7 +235,7 @@ def file_digest(paths: Iterable[str | os.PathLike], n: int = 64) -> str:
 
 
 COMPLETE_MARKER = "training_complete.json"  # written last by a run's final save (llm2vec.run.saves)
-EXPORT_MARKER = "export_complete.json"  # written last into an export (llm2vec.run.plan)
+EXPORT_MARKER = "export_complete.json"  # written last into an export (llm2vec.run.target)
 
 
 def file_record(folder: str | os.PathLike, names: Iterable[str]) -> dict[str, dict[str, Any]]:
@@ -315,10 +315,8 @@ def links_outside(folder: str | os.PathLike) -> list[str]:
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
-    """Open a temporary file next to ``path``; on a clean exit, flush, fsync and rename it to ``path``.
-
-    Text mode writes ``\\n`` line ends on every platform (``newline=""``), so the bytes do not depend on
-    the machine.
+    """Open a temporary file next to ``path``; on a clean exit, flush, fsync and rename it to ``path``. Text mode
+    writes ``\\n`` line ends on every platform.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -339,11 +337,8 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
 
 @contextlib.contextmanager
 def atomic_dir(target: str | os.PathLike, replace: bool = False) -> Iterator[Path]:
-    """Yield an empty temporary folder next to ``target``; on a clean exit, rename it to ``target``.
-
-    If ``target`` exists, it is replaced when ``replace`` is true (the old folder is first renamed aside,
-    then deleted, so there is no moment without a complete folder under some name), and a
-    ``FileExistsError`` is raised otherwise. On an exception the temporary folder is deleted.
+    """Yield an empty temporary folder next to ``target``; on a clean exit, rename it to ``target`` (an existing one is
+    renamed aside, then deleted, when ``replace``; else a ``FileExistsError``). On an exception it is deleted.
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -150,7 +150,7 @@ def export_sentence_transformers(
     output_dir = Path(output_dir)
     read = [("base model", base_model_name_or_path), ("adapter", peft_model_name_or_path)]
     read += [("instructions file", task_to_instructions_fp), *[("mteb results folder", r) for r in mteb_results]]
-    check_export_target(output_dir, overwrite, read)  # the lock and rules of a run's folder (llm2vec.run.plan)
+    check_export_target(output_dir, overwrite, read)  # the lock and rules of a run's folder (llm2vec.run.target)
     for folder in {output_dir, next(p for p in output_dir.absolute().parents if p.exists())}:  # before the model loads
         if folder.exists() and not os.access(folder, os.W_OK | os.X_OK):
             raise ExportError(f"output_dir {output_dir}: cannot write in {folder} (permissions or a read-only mount)")
