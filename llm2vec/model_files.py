@@ -1,4 +1,5 @@
-"""What a model or adapter folder is checked for before it loads: code it would run, and pickled adapter weights."""
+"""What a model or adapter folder is checked for before it loads: its ``llm2vec_config.json``, code it would run, and
+pickled adapter weights."""
 
 from __future__ import annotations
 
@@ -14,6 +15,28 @@ from .fingerprints import fingerprint_model, model_folder
 from .io import missing_local_path, saved_folder_problem
 
 logger = logging.getLogger("llm2vec")
+
+
+CONFIG_NAME = "llm2vec_config.json"
+DEFAULTS = {"pooling_mode": "eos_token", "max_length": 512, "template": None, "prompts": None}
+"""The settings ``llm2vec_config.json`` holds (the only fields it may hold), with their defaults."""
+
+
+def read_llm2vec_config(path: str | os.PathLike | None) -> dict[str, Any]:
+    """The ``llm2vec_config.json`` of a local folder, or ``{}`` (hub ids and folders without one)."""
+    if path is None or not os.path.isfile(os.path.join(path, CONFIG_NAME)):
+        return {}
+    file = os.path.join(path, CONFIG_NAME)
+    try:
+        with open(file) as f:
+            config = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{file}: not valid JSON ({e}); fix or delete the file") from None
+    unknown = set(config) - set(DEFAULTS)
+    if unknown:
+        raise ValueError(f"{file}: unknown field(s) {sorted(unknown)}; known fields: {sorted(DEFAULTS)}")
+    return config
+
 
 CODE_FILES = ("config.json", "tokenizer_config.json")
 """The files whose ``auto_map`` names code that ``AutoConfig`` / ``AutoModel*`` / ``AutoTokenizer`` would run."""
