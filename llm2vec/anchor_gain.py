@@ -82,23 +82,18 @@ def anchor_gain(
     first_tokens: int = FIRST_TOKENS,
     rank_candidates: int = RANK_CANDIDATES,
 ) -> dict[str, float]:
-    """The validation reconstruction loss and the anchor measures of the module docstring.
+    """The validation reconstruction loss and the anchor measures (docs/design.md).
 
     Args:
         model: a Stage I model (:class:`llm2vec.llm2vec_q2d_d2q.LLM2Vec_q2d_d2q`), possibly wrapped (DDP, FSDP).
-        batches: collated Stage I batches (:class:`llm2vec.collator.TrainCollator` with ``reconstruction``)
-            of held-out pairs, each of at least 2 pairs.
+        batches: collated Stage I batches of held-out pairs, each of at least 2 pairs.
         device: where the batches go (default: the device of the model's first parameter).
-        sources: for each batch, the source of each of its pairs; given, the measures within a source are added.
+        sources: each batch's pairs' sources; given, the measures within a source are added.
         first_tokens: k of the gain over the first k target tokens.
         rank_candidates: R, the anchors each pair's own anchor is ranked among (at most the batch size).
 
-    Returns, for each direction ``d`` the model computes (``q2d``, ``d2q``; a direction of weight 0 is not):
-    ``loss_d`` (own anchors), ``rolled_d`` (other pairs' anchors), ``anchor_gain_d`` (their difference),
-    ``anchor_gain_first{k}_d`` and ``rank_accuracy_d``; ``rank_chance`` (the mean of 1 / R over the pairs) and
-    ``pairs``, the number of pairs measured; with ``sources``, ``anchor_gain_in_source_d``,
-    ``rank_accuracy_in_source_d``, ``rank_chance_in_source`` and ``pairs_in_source`` (measured pairs only); and the
-    ``geometry_*`` measures of the anchors.
+    Returns per computed direction ``d``: ``loss_d``, ``rolled_d``, ``anchor_gain_d``, ``anchor_gain_first{k}_d``,
+    ``rank_accuracy_d``; ``rank_chance``, ``pairs``; with ``sources`` the ``*_in_source*`` measures; ``geometry_*``.
     """
     tallies, anchors = _tally(model, batches, device, sources, first_tokens, rank_candidates)
     first = next(iter(tallies.values()))
@@ -137,11 +132,10 @@ def pair_terms(
     first_tokens: int = FIRST_TOKENS,
     rank_candidates: int = RANK_CANDIDATES,
 ) -> dict[str, list[dict[str, float]]]:
-    """Each pair's part of :func:`anchor_gain`'s sums, per direction, in the order of the batches' pairs:
-    ``loss`` = sum_t c_t(i, i), ``rolled`` = sum_t c_t(i, p(i)), ``tokens`` = T_i, the same over the first k
-    targets (``first_loss``, ``first_rolled``, ``first_tokens``), the rank credit ``hit`` and ``chance`` = 1 / R.
-    ``anchor_gain`` of the same batches is (sum rolled - sum loss) / sum tokens, and so on: the pieces a standard
-    error over groups of pairs (modules, say) is computed from."""
+    """Each pair's part of :func:`anchor_gain`'s sums per direction, in the batches' order (``loss``, ``rolled``,
+    ``tokens``, their ``first_*`` over the first k targets, ``hit``, ``chance``): what a standard error over groups
+    of pairs is computed from.
+    """
     tallies, _ = _tally(model, batches, device, None, first_tokens, rank_candidates)
     return {direction: t.terms for direction, t in tallies.items()}
 

@@ -37,11 +37,8 @@ class EndOfTurnNotEos(ChatTemplateError):
 
 
 class ChatTurn(NamedTuple):
-    """The user turn of a chat template: ``opening + text + closing``; ``anchor`` is the closing's last token.
-
-    ``system_turn``: the default system turn left out of the opening ("" when the template writes none);
-    ``trailing``: what the template writes after the closing (whitespace); ``appended``: the EOS appended after a
-    user turn the format leaves open ("" when the user turn ends with an EOS id).
+    """The user turn of a chat template: ``opening + text + closing``; ``anchor`` is the closing's last token;
+    ``system_turn``, ``trailing`` and ``appended``: what the opening leaves out, what follows, the EOS appended.
     """
 
     opening: str
@@ -184,12 +181,9 @@ def _without_default_system_turn(tokenizer, opening: str, closing: str) -> tuple
 
 
 def derive_turn(tokenizer, eos: Collection[int], closing_ids: Callable[[str], list[int]]) -> ChatTurn:
-    """The user turn of ``tokenizer``'s chat template (the module docstring), whose anchor is one of ``eos``.
-
-    ``closing_ids`` tokenizes a closing as :func:`llm2vec.templates.encode` does. Raises :class:`ChatTemplateError`
-    when the template cannot render one user message, renders its text other than once, or ends neither the user turn
-    nor the assistant's reply with an id of ``eos``: :class:`EndOfTurnNotEos` when one token ends both (the model's
-    files leave its end-of-turn token out of their EOS ids).
+    """The user turn of ``tokenizer``'s chat template, whose anchor is one of ``eos``; ``closing_ids`` tokenizes a
+    closing as :func:`llm2vec.templates.encode` does. Raises :class:`ChatTemplateError` (:class:`EndOfTurnNotEos`
+    when one token that is not an EOS id ends both the user turn and the reply).
     """
     pre, post = _around(render(tokenizer, [{"role": "user", "content": USER_TEXT}]), USER_TEXT, "the user's text")
     closing = post.rstrip()

@@ -43,11 +43,9 @@ def chunk_cost(lengths: Lengths, items: Sequence[int], packed: bool = False) -> 
 def plan_chunks(lengths: Lengths, budget: int, *, packed: bool = False, min_chunks: int = 1) -> list[list[int]]:
     """Chunks of item indices, each costing at most ``budget`` positions (:func:`chunk_cost`).
 
-    ``lengths[i]`` is item i's real length, or a sequence of its lengths in each decoder call. Items are taken
-    longest first (total length; ties by index) and added greedily to the current chunk while it stays within
-    the budget; an item that alone exceeds the budget is a chunk by itself. While there are fewer than
-    ``min_chunks`` chunks, the costliest chunk of more than one item is cut into two halves (its longer items
-    first). Every index appears once; within a chunk, longest first.
+    ``lengths[i]``: item i's real length, or its lengths in each decoder call. Items go longest first, greedily; one
+    over the budget is a chunk alone; the costliest chunks are halved until there are ``min_chunks``. Every index
+    appears once.
     """
     if budget < 1:
         raise ValueError(f"budget must be a positive number of positions, got {budget}")

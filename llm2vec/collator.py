@@ -60,13 +60,9 @@ def reconstruction_targets(e: templates.EncodedText, which: str) -> tuple[int, .
 class TrainCollator:
     """Collates ``TrainExample`` lists into ``{"query", "positive"[, "negative"][, "*_targets"]}`` dicts.
 
-    ``reconstruction``: ``None`` for Stage II; ``"text"`` or ``"all"`` for Stage I, which adds
-    ``query_targets`` and ``positive_targets`` (right-padded ids and mask) and :data:`COUNTS_KEY`, the
-    number of target tokens of each direction (:func:`llm2vec.loss.reconstruction.target_counts`), summed
-    over a whole optimizer step by :func:`step_counts`.
-    ``query_instructions``: give queries their instruction (default) or none.
-    ``instruction_separator``: joins instruction and query text; ``None`` keeps the template's own
-    (:data:`llm2vec.templates.EVALUATION_SEPARATOR`).
+    ``reconstruction``: ``None`` (Stage II), ``"text"`` or ``"all"`` (Stage I: adds ``query_targets``,
+    ``positive_targets`` and :data:`COUNTS_KEY`, the target tokens of each direction). ``query_instructions``: give
+    queries their instruction (default) or none. ``instruction_separator``: ``None`` keeps the template's own.
     """
 
     tokenizer: object
@@ -112,11 +108,9 @@ class TrainCollator:
 
 
 def check_examples(collator: TrainCollator, examples: Sequence[TrainExample]) -> int:
-    """Run ``collator`` on one example of each distinct query instruction (the prompt is the only part of an
-    input that cannot be cut to fit: a text is truncated, an instruction is not), so what tokenization would
-    reject at the step that draws it is found before step 1. Texts themselves are checked when read
-    (:func:`llm2vec.dataset.records.read_jsonl_pairs`: strings of valid Unicode). Raises :class:`DataError` naming
-    the example's ``file:line``; returns the number of distinct instructions checked."""
+    """Run ``collator`` on one example of each distinct query instruction, so that an instruction too long to fit is
+    found before step 1. Raises :class:`DataError` naming the example's ``file:line``; returns how many were checked.
+    """
     from .dataset import DataError
 
     first: dict[str, TrainExample] = {}

@@ -56,13 +56,8 @@ def positive_labels(local_batch_size: int, device: torch.device | None = None) -
 
 
 def release_process_group() -> None:
-    """Destroy the default process group, after freeing what still holds it.
-
-    A driver's training leaves the process group (set up by transformers / accelerate) alive and the Trainer's
-    DDP wrapper unreferenced but not yet collected. Left to the interpreter's exit, their native threads can be
-    torn down in the wrong order and abort the process after a finished run ("terminate called without an
-    active exception", seen with gloo). This collects the unreferenced wrappers first, then destroys the group.
-    No collective call: a process whose peer failed must not wait here.
+    """Destroy the default process group, after collecting the unreferenced DDP wrappers that still hold it (left to
+    the interpreter's exit, their threads can abort a finished run). No collective call.
     """
     if not (dist.is_available() and dist.is_initialized()):
         return

@@ -1,16 +1,5 @@
-"""The geometry of anchor embeddings, raw and with each side's mean vector subtracted (suffix ``_centred``): a
-diagnostic of where their information is, not part of the method. Float64, on the embeddings' GPU, else the CPU.
-
-Per side (queries, documents), with u_i = x_i / |x_i| and s the singular values of the stacked u_i (not centred):
-
-    cosine = mean over i != j of u_i . u_j;  top_share = s_1^2 / sum s_k^2;  effective_rank = exp(-sum p_k ln p_k),
-    p_k = s_k^2 / sum s_j^2
-
-Per query, with z_d = scale * cos(x_q, x_d) over all N documents and R its documents graded > 0; h documents
-outside R score above the best of R and m tie with it (ties broken at random, so equal vectors score chance):
-
-    infonce = mean over r in R of -ln softmax(z)_r  (chance ln N);  accuracy_at_1 = 1 / (m + 1) if h = 0 else 0;
-    mrr = mean of 1 / (h + 1 + k) over k = 0..m
+"""The geometry of anchor embeddings (cosine, top share, effective rank, and per-query InfoNCE, accuracy@1 and
+MRR), raw and centred: a diagnostic, not part of the method; the equations are in docs/design.md.
 """
 
 from __future__ import annotations

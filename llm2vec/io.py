@@ -29,11 +29,8 @@ def iter_jsonl(
 ) -> Iterator[tuple[int, dict[str, Any] | None]]:
     """``(line number, object)`` for each line of a JSON-lines file; ``None`` for a blank line.
 
-    Raises ``error`` naming ``file:line`` for a line longer than :data:`MAX_LINE_BYTES` (read no further than
-    that), a line that is not UTF-8 (with the encoding it looks like), not JSON, not a JSON object, or an object
-    that gives one key twice; ``fix`` (what the user should do) ends the message. ``digests``: ``hashlib`` objects
-    updated with every byte read, so that once the file is read to its end they hold the hash of exactly the bytes
-    that were parsed (read once, not again to hash them).
+    Raises ``error`` naming ``file:line``, ending with ``fix``, for a line over :data:`MAX_LINE_BYTES`, not UTF-8,
+    not a JSON object, or giving one key twice. ``digests``: ``hashlib`` objects fed every byte parsed.
     """
     digests = list(digests)
     limit = MAX_LINE_BYTES  # read once: a reader never sees the limit change under it
@@ -200,13 +197,9 @@ _WHOLE_FILE_SHA256: dict[tuple, str] = {}  # one version of a file (sha256_file'
 
 
 def sha256_file(path: str | os.PathLike, limit: int | None = None, digest=None) -> str:
-    """The SHA-256 (hex) of a file's bytes, or of its first ``limit`` bytes, read in 8 MiB blocks; ``digest``: a
-    ``hashlib`` object to continue (several files in one hash).
-
-    A whole file's hash is computed once per process for one version of the file: its real path, device, inode, size,
-    and modification and change times (a write changes the change time, even where the modification time is set
-    back). A file whose change time is not older than the file system's clock tick when the hash starts is not kept:
-    a write within that tick would leave all of these the same."""
+    """The SHA-256 (hex) of a file's bytes, or of its first ``limit`` bytes; ``digest``: a ``hashlib`` object to
+    continue. A whole file's hash is cached per process by real path, inode, size and times.
+    """
     if limit is not None or digest is not None:
         return _read_sha256(path, limit, digest or hashlib.sha256())
     stat = os.stat(path)
@@ -242,7 +235,7 @@ def file_digest(paths: Iterable[str | os.PathLike], n: int = 64) -> str:
 
 
 COMPLETE_MARKER = "training_complete.json"  # written last by a run's final save (llm2vec.run.saves)
-EXPORT_MARKER = "export_complete.json"  # written last into an export (llm2vec.run.plan)
+EXPORT_MARKER = "export_complete.json"  # written last into an export (llm2vec.run.target)
 
 
 def file_record(folder: str | os.PathLike, names: Iterable[str]) -> dict[str, dict[str, Any]]:
@@ -322,10 +315,8 @@ def links_outside(folder: str | os.PathLike) -> list[str]:
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
-    """Open a temporary file next to ``path``; on a clean exit, flush, fsync and rename it to ``path``.
-
-    Text mode writes ``\\n`` line ends on every platform (``newline=""``), so the bytes do not depend on
-    the machine.
+    """Open a temporary file next to ``path``; on a clean exit, flush, fsync and rename it to ``path``. Text mode
+    writes ``\\n`` line ends on every platform.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -346,11 +337,8 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
 
 @contextlib.contextmanager
 def atomic_dir(target: str | os.PathLike, replace: bool = False) -> Iterator[Path]:
-    """Yield an empty temporary folder next to ``target``; on a clean exit, rename it to ``target``.
-
-    If ``target`` exists, it is replaced when ``replace`` is true (the old folder is first renamed aside,
-    then deleted, so there is no moment without a complete folder under some name), and a
-    ``FileExistsError`` is raised otherwise. On an exception the temporary folder is deleted.
+    """Yield an empty temporary folder next to ``target``; on a clean exit, rename it to ``target`` (an existing one is
+    renamed aside, then deleted, when ``replace``; else a ``FileExistsError``). On an exception it is deleted.
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -22,34 +22,16 @@ from .config_values import strict_booleans
 from .devices import default_device, resolve_dtype
 from .encode_inputs import read_inputs, read_item
 from .load_report import load_backbone
-from .model_files import check_model_files
+from .model_files import CONFIG_NAME, DEFAULTS, check_model_files, read_llm2vec_config  # noqa: F401 (re-exported)
 from .packing import packed_hidden_states
 from .pooling import POOLING_MODES, pool, position_ids_from_mask
 
-CONFIG_NAME = "llm2vec_config.json"
-DEFAULTS = {"pooling_mode": "eos_token", "max_length": 512, "template": None, "prompts": None}
 DOCUMENT_PROMPT_NAMES = ("document", "passage", "corpus")
 """The prompts ``encode_document`` uses when given none, the first one the model has (sentence-transformers')."""
 
 logger = logging.getLogger(__name__)
 
 Item = tuple[str, str]
-
-
-def read_llm2vec_config(path: str | os.PathLike | None) -> dict[str, Any]:
-    """The ``llm2vec_config.json`` of a local folder, or ``{}`` (hub ids and folders without one)."""
-    if path is None or not os.path.isfile(os.path.join(path, CONFIG_NAME)):
-        return {}
-    file = os.path.join(path, CONFIG_NAME)
-    try:
-        with open(file) as f:
-            config = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{file}: not valid JSON ({e}); fix or delete the file") from None
-    unknown = set(config) - set(DEFAULTS)
-    if unknown:
-        raise ValueError(f"{file}: unknown field(s) {sorted(unknown)}; known fields: {sorted(DEFAULTS)}")
-    return config
 
 
 def decoder_body(model: nn.Module) -> nn.Module:
@@ -67,26 +49,18 @@ class LLM2Vec(nn.Module):
     """Text encoder over a decoder-only LLM.
 
     Args:
-        model: a transformers model (``AutoModel``/``AutoModelForCausalLM``, optionally PEFT-wrapped).
-        tokenizer: its tokenizer.
-        pooling_mode: one of ``eos_token`` (the paper's), ``last_token``, ``mean``, ``weighted_mean``.
+        model, tokenizer: a transformers model (``AutoModel``/``AutoModelForCausalLM``, optionally PEFT) and its
+            tokenizer.
+        pooling_mode: ``eos_token`` (the paper's), ``last_token``, ``mean`` or ``weighted_mean``.
         max_length: the most tokens of one input, template and anchor included.
-        template: a registered template name, or ``"chat_template"`` for the family derived from the tokenizer's own
-            chat template; ``None`` detects the family from config and tokenizer (the derived one when no family is
-            registered for the model: :func:`llm2vec.templates.resolve_template`).
-        doc_max_length: if set, every text is first cut to this many tokens, then the prompt is added and
-            ``max_length`` applies (the authors' evaluation used 400 under 512). An encoding-time setting:
-            training ignores it and it is not saved with the model.
-        packing: run each decoder call packed, without padding (:mod:`llm2vec.packing`): the same embeddings;
-            faster only with ``flash_attention_2``. An execution setting, not saved with the model. ``True`` needs
-            a family that declares packing exact (``TemplateSpec.packing_exact``; a ``ValueError`` otherwise);
-            ``"if_exact"`` packs for such a family and runs padded calls for any other.
-        prompts: ``name -> instruction`` for ``encode(prompt_name=...)``, ``encode_query`` (``"query"``) and
-            ``encode_document`` (``"document"``); saved in ``llm2vec_config.json`` (an export writes its prompts
-            there). An instruction is joined to the text in the family's chat layout, as ``[instruction, text]``.
-        truncate_dim: ``encode`` keeps the first ``truncate_dim`` dimensions (before ``normalize_embeddings``), as
-            sentence-transformers does; an encoding-time setting, not saved. More than the model's hidden size is a
-            ``ValueError``.
+        template: a registered name, ``"chat_template"`` (derived from the tokenizer), or ``None`` (detected).
+        doc_max_length: cut every text to this many tokens before the prompt is added (encoding only).
+        packing: packed decoder calls, same embeddings; ``True`` needs a family that declares packing exact
+            (a :class:`PackingRefused` otherwise), ``"if_exact"`` packs only for such a family.
+        prompts: ``name -> instruction`` for ``encode(prompt_name=...)``, ``encode_query``, ``encode_document``.
+        truncate_dim: ``encode`` keeps the first dimensions; more than the hidden size is a ``ValueError``.
+
+    ``doc_max_length``, ``packing`` and ``truncate_dim`` are encoding-time settings, not saved with the model.
     """
 
     def __init__(
@@ -124,8 +98,7 @@ class LLM2Vec(nn.Module):
         self.pad_token_id = tokenizer.convert_tokens_to_ids(templates.pad_token(tokenizer, self.template))
 
     def _checked_truncate_dim(self, truncate_dim: int | None) -> int | None:
-        """``truncate_dim`` when it is None or a whole number from 1 to the embedding's dimension; else a
-        ``ValueError`` (slicing past the end would silently keep every dimension)."""
+        """``truncate_dim`` when None or a whole number from 1 to the embedding's dimension; else a ``ValueError``."""
         truncate_dim = _positive_or_none("truncate_dim", truncate_dim)
         hidden = decoder_body(self.model).config.hidden_size
         if truncate_dim is not None and truncate_dim > hidden:
@@ -144,18 +117,14 @@ class LLM2Vec(nn.Module):
         if packing and not self.template.packing_exact:
             raise PackingRefused(
                 f"packing: the {self.template.name!r} family does not declare packed decoder calls exact "
-                "(packing_exact=False): its attention may not read the restarting position ids (OPT's learned "
-                "positions and Bloom's ALiBi do not), so a packed row would differ from its texts run alone; set "
-                "packing false, or register the family with packing_exact=True once a test shows packed calls "
-                "equal texts run alone"
+                "(packing_exact=False), so a packed row may differ from its texts run alone; set packing false, or "
+                "register the family with packing_exact=True once a test shows packed calls equal texts run alone"
             )
         return bool(packing)
 
     # ------------------------------------------------------------------ loading and saving
 
-    backbone_class = AutoModel
-    """What ``load`` reads a checkpoint with: the decoder body (an encoder needs no LM head); Stage I,
-    which generates, uses ``AutoModelForCausalLM``."""
+    backbone_class = AutoModel  # what load reads a checkpoint with (Stage I, which generates: a causal LM)
 
     @classmethod
     @strict_booleans
@@ -174,18 +143,11 @@ class LLM2Vec(nn.Module):
         accept_other_base: bool = False,
         **kwargs,
     ) -> LLM2Vec:
-        """Build the model from a checkpoint (hub id or local folder), optionally with a LoRA adapter.
+        """Build the model from a checkpoint (hub id or folder), optionally with a LoRA adapter, on the CPU.
 
-        This is how training and evaluation both load a model: the model stays on the CPU in its current
-        mode (the trainer moves it). Settings come from, in rising priority: defaults, the base folder's
-        ``llm2vec_config.json``, the adapter folder's, then the arguments given here. ``kwargs`` go to
-        the class's constructor (e.g. a training subclass's loss settings).
-
-        A model whose files name custom code, or an adapter stored only as a pickle, is refused with
-        :class:`llm2vec.model_files.ModelFilesError` before anything loads; ``trust_remote_code=True`` lets a
-        model folder's code run (:mod:`llm2vec.model_files`). An adapter that is no LoRA adapter folder, does not
-        fit the base model, or whose ``run_config.json`` records another base is refused the same way
-        (:func:`llm2vec.model_files.check_adapter`); ``accept_other_base=True`` loads the last with a warning.
+        Settings in rising priority: defaults, the base's ``llm2vec_config.json``, the adapter's, the arguments;
+        ``kwargs`` go to the constructor. Custom code, a pickled or unfitting adapter, or one recorded for another base
+        is refused with :class:`llm2vec.model_files.ModelFilesError` (``trust_remote_code``, ``accept_other_base``).
         """
         check_model_files(base_model_name_or_path, peft_model_name_or_path, trust_remote_code, accept_other_base)
         settings = dict(DEFAULTS)
@@ -211,7 +173,8 @@ class LLM2Vec(nn.Module):
         model_kwargs = dict(model_kwargs or {})
         if attn_implementation is not None:
             model_kwargs["attn_implementation"] = attn_implementation
-        model = load_backbone(  # without transformers' report of a Stage I model's LM head, which is left out
+        # without transformers' report of a Stage I model's LM head, which is left out
+        model = load_backbone(
             cls.backbone_class,
             base_model_name_or_path,
             dtype=dtype,
@@ -237,11 +200,8 @@ class LLM2Vec(nn.Module):
         device: str | torch.device | None = None,
         **kwargs,
     ) -> LLM2Vec:
-        """Load a model for inference: :meth:`load` (which takes ``kwargs``: ``merge_peft``, ``pooling_mode``,
-        ``max_length``, ``template``, ``prompts``, ``truncate_dim``, ``attn_implementation``, ``model_kwargs``,
-        ``trust_remote_code``, ``accept_other_base``), moved to ``device`` (default:
-        the GPU when there is one) and put in eval mode. ``dtype="auto"`` is bfloat16 on a GPU that supports
-        it, float32 otherwise.
+        """Load a model for inference: :meth:`load` (``kwargs`` go to it), moved to ``device`` (default: the GPU when
+        there is one), in eval mode; ``dtype="auto"`` is bfloat16 on a GPU that supports it, float32 otherwise.
         """
         device = torch.device(device) if device is not None else default_device()
         model = cls.load(base_model_name_or_path, peft_model_name_or_path, dtype=resolve_dtype(dtype, device), **kwargs)
@@ -264,11 +224,8 @@ class LLM2Vec(nn.Module):
         self.max_length = value
 
     def save(self, path: str | os.PathLike, state_dict: dict[str, torch.Tensor] | None = None) -> None:
-        """Weights (safetensors), tokenizer and ``llm2vec_config.json``.
-
-        A PEFT-wrapped model saves its adapter only (load it with ``peft_model_name_or_path``).
-        ``state_dict``: the wrapped model's weights when they were gathered elsewhere (FSDP, DeepSpeed).
-        """
+        """Weights (safetensors; a PEFT model's adapter only), tokenizer and ``llm2vec_config.json``; ``state_dict``:
+        the wrapped model's weights when they were gathered elsewhere (FSDP, DeepSpeed)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         if state_dict is not None:
@@ -280,8 +237,7 @@ class LLM2Vec(nn.Module):
 
     @property
     def _no_split_modules(self) -> list[str]:
-        """The wrapped model's layer classes (e.g. ``LlamaDecoderLayer``): FSDP's transformer auto-wrap reads them
-        from the model it is given, so each decoder layer becomes its own shard group instead of the whole model."""
+        """The wrapped model's layer classes, which FSDP's transformer auto-wrap reads (a shard group a layer)."""
         return list(getattr(self.model, "_no_split_modules", None) or [])
 
     def activation_checkpointing_enable(self, activation_checkpointing_kwargs=None, **kwargs) -> None:
@@ -325,8 +281,7 @@ class LLM2Vec(nn.Module):
         return pool(self.hidden_states(features), features["attention_mask"], features["text_mask"], self.pooling_mode)
 
     def embed_many(self, batches: Sequence[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
-        """:meth:`embed` of several batches (say the queries and the documents of a training batch): one decoder
-        call over all of them when packing, one call per batch otherwise."""
+        """:meth:`embed` of several batches: one decoder call over all of them when packing, one a batch otherwise."""
         if not self.packing:
             return [self.embed(features) for features in batches]
         states = packed_hidden_states(decoder_body(self.model), batches)
@@ -343,9 +298,8 @@ class LLM2Vec(nn.Module):
         return next(self.model.parameters()).device
 
     def resolve_prompt(self, prompt: str | None = None, prompt_name: str | None = None) -> str | None:
-        """The instruction of an ``encode`` call, by sentence-transformers' rule: ``prompt`` itself (an instruction;
-        ``prompt_name`` is then ignored, with a warning), else the prompt named ``prompt_name``, else None. Either
-        one that is not a string raises a one-line ``TypeError``."""
+        """The instruction of an ``encode`` call: ``prompt`` (``prompt_name`` then ignored, with a warning), else the
+        prompt named ``prompt_name``, else None; a non-string raises a one-line ``TypeError``."""
         for keyword, value in (("prompt", prompt), ("prompt_name", prompt_name)):
             if value is not None and not isinstance(value, str):
                 raise TypeError(
@@ -368,9 +322,8 @@ class LLM2Vec(nn.Module):
     def length_sorted_batches(
         self, items: Sequence[Item], batch_size: int
     ) -> tuple[list[int], list[list[templates.EncodedText]]]:
-        """How :meth:`encode` cuts its inputs into batches: ``items`` tokenized, ordered by decreasing token count
-        (equal counts in input order: fewer pad tokens per batch), and cut into batches of ``batch_size``. Returns
-        that order (input positions) and the batches; embedding the batches in turn gives the rows of ``order``."""
+        """How :meth:`encode` batches ``items``: tokenized, by decreasing token count (ties in input order), cut into
+        batches of ``batch_size``; returns that order (input positions) and the batches."""
         encoded = self.encode_ids(items)
         order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i].input_ids))
         return order, [[encoded[i] for i in order[s : s + batch_size]] for s in range(0, len(order), batch_size)]
@@ -396,16 +349,12 @@ class LLM2Vec(nn.Module):
     ) -> np.ndarray | torch.Tensor:
         """Embed texts or ``[instruction, text]`` pairs; returns float32 in the input order.
 
-        The arguments mean what they mean in sentence-transformers' ``encode``: ``prompt`` is an instruction given
-        to every text (joined in the family's chat layout: ``encode(texts, prompt=i)`` equals
-        ``encode([[i, t] for t in texts])``, and an export's ``encode(texts, prompt=i)``); ``prompt_name`` names one
-        of :attr:`prompts`; ``truncate_dim`` (default :attr:`truncate_dim`, at most the embedding's dimension) keeps
-        the first dimensions, before ``normalize_embeddings``. ``show_progress_bar=None`` shows a bar only for more
-        than one batch and when the ``llm2vec`` logger is at INFO or below. A single string gives a single vector. Inputs are sorted by token
-        length (fewer pad tokens per batch) and the order restored afterwards. A mapping, a set, bytes, numbers or
-        ``None`` (as the input or as one item) raise a one-line ``TypeError`` (:mod:`llm2vec.encode_inputs`), as do
-        a ``prompt`` or ``prompt_name`` that is not a string and a true/false keyword given anything but ``True`` or
-        ``False`` (:func:`llm2vec.config_values.strict_booleans`)."""
+        The arguments mean what they mean in sentence-transformers' ``encode``: ``prompt`` is an instruction given to
+        every text (``encode(texts, prompt=i)`` equals ``encode([[i, t] for t in texts])``), ``prompt_name`` names
+        one of :attr:`prompts`, ``truncate_dim`` keeps the first dimensions before ``normalize_embeddings``. A single
+        string gives a single vector. Inputs of another type, a non-string prompt and a true/false keyword given
+        anything but ``True`` or ``False`` raise a one-line ``TypeError``.
+        """
         items, single = read_inputs(sentences)  # what is accepted and refused: llm2vec.encode_inputs
         instruction = self.resolve_prompt(prompt, prompt_name)
         if instruction is not None:
@@ -439,9 +388,7 @@ class LLM2Vec(nn.Module):
             embeddings = torch.nn.functional.normalize(embeddings, p=2, dim=-1)
         if single:
             embeddings = embeddings[0]
-        if convert_to_tensor or not convert_to_numpy:
-            return embeddings
-        return embeddings.numpy()
+        return embeddings if convert_to_tensor or not convert_to_numpy else embeddings.numpy()
 
     def encode_query(self, sentences, prompt_name: str | None = None, prompt: str | None = None, **kwargs):
         """:meth:`encode` with the ``query`` prompt when neither ``prompt`` nor ``prompt_name`` is given (as in
@@ -458,18 +405,15 @@ class LLM2Vec(nn.Module):
         return self.encode(sentences, prompt_name, prompt, **kwargs)
 
     def encode_document(self, sentences, prompt_name: str | None = None, prompt: str | None = None, **kwargs):
-        """:meth:`encode` with the first of the ``document``, ``passage``, ``corpus`` prompts the model has when
-        neither ``prompt`` nor ``prompt_name`` is given (as in sentence-transformers; an export's ``document``
-        prompt is no instruction)."""
+        """:meth:`encode` with the first of the ``document``, ``passage``, ``corpus`` prompts the model has when neither
+        ``prompt`` nor ``prompt_name`` is given (as in sentence-transformers)."""
         if prompt is None and prompt_name is None:
             prompt_name = next((n for n in DOCUMENT_PROMPT_NAMES if n in self.prompts), None)
         return self.encode(sentences, prompt_name, prompt, **kwargs)
 
     @staticmethod
     def similarity(embeddings1, embeddings2) -> torch.Tensor:
-        """Cosine similarity of every row of ``embeddings1`` with every row of ``embeddings2`` (numpy arrays or
-        tensors, one vector or a matrix each): a ``(n1, n2)`` float32 tensor, as sentence-transformers' ``cosine``
-        ``similarity``."""
+        """Cosine similarity of every row of ``embeddings1`` with every row of ``embeddings2``: ``(n1, n2)`` float32."""
 
         def matrix(x) -> torch.Tensor:
             x = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x).float()
@@ -487,9 +431,8 @@ def _positive_or_none(name: str, value: int | None) -> int | None:
 
 
 def _without_tied_copy(model, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``state_dict`` without the output embedding of a model that ties it to the input embedding (Llama-3.2-1B,
-    Qwen2.5-1.5B) when it equals that: a state gathered elsewhere (FSDP) holds the tied weight twice, which
-    ``save_pretrained`` writes twice."""
+    """``state_dict`` without a tied output embedding equal to the input embedding (a state gathered by FSDP holds
+    it twice, which ``save_pretrained`` would write twice)."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     output, inputs = model.get_output_embeddings(), model.get_input_embeddings()
     if not getattr(config, "tie_word_embeddings", False) or output is None or inputs is None:

@@ -32,8 +32,7 @@ class LLM2VecContrastive(LLM2Vec):
     Args:
         model, tokenizer, **kwargs: as for :class:`LLM2Vec` (the model is usually a ``peft.PeftModel``).
         loss_scale: InfoNCE scale = 1 / tau (paper: tau = 0.05, scale 20).
-        embedding_token_budget: 0 (the plain step), or the most tokens of one chunk of the gradient cache:
-            padded (rows x longest row), or real ones with packing (see the module docstring).
+        embedding_token_budget: 0 (the plain step), or the most tokens of one chunk of the gradient cache.
     """
 
     SIDES = ("query", "positive", "negative")
@@ -129,11 +128,8 @@ class LLM2VecContrastive(LLM2Vec):
         )
 
     def step_in_parts(self, model, inputs: dict, backward, no_sync) -> ContrastiveOutput | None:
-        """One training step with the gradient cache (:func:`llm2vec.chunked_steps.gradient_cache_step`), or
-        ``None`` (the trainer then takes the plain step) when the budget is off.
-
-        ``model`` is the wrapped model (DDP/FSDP) whose ``forward(features=...)`` embeds a chunk; ``backward`` and
-        ``no_sync`` are the trainer's (:mod:`llm2vec.trainer`). Returns the loss (detached) and the embeddings.
+        """One training step with the gradient cache (:func:`llm2vec.chunked_steps.gradient_cache_step`), or ``None``
+        (the plain step) when the budget is off; returns the loss (detached) and the embeddings.
         """
         if self.embedding_token_budget <= 0:
             return None

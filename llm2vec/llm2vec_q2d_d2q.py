@@ -70,16 +70,11 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
     Args:
         model, tokenizer, **kwargs: as for :class:`LLM2Vec`; the model must keep its LM head.
         alpha: weight of EBQ2D in Eq. 5 (the paper's 0.2).
-        token_budget: most decoder positions of one forward/backward, padded (real ones with packing); 0: the
-            whole batch at once. See :meth:`step_in_parts`.
+        token_budget: most decoder positions of one forward/backward (0: the whole batch); :meth:`step_in_parts`.
         logit_chunk_rows: LM-head logits built this many target rows at a time (0: all at once).
-        reconstruction_input_dropout: word dropout on the reconstruction pass's teacher-forced inputs
-            (an option, not the paper's; :func:`llm2vec.loss.reconstruction.drop_target_inputs`).
-        reconstruction_prefix: a text whose tokens are read before the anchor in the reconstruction pass, so
-            the anchor is not at position 0 (an option, not the paper's; ``""``: none).
-        stop_decoder_gradient: the reconstruction pass reads the decoder's weights without gradient, so only the
-            encoding pass learns from it (an option, not the paper's; :class:`llm2vec.loss.reconstruction.
-            WithoutWeightGradient`).
+        reconstruction_input_dropout, reconstruction_prefix, stop_decoder_gradient: options, not the paper's
+            (:mod:`llm2vec.loss.reconstruction`): word dropout on the teacher-forced inputs, a text read before
+            the anchor, the decoder's weights read without gradient in the reconstruction pass.
     """
 
     backbone_class = AutoModelForCausalLM
@@ -152,12 +147,10 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
         return text
 
     def validation_metrics(self, model, pairs, collate, args) -> dict[str, float]:
-        """What the trainer logs at each evaluation (``model``: this model as the trainer wraps it): the
-        validation reconstruction loss and the anchor measures per direction (:func:`llm2vec.anchor_gain.anchor_gain`:
-        the gain, the gain over the first target tokens, the rank accuracy; within each source too when the pairs
-        come from several) over batches of ``args.per_device_eval_batch_size`` pairs (a last pair alone joins the
-        batch before it), and their Eq. 5 combination as ``loss``. Every process measures all pairs: the same
-        forward passes everywhere, as FSDP needs."""
+        """What the trainer logs at each evaluation: the validation reconstruction loss and the anchor measures per
+        direction (:func:`llm2vec.anchor_gain.anchor_gain`) and their Eq. 5 combination as ``loss``; every process
+        measures all pairs (the same forward passes everywhere, as FSDP needs).
+        """
         size = max(2, args.per_device_eval_batch_size)
         starts = list(range(0, len(pairs), size))
         if len(starts) > 1 and len(pairs) - starts[-1] < 2:
@@ -183,12 +176,9 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
     ) -> StageIOutput | dict[str, torch.Tensor] | torch.Tensor:
         """Stage I loss of a collated batch; ``target_counts`` as in :class:`ReconstructionLoss`.
 
-        ``anchor_shifts`` = (s_1, ..., s_S) turns the forward into the measurement of :mod:`llm2vec.anchor_gain`,
-        never a training loss: the batch is embedded once, pair i is reconstructed from the anchors of pair
-        (i + s) mod B for each s, and the result is ``{direction: (S, B, M) float32 token NLLs}`` (0 on padding;
-        :meth:`ReconstructionLoss.token_nll`), with ``"anchors"``: e_Q and e_D stacked, (2, B, H). Given ``features``
-        alone (a tokenized batch of texts), the forward is :meth:`embed`: the retrieval evaluation embeds through the
-        wrapped model this way (:mod:`llm2vec.retrieval`).
+        ``anchor_shifts`` (s_1..s_S) measures instead (:mod:`llm2vec.anchor_gain`): pair i is reconstructed from
+        pair (i + s) mod B's anchors, giving ``{direction: (S, B, M) token NLLs, "anchors": (2, B, H)}``. Given
+        ``features`` alone, the forward is :meth:`embed`.
         """
         if features is not None:
             return self.embed(features)
@@ -230,12 +220,8 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
         )
 
     def step_in_parts(self, model, inputs: dict, backward, no_sync) -> StageIOutput | None:
-        """Forward and backward of a batch in token-budget chunks of pairs (the trainer's hook,
-        :func:`llm2vec.chunked_steps.reconstruction_step`); ``None`` (the plain step) without a budget. With a
-        budget every batch takes it, one that fits in one chunk too, so that all processes agree on the chunks.
-
-        Every chunk carries the step-wide ``target_counts`` (the batch's own when it has none), so chunk losses
-        add up to the batch's loss. Returns the combined, detached output.
+        """Forward and backward of a batch in token-budget chunks of pairs; ``None`` (the plain step) without a budget.
+        Every chunk carries the step-wide ``target_counts``; returns the combined, detached output.
         """
         if not self.token_budget:
             return None

@@ -1,4 +1,5 @@
-"""What a model or adapter folder is checked for before it loads: code it would run, and pickled adapter weights."""
+"""What a model or adapter folder is checked for before it loads: its ``llm2vec_config.json``, code it would run, and
+pickled adapter weights."""
 
 from __future__ import annotations
 
@@ -14,6 +15,28 @@ from .fingerprints import fingerprint_model, model_folder
 from .io import missing_local_path, saved_folder_problem
 
 logger = logging.getLogger("llm2vec")
+
+
+CONFIG_NAME = "llm2vec_config.json"
+DEFAULTS = {"pooling_mode": "eos_token", "max_length": 512, "template": None, "prompts": None}
+"""The settings ``llm2vec_config.json`` holds (the only fields it may hold), with their defaults."""
+
+
+def read_llm2vec_config(path: str | os.PathLike | None) -> dict[str, Any]:
+    """The ``llm2vec_config.json`` of a local folder, or ``{}`` (hub ids and folders without one)."""
+    if path is None or not os.path.isfile(os.path.join(path, CONFIG_NAME)):
+        return {}
+    file = os.path.join(path, CONFIG_NAME)
+    try:
+        with open(file) as f:
+            config = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{file}: not valid JSON ({e}); fix or delete the file") from None
+    unknown = set(config) - set(DEFAULTS)
+    if unknown:
+        raise ValueError(f"{file}: unknown field(s) {sorted(unknown)}; known fields: {sorted(DEFAULTS)}")
+    return config
+
 
 CODE_FILES = ("config.json", "tokenizer_config.json")
 """The files whose ``auto_map`` names code that ``AutoConfig`` / ``AutoModel*`` / ``AutoTokenizer`` would run."""
@@ -216,13 +239,11 @@ def check_adapter(
     accept_other_base: bool = False,
     trust_remote_code: bool = False,
 ) -> None:
-    """Refuse (:class:`ModelFilesError`, one line naming the file or tensor and what to do) a local adapter folder
-    that is no LoRA adapter folder, whose tensors are not exactly those peft creates for its config on the base
-    model (:func:`_adapter_problem`), or that was trained on another base than ``base_model_name_or_path``: the
-    base is identified by the SHA-256 of its weights files, against the fingerprint its ``run_config.json``
-    recorded, else against the folder its ``adapter_config.json`` names. A base that cannot be compared (no record,
-    the named base is not here) counts as another base. ``accept_other_base`` loads another base with a warning;
-    nothing loads the rest. A hub id that is not a local folder is left to peft."""
+    """Refuse (:class:`ModelFilesError`, one line) a local adapter folder that is no LoRA adapter, whose tensors are not
+    those peft creates on the base, or that was trained on another base than ``base_model_name_or_path`` (by the
+    weights' SHA-256 in its ``run_config.json``, else the folder its config names); ``accept_other_base`` loads the
+    last with a warning. A hub id is left to peft.
+    """
     if peft_model_name_or_path is None:
         return
     folder = Path(peft_model_name_or_path)

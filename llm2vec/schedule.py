@@ -152,11 +152,10 @@ class StopAfterNSteps(TrainerCallback):
 
 
 class StopAtTimeBudget(TrainerCallback):
-    """Stops training at the first optimizer step that ends ``minutes`` after ``start`` (``time.monotonic()``
-    seconds; default: when the callback is made, before the model loads), asks for an evaluation there when the run
-    evaluates (so its curve ends at the stop), and a checkpoint when checkpoints are saved by steps; the driver
-    then saves the final model. The stop is added to the log (``{"step", "stopped_by": "stop_after_minutes",
-    "minutes"}``), so ``trainer_state.json`` records it."""
+    """Stops training at the first optimizer step that ends ``minutes`` after ``start`` (``time.monotonic()``; default:
+    now), with an evaluation and a checkpoint there when the run has them; the stop is logged
+    (``{"step", "stopped_by": "stop_after_minutes", "minutes"}``).
+    """
 
     def __init__(self, minutes: float, start: float | None = None):
         self.seconds = 60.0 * minutes

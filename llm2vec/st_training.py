@@ -1,338 +1,32 @@
 """Stage II through sentence-transformers: this project's model, data and run folder, ST's trainer and losses.
 
-``trainer: sentence_transformers`` in a Stage II config (:func:`llm2vec.training.train` dispatches here):
-
-1. **The model** (:func:`sentence_transformer`). The base (a hub id, a Stage I folder, with
-   ``peft_model_name_or_path`` merged) is written by this project's sentence-transformers export
-   (:func:`llm2vec.export.export_sentence_transformers`, chat layout, not normalised, checked against
-   ``LLM2Vec.encode`` before it is used) into a temporary folder and loaded as a ``SentenceTransformer``:
-   tokenization, chat format, anchor appended after truncation and anchor pooling are the export's. Its chat
-   template is rebuilt with the training separator (``instruction_separator``, ``"; "``), as the project's
-   training collator joins instruction and query; evaluation during training switches back to the evaluation
-   separator. The paper's LoRA (``lora_r`` 16, ``lora_alpha`` 32, ``lora_dropout`` 0.05 on
-   ``lora_target_modules``) is added with ``peft.get_peft_model`` to the decoder body, exactly as
-   :meth:`llm2vec.llm2vec_contrastive.LLM2VecContrastive.build` adds it, so the adapters have the same names.
-2. **The data** (:func:`st_dataset`). The project's arranged training data (single-source global batches, in the
-   order the project's trainer reads it) becomes a ``datasets.Dataset`` with the columns ``query`` (a conversation:
-   the instruction as a system message, the query as the user message, which the export's chat template renders
-   as ``LLM2Vec.encode([instruction, query])``), ``positive`` and ``negative``; it is read sequentially
-   (:meth:`AnchorSentenceTransformerTrainer.get_batch_sampler`), so each batch is the project's batch.
-3. **The loss** (:func:`build_loss`): a loss of :data:`TRAINABLE_LOSSES` by name (``loss``), with ``loss_kwargs``
-   checked at start-up (:func:`check_loss_arguments`, :func:`check_model_paths`); ``scale`` defaults to ``loss_scale`` (the paper's 20 = 1 / 0.05) and a GIST
-   loss's ``temperature`` to ``1 / loss_scale``; ``guide`` (GIST) is a model folder, or the model itself when
-   absent (self-guided); ``MatryoshkaLoss`` names the loss it wraps as ``loss`` with its
-   own ``loss_kwargs``. An unknown name or argument is one line naming the choices.
-4. **The run** is this project's (:class:`llm2vec.run.RunManager`: the lock, the run config, the final save and
-   its completion marker); the saves are a Stage II run's (:meth:`AnchorSentenceTransformerTrainer._save`: the LoRA
-   adapter, the tokenizer, ``llm2vec_config.json``, ``run_config.json``, the model card), so
-   ``LLM2Vec.from_pretrained(base, adapter)``, the export and the MTEB evaluation read the result as they read a
-   Stage II run of the project's trainer. ``retrieval_eval_dirs`` become sentence-transformers'
-   ``InformationRetrievalEvaluator``\\ s, logged under the project trainer's names (:func:`retrieval_evaluators`).
-
-Not on this path (refused in one line): resuming (every message names the one way out, ``--overwrite_output_dir
-true``; a finished run of the same length is "nothing to do"), ``validation_file`` / ``validation_size``,
-``embedding_token_budget`` (the cached losses' ``mini_batch_size`` plays its part) and ``use_packing: true``.
+``trainer: sentence_transformers`` in a Stage II config (:func:`llm2vec.training.train` dispatches here); the
+steps (model, data, loss, run) are in docs/design.md. Refused in one line: resuming, ``validation_file`` /
+``validation_size``, ``embedding_token_budget`` and ``use_packing: true``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import inspect
 import json
 import logging
-import math
 import os
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from .arguments import ConfigError, RunConfig
+from .st_losses import (  # noqa: F401  (re-exported: the path's public names import from here)
+    DEFAULT_LOSS,
+    TRAINABLE_LOSSES,
+    build_loss,
+    check_loss_arguments,
+    check_model_paths,
+)
+from .st_model import lora_config, sentence_transformer, separator, set_separator  # noqa: F401
 
 logger = logging.getLogger("llm2vec")
-
-DEFAULT_LOSS = "CachedMultipleNegativesRankingLoss"
-TRAINABLE_LOSSES = (
-    "MultipleNegativesRankingLoss",
-    "CachedMultipleNegativesRankingLoss",
-    "MultipleNegativesSymmetricRankingLoss",
-    "CachedMultipleNegativesSymmetricRankingLoss",
-    "GISTEmbedLoss",
-    "CachedGISTEmbedLoss",
-)
-"""The losses this path trains: in-batch negatives over (query, positive[, negative]) rows without labels."""
-WRAPPING_LOSSES = ("MatryoshkaLoss",)
-"""Losses that modify another loss: ``loss_kwargs["loss"]`` names it, ``loss_kwargs["loss_kwargs"]`` its arguments."""
-GUIDED_LOSSES = ("GISTEmbedLoss", "CachedGISTEmbedLoss")
-SIMILARITIES = ("cos_sim", "dot_score", "euclidean_sim", "manhattan_sim")
-"""The ``similarity_fct`` names of ``sentence_transformers.util`` a loss may take (JSON holds no functions)."""
-
-
-# ---------------------------------------------------------------------------------------------- the losses
-
-
-def loss_names() -> list[str]:
-    """The loss classes of ``sentence_transformers.sentence_transformer.losses``, by name."""
-    from sentence_transformers.sentence_transformer import losses
-
-    names = getattr(losses, "__all__", None) or dir(losses)
-    return sorted(
-        n
-        for n in names
-        if isinstance(getattr(losses, n, None), type)
-        and issubclass(getattr(losses, n), torch.nn.Module)
-        and n.endswith("Loss")
-    )
-
-
-def check_loss_name(name: str, field_name: str = "loss", wrapped: bool = False) -> None:
-    """``name`` is a sentence-transformers loss this path trains; else one :class:`ConfigError` line naming them."""
-    choices = TRAINABLE_LOSSES if wrapped else (*TRAINABLE_LOSSES, *WRAPPING_LOSSES)
-    if name not in choices:
-        what = "a loss this path trains" if name in loss_names() else "a sentence-transformers loss"
-        raise ConfigError(
-            f"{field_name}={name!r}: not {what} (its rows are query, positive[, negative], without labels); choose "
-            f"one of {', '.join(choices)}"
-        )
-
-
-def _check_value(loss: str, key: str, value: Any, default: Any) -> None:
-    """A ``loss_kwargs`` value of the type its default (or name) implies; else one :class:`ConfigError` line."""
-    whole = isinstance(value, int) and not isinstance(value, bool)
-    number = (whole or isinstance(value, float)) and math.isfinite(value)
-    if key.startswith("mini_batch") or key == "n_dims_per_step":
-        ok = (whole and value >= 1) or (value is None and default is None) or (value == -1 == default)
-        want = "a whole number of at least 1" + (" (or null)" if default is None else "")
-    elif key == "matryoshka_dims":
-        ok = isinstance(value, list) and bool(value) and all(isinstance(d, int) and d >= 1 for d in value)
-        want = "a list of whole numbers of at least 1"
-    elif callable(default):
-        ok, want = value in SIMILARITIES, f"one of {', '.join(SIMILARITIES)}"
-    elif isinstance(default, bool):
-        ok, want = isinstance(value, bool), "true or false"
-    elif isinstance(default, (int, float)):
-        ok = number and (value > 0 or key not in ("scale", "temperature"))
-        want = "a positive number" if key in ("scale", "temperature") else "a finite number"
-    else:
-        return
-    if not ok:
-        raise ConfigError(f"loss_kwargs.{key} of {loss}: {json.dumps(value, default=str)[:60]}; give {want}")
-
-
-def check_loss_arguments(name: str, kwargs: Mapping[str, Any], wrapped: bool = False) -> None:
-    """``name`` and its ``loss_kwargs`` (a wrapper's inner loss and arguments too) as this path trains them, before any
-    model loads; one :class:`ConfigError` line naming the field and what to give."""
-    from sentence_transformers.sentence_transformer import losses
-
-    check_loss_name(name, "loss_kwargs.loss" if wrapped else "loss", wrapped)
-    params = inspect.signature(getattr(losses, name).__init__).parameters
-    accepted = [p for p in params if p not in ("self", "model")]
-    extra = ("loss_kwargs",) if name in WRAPPING_LOSSES else ()
-    unknown = [k for k in kwargs if (k not in params and k not in extra) or k == "model"]
-    if unknown:
-        raise ConfigError(
-            f"loss_kwargs: {name} takes no argument {', '.join(map(repr, unknown))}; its arguments: {', '.join(accepted)}"
-        )
-    for key, value in kwargs.items():
-        if key in params and key not in ("loss", "guide"):
-            _check_value(name, key, value, params[key].default)
-    if name in WRAPPING_LOSSES:
-        inner, inner_kwargs = kwargs.get("loss", DEFAULT_LOSS), kwargs.get("loss_kwargs") or {}
-        if not isinstance(inner, str) or not isinstance(inner_kwargs, Mapping):
-            raise ConfigError(f"loss_kwargs of {name}: loss is the name of the loss it wraps, loss_kwargs an object")
-        check_loss_arguments(inner, inner_kwargs, wrapped=True)
-    elif "loss_kwargs" in kwargs:
-        raise ConfigError(f"loss_kwargs: {name} wraps no other loss, so it takes no loss_kwargs of its own")
-    guide = kwargs.get("guide")
-    if guide is not None and not isinstance(guide, str):
-        raise ConfigError(f"loss_kwargs.guide of {name}: give a model folder or a cached hub id")
-
-
-def model_paths(kwargs: Mapping[str, Any], prefix: str = "loss_kwargs") -> Iterator[tuple[str, str]]:
-    """``(field, value)`` of every text in ``kwargs`` (at any depth) that names a model: a guide, a
-    ``*name_or_path`` argument, or any existing folder."""
-    for key, value in kwargs.items():
-        if isinstance(value, Mapping):
-            yield from model_paths(value, f"{prefix}.{key}")
-        elif isinstance(value, str) and (key == "guide" or key.endswith("name_or_path") or os.path.isdir(value)):
-            yield f"{prefix}.{key}", value
-
-
-def check_model_paths(config: RunConfig) -> None:
-    """Each model ``loss_kwargs`` names (:func:`model_paths`) is a folder here or a model in the local hub cache, not
-    ``output_dir``'s, not in use, and runs no code of its own without ``trust_remote_code``; one line each."""
-    from .fingerprints import model_folder
-    from .model_files import ModelFilesError, check_exists, check_not_in_use, check_remote_code
-
-    out = Path(config.training.output_dir).expanduser().resolve()
-    for field_name, path in model_paths(config.stage.loss_kwargs or {}):
-        if os.path.isfile(path):
-            raise ConfigError(f"{field_name} {path}: a file; give a model folder (or a cached hub id)")
-        try:
-            check_exists(path, field_name)
-            folder = model_folder(path)
-            if folder is None:
-                raise ModelFilesError(
-                    f"{field_name} {path}: not a folder here, nor a model in the local hub cache; run `hf download "
-                    f"{path}` first, or give a folder"
-                )
-            check_not_in_use(path, field_name)
-            check_remote_code(path, config.model.trust_remote_code, field_name)
-        except ModelFilesError as e:
-            raise ConfigError(str(e)) from None
-        read = folder.resolve()
-        if read == out or read in out.parents or out in read.parents:
-            raise ConfigError(f"{field_name} {path} and output_dir {out} overlap: a run never writes where it reads")
-
-
-def build_loss(name: str, kwargs: Mapping[str, Any], model, loss_scale: float = 20.0, guide_loader=None):
-    """The loss ``name`` of ``sentence_transformers.sentence_transformer.losses`` on ``model`` (module docstring),
-    after :func:`check_loss_arguments`. ``guide_loader(path, max_length)`` loads a GIST guide given as a folder
-    (default: :func:`sentence_transformer` without LoRA, at the model's length); a ``SentenceTransformer`` guide is
-    used as it is."""
-    from sentence_transformers import util
-    from sentence_transformers.sentence_transformer import losses
-
-    check_loss_arguments(name, {k: v for k, v in (kwargs or {}).items() if k != "guide" or isinstance(v, str)})
-    cls, kwargs = getattr(losses, name), dict(kwargs or {})
-    params = inspect.signature(cls.__init__).parameters
-    if isinstance(kwargs.get("similarity_fct"), str):
-        kwargs["similarity_fct"] = getattr(util, kwargs["similarity_fct"])
-    if name in WRAPPING_LOSSES:
-        inner, inner_kwargs = kwargs.pop("loss", DEFAULT_LOSS), kwargs.pop("loss_kwargs", {})
-        kwargs["loss"] = build_loss(inner, inner_kwargs, model, loss_scale, guide_loader)
-    if "scale" in params and "scale" not in kwargs:
-        kwargs["scale"] = loss_scale
-    if name in GUIDED_LOSSES:
-        if "temperature" not in kwargs:
-            kwargs["temperature"] = 1.0 / loss_scale
-        guide = kwargs.get("guide")
-        if guide is None:
-            kwargs["guide"] = model  # self-guided: the model being trained, without gradient, picks the negatives
-        elif isinstance(guide, (str, os.PathLike)):
-            kwargs["guide"] = (guide_loader or _load_guide)(str(guide), model.max_seq_length)
-    try:
-        return cls(model, **kwargs)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"loss_kwargs of {name}: {str(e).splitlines()[0]}") from None
-
-
-def _load_guide(path: str, max_length: int | None = None):
-    from sentence_transformers import SentenceTransformer
-
-    if (Path(path) / "modules.json").exists():  # a sentence-transformers folder (an export)
-        return SentenceTransformer(path, device="cpu", local_files_only=True)
-    with tempfile.TemporaryDirectory(prefix="llm2vec-st-guide-") as work:  # loaded, the export is not read again
-        return sentence_transformer(path, Path(work) / "guide", max_length=max_length)
-
-
-# ---------------------------------------------------------------------------------------------- the model
-
-
-def sentence_transformer(
-    base_model_name_or_path: str,
-    work_dir: str | os.PathLike,
-    peft_model_name_or_path: str | None = None,
-    *,
-    lora=None,
-    max_length: int | None = None,
-    template: str | None = None,
-    instruction_separator: str | None = None,
-    dtype: torch.dtype = torch.float32,
-    device: str = "cpu",
-    trust_remote_code: bool = False,
-    accept_other_base: bool = False,
-    seed: int | None = None,
-):
-    """This project's model as a ``SentenceTransformer`` (module docstring, point 1), written to ``work_dir``
-    (a new or empty folder) by the export and loaded from there; with ``lora`` (a ``peft.LoraConfig``) the decoder
-    body gets trainable LoRA adapters (seeded with ``seed`` when given), everything else frozen.
-    ``instruction_separator`` rebuilds the chat template with that separator (the training one)."""
-    from sentence_transformers import SentenceTransformer
-
-    from .export import export_sentence_transformers
-
-    if os.path.isdir(work_dir) and os.listdir(work_dir):  # the export would refuse it naming its --overwrite
-        raise ValueError(
-            f"work_dir {work_dir} is not empty; give a new or empty folder (a tempfile.TemporaryDirectory)"
-        )
-    export_sentence_transformers(
-        base_model_name_or_path,
-        work_dir,
-        peft_model_name_or_path,
-        query_instruction="",  # the prompts are not used here: the training data carries the instructions
-        max_length=max_length,
-        template=template,
-        normalize=False,  # the raw anchor state, as LLM2Vec.embed (a loss normalises where it needs to)
-        dtype=dtype,
-        device="cpu",
-        trust_remote_code=trust_remote_code,
-        accept_other_base=accept_other_base,
-    )
-    model = SentenceTransformer(str(work_dir), device=device, local_files_only=True, trust_remote_code=False)
-    model.default_prompt_name = None
-    model.prompts = {}
-    _spec_of(model, "")  # the template read while the folder is there
-    if instruction_separator is not None:
-        set_separator(model, instruction_separator)
-    if lora is not None:
-        from .llm2vec_contrastive import add_lora
-
-        if seed is not None:
-            import transformers
-
-            transformers.set_seed(seed)
-        model[0].model = add_lora(model[0].model, lora)
-    return model
-
-
-def _spec_of(model, separator: str):
-    """The model's template with ``separator``; read from its folder once (the folder may be gone later)."""
-    from transformers import AutoConfig
-
-    from . import templates
-    from .llm2vec import read_llm2vec_config
-
-    if not hasattr(model, "_llm2vec_template"):
-        folder = str(model[0].model.name_or_path)
-        name = read_llm2vec_config(folder)["template"]
-        model._llm2vec_template = templates.named_template(name, AutoConfig.from_pretrained(folder), model.tokenizer)
-    return model._llm2vec_template.with_separator(separator)
-
-
-def set_separator(model, separator: str) -> None:
-    """Rebuild the export's chat template of ``model`` with ``separator`` between instruction and text."""
-    from .export.tokenizer import fitting_chat_template
-
-    model.tokenizer.chat_template = fitting_chat_template(_spec_of(model, separator), model.tokenizer)
-
-
-@contextlib.contextmanager
-def separator(model, value: str) -> Iterator[None]:
-    """``model``'s chat template joins instruction and text with ``value`` inside the block."""
-    before = model.tokenizer.chat_template
-    set_separator(model, value)
-    try:
-        yield
-    finally:
-        model.tokenizer.chat_template = before
-
-
-def lora_config(stage):
-    """The LoRA of :meth:`LLM2VecContrastive.build` from a Stage II config's fields."""
-    from peft import LoraConfig, TaskType
-
-    return LoraConfig(
-        r=stage.lora_r,
-        lora_alpha=stage.lora_alpha,
-        lora_dropout=stage.lora_dropout,
-        target_modules=list(stage.lora_target_modules),
-        bias="none",
-        task_type=TaskType.FEATURE_EXTRACTION,
-    )
-
 
 # ---------------------------------------------------------------------------------------------- the data
 
@@ -541,7 +235,7 @@ def check_config(config: RunConfig) -> str | None:
 
 
 def build_trainer(config: RunConfig, dataset, run_config: dict, callbacks: list, tokenizer, template):
-    """The trainer of a Stage II run through sentence-transformers (module docstring), for
+    """The trainer of a Stage II run through sentence-transformers (docs/design.md), for
     :func:`llm2vec.training.train`, which runs it in the run's folder as it runs the project's trainer. The model is
     written to a temporary folder that lives as long as the trainer."""
     from .llm2vec import LLM2Vec

@@ -6,34 +6,27 @@ the model) is always the last token."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import os
-from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
-from typing import NamedTuple
+
+from .template_encoding import (  # noqa: F401  (re-exported: the templates' public names live here)
+    EVALUATION_SEPARATOR,
+    TRAINING_SEPARATOR,
+    EncodedText,
+    TemplateSpec,
+    UserTurn,
+    adds_leading_space,
+    chat_difference,
+    chat_template_mismatch,
+    encode,
+    eos_ids,
+    join_instruction,
+    prompt_parts,
+    tokenize_closing,
+)
 
 logger = logging.getLogger("llm2vec")
-
-TRAINING_SEPARATOR = "; "
-"""Between a query's instruction and its text in training: the authors' E5 loader (LLM2Vec's) writes
-``f"{instruction}; " + query``."""
-
-EVALUATION_SEPARATOR = ": "
-"""Between an instruction and its text at evaluation: the authors' evaluation (LLM2Vec's encoder) joins
-``instruction.strip() + " " + text`` with instructions that end in ``":"`` (LLM2Vec's
-``task_to_instructions.json``), i.e. ``"<instruction>: <text>"``; this repository's instructions file has
-no colons, so the colon is in the separator. An instruction that already ends with the separator's mark
-does not get it twice (see :func:`join_instruction`)."""
-
-
-class UserTurn(NamedTuple):
-    """One user turn of a chat format: ``opening + content + closing``; ``anchor`` is the closing's last token."""
-
-    opening: str
-    closing: str
-    anchor: str
 
 
 # --- one function per family: the user turn of its chat format ----------------------------------------
@@ -57,59 +50,6 @@ def smollm2_template() -> UserTurn:
 def mistral_template() -> UserTurn:
     """Mistral-7B-Instruct-v0.2: ``<s>[INST] `` ... `` [/INST]`` and the EOS ``</s>`` appended as the anchor."""
     return UserTurn("<s>[INST] ", " [/INST]</s>", "</s>")
-
-
-def join_instruction(instruction: str, separator: str) -> str:
-    """``instruction + separator`` ("" without an instruction); a mark the instruction already ends with
-    (``"...the claim:"`` with separator ``": "``) is not repeated."""
-    instruction = instruction.strip()
-    if not instruction:
-        return ""
-    mark = separator.strip()
-    if mark and instruction.endswith(mark):
-        return instruction + separator[separator.index(mark) + len(mark) :]
-    return instruction + separator
-
-
-@dataclass(frozen=True)
-class TemplateSpec:
-    """A registered family: its user turn, how to recognise it, and the instruction separator.
-
-    ``turn``: the family's function returning its :class:`UserTurn`.
-    ``model_types``: values of ``config.model_type`` this family can have.
-    ``marker_tokens``: tokens that must all be in the tokenizer's vocabulary (they tell apart families
-    sharing a ``model_type``); the anchor token must be in the vocabulary too.
-    ``separator``: what joins an instruction and its text (:func:`join_instruction`).
-    ``packing_exact``: whether a packed decoder call (:mod:`llm2vec.packing`: sequences end to end in one row,
-    position ids restarting at 0, no attention mask) gives this family's models the same hidden states as each
-    text run alone. It holds for architectures whose attention reads the position ids and whose masks
-    transformers builds from them (Llama, Mistral, Qwen2, GPT-NeoX; tested against texts run alone); it does not
-    for OPT (learned positions from the attention mask: 0.32 relative) or Bloom (ALiBi: 7e-3). ``False`` (the
-    default for a new family) makes ``packing: true`` an error and ``packing: auto`` off.
-    """
-
-    name: str
-    turn: Callable[[], UserTurn]
-    model_types: tuple[str, ...]
-    marker_tokens: tuple[str, ...]
-    separator: str = EVALUATION_SEPARATOR
-    packing_exact: bool = False
-
-    @property
-    def anchor(self) -> str:
-        return self.turn().anchor
-
-    def with_separator(self, separator: str) -> TemplateSpec:
-        return dataclasses.replace(self, separator=separator)
-
-    def build(self, instruction: str) -> tuple[str, str]:
-        """``(prefix, anchor)``: the opening with the instruction and separator, and the anchor token."""
-        turn = self.turn()
-        return turn.opening + join_instruction(instruction, self.separator), turn.anchor
-
-    def render(self, instruction: str, text: str) -> str:
-        """The whole user turn as one string (what :func:`encode` tokenizes, in pieces)."""
-        return self.build(instruction)[0] + text.strip() + self.turn().closing
 
 
 _REGISTRY: dict[str, TemplateSpec] = {}
@@ -194,13 +134,9 @@ def _has_token(tokenizer, token: str) -> bool:
 
 
 def resolve_template(config, tokenizer, name: str | None = None, generation_config=None) -> TemplateSpec:
-    """The template for a model: by explicit ``name``, else detected from ``config`` and ``tokenizer``; a model of no
-    registered family whose tokenizer has a chat template gets the family derived from it (:func:`derive_template`,
-    also what ``name="chat_template"`` asks for).
-
-    For a registered family, an anchor that is not one of the model's end-of-sequence ids (:func:`anchor_mismatch`)
-    is logged as a warning, and when the tokenizer carries a chat template, the spec's token ids are compared with it
-    once (:func:`chat_template_mismatch`) and a difference is logged as a warning.
+    """The template for a model: by explicit ``name``, else detected from ``config`` and ``tokenizer``, else derived
+    from its chat template (:func:`derive_template`, also ``name="chat_template"``). For a registered family, an
+    anchor that is no EOS id or ids that differ from the chat template's are logged as warnings.
     """
     if name in (DERIVED_TEMPLATE, PLAIN_TEMPLATE):
         return named_template(name, config, tokenizer, generation_config)
@@ -247,17 +183,6 @@ def resolve_template(config, tokenizer, name: str | None = None, generation_conf
     return spec
 
 
-def eos_ids(tokenizer, config=None, generation_config=None) -> set[int]:
-    """The end-of-sequence ids of a model: the tokenizer's ``eos_token_id`` and every ``eos_token_id`` (an id or a
-    list) of its config and generation config."""
-    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    for source in (config, generation_config):
-        value = getattr(source, "eos_token_id", None)
-        if value is not None:
-            ids.update(value if isinstance(value, (list, tuple)) else [value])
-    return ids
-
-
 def anchor_mismatch(tokenizer, spec: TemplateSpec, config=None, generation_config=None) -> str | None:
     """``None`` when the template's anchor is one of the model's end-of-sequence ids (:func:`eos_ids`), as Eq. 1
     asks, else a one-line description of the problem."""
@@ -278,179 +203,6 @@ def pad_token(tokenizer, spec: TemplateSpec) -> str:
     template's anchor. Padding is always masked out (attention mask 0, no loss), so which token pads never changes an
     embedding or a loss; the export writes this token into its tokenizer, so sentence-transformers pads with it too."""
     return tokenizer.pad_token if tokenizer.pad_token is not None else spec.anchor
-
-
-@dataclass(frozen=True)
-class EncodedText:
-    """Token ids of one (instruction, text) item.
-
-    ``input_ids[:text_start]`` is the template prefix with the instruction, ``input_ids[text_start:text_end]``
-    the (possibly truncated) text, ``input_ids[text_end:]`` the closing of the user turn, whose last token,
-    ``input_ids[-1]``, is the anchor (one token for every family but Mistral's `` [/INST]</s>``).
-    """
-
-    input_ids: tuple[int, ...]
-    text_start: int
-    text_end: int
-
-
-def adds_leading_space(tokenizer) -> bool:
-    """Whether the tokenizer marks the start of every text as a word start (sentencepiece's dummy prefix,
-    as in Mistral and Llama-2): tokenizing ``"b"`` alone then gives the ids ``"b"`` has after a space."""
-
-    def ids(s: str) -> list[int]:
-        return tokenizer(s, add_special_tokens=False)["input_ids"]
-
-    return ids("a b") == ids("a") + ids("b")
-
-
-def _lead(spaces: str, dummy_prefix: bool) -> str:
-    """The spaces to put before a separately tokenized piece that follows ``spaces`` in the joint string."""
-    return spaces[1:] if dummy_prefix and spaces else spaces
-
-
-def _closing_ids(tokenizer, closing: str, dummy_prefix: bool) -> list[int]:
-    body = closing.lstrip(" ")
-    return tokenizer(_lead(closing[: len(closing) - len(body)], dummy_prefix) + body, add_special_tokens=False)[
-        "input_ids"
-    ]
-
-
-def _text_context(prefix: str, dummy_prefix: bool) -> str:
-    """What to tokenize a text after, so that it gets the ids it has after ``prefix`` in the whole user turn: the
-    prompt itself for a dummy-prefix tokenizer when the prompt ends in something else than a space, else ""."""
-    return prefix if dummy_prefix and prefix and not prefix.endswith(" ") else ""
-
-
-def prompt_parts(
-    tokenizer, spec: TemplateSpec, instruction: str, dummy_prefix: bool | None = None
-) -> tuple[list[int], str]:
-    """``(prefix_ids, lead)``: the ids of the prompt before the text, and the spaces :func:`encode` puts before
-    the stripped text when it tokenizes it as a separate piece (the prompt's trailing spaces, less the one a
-    sentencepiece dummy prefix adds by itself)."""
-    if dummy_prefix is None:
-        dummy_prefix = adds_leading_space(tokenizer)
-    prefix = spec.build(instruction)[0]
-    body = prefix.rstrip(" ")
-    return tokenizer(body, add_special_tokens=False)["input_ids"], _lead(prefix[len(body) :], dummy_prefix)
-
-
-def encode(
-    tokenizer,
-    spec: TemplateSpec,
-    items: Sequence[tuple[str, str]],
-    max_length: int,
-    text_max_tokens: int | None = None,
-) -> list[EncodedText]:
-    """Token ids for ``(instruction, text)`` items; the text is cut so that prefix + text + closing <= max_length.
-
-    ``text_max_tokens`` additionally cuts every text to at most that many tokens before the prompt is
-    added (the authors' evaluation: ``doc_max_length = 400`` under a 512 cap); ``None`` = no such cap.
-
-    The text is stripped of surrounding whitespace (as the Llama-3 chat template and LLM2Vec do). Prefix,
-    text and closing are tokenized separately, with the spaces between them handled as in the module
-    docstring, so the ids equal those of the whole user turn tokenized at once. With a tokenizer that marks
-    the start of a text as a word start (a sentencepiece dummy prefix), a text that follows a prompt ending in
-    something else than a space (Phi-3's ``<|user|>\\n``) is tokenized after that prompt and the prompt's ids
-    are taken off, since alone it would get a word-start mark it does not have in the whole turn.
-    """
-    turn = spec.turn()
-    dummy_prefix = adds_leading_space(tokenizer)
-    closing_ids = _closing_ids(tokenizer, turn.closing, dummy_prefix)
-    anchor_id = tokenizer.convert_tokens_to_ids(turn.anchor)
-    if not closing_ids or closing_ids[-1] != anchor_id:
-        raise ValueError(
-            f"template {spec.name!r}: the closing {turn.closing!r} does not end with the anchor "
-            f"{turn.anchor!r} with this tokenizer ({closing_ids}); fix the template's anchor"
-        )
-    prefixes: dict[str, tuple[list[int], str]] = {}
-    for instruction, _ in items:
-        if instruction not in prefixes:
-            prefixes[instruction] = prompt_parts(tokenizer, spec, instruction, dummy_prefix)
-    # a text tokenized after its prompt (see above): the prompt, else ""
-    context = {i: _text_context(spec.build(i)[0], dummy_prefix) for i in prefixes}
-    # the lead spaces belong to a text: an empty one is no tokens at all
-    texts = [
-        (context[instruction] or prefixes[instruction][1]) + text.strip() if text.strip() else ""
-        for instruction, text in items
-    ]
-    text_ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
-    out = []
-    for (instruction, text), ids in zip(items, text_ids):
-        prefix_ids = prefixes[instruction][0]
-        if context[instruction] and text.strip():
-            n = len(prefix_ids)
-            ids = ids[n:] if ids[:n] == prefix_ids else tokenizer(text.strip(), add_special_tokens=False)["input_ids"]
-        budget = max_length - len(prefix_ids) - len(closing_ids)
-        if budget < 1:
-            raise ValueError(
-                f"max_length={max_length} leaves no room for text after the {len(prefix_ids)}-token prompt "
-                f"of instruction {instruction[:60]!r}; raise max_length or shorten the instruction"
-            )
-        ids = list(ids[: budget if text_max_tokens is None else min(budget, text_max_tokens)])
-        out.append(EncodedText(tuple(prefix_ids + ids + closing_ids), len(prefix_ids), len(prefix_ids) + len(ids)))
-    return out
-
-
-def chat_template_mismatch(
-    tokenizer,
-    spec: TemplateSpec,
-    instruction: str = "Given a question, retrieve passages",
-    text: str = "Paris is the capital of France.",
-    *,
-    chat_ids: Callable[[str], list[int]] | None = None,
-    eos: Collection[int] | None = None,
-) -> str | None:
-    """``None`` when :func:`encode` agrees with the tokenizer's own chat template for one user message,
-    else a one-line description of the difference.
-
-    They agree when the chat template's ids are ours with, at most, a system turn inserted after the
-    common beginning (the default system turn of Llama-3.x, Qwen2.5 and SmolLM2, which this package
-    leaves out), whitespace tokens after the anchor (ChatML's newline between turns), and our EOS anchor
-    appended after a user turn the chat format leaves open (Mistral).
-
-    ``chat_ids`` gives the chat template's ids for a message content (default: ``apply_chat_template``);
-    ``eos``: the ids an appended anchor may be (default: the tokenizer's EOS).
-    """
-    difference = _chat_difference(tokenizer, spec, instruction, text, chat_ids, eos)
-    if difference is None:
-        return None
-    ours, chat = difference
-    return (
-        f"template {spec.name!r} differs from the tokenizer's chat template for one user message: ours "
-        f"{ours!r}, the chat template's {chat!r}. Pass the right template=<name> or register one that matches the "
-        "model's chat format."
-    )
-
-
-def _chat_difference(
-    tokenizer, spec: TemplateSpec, instruction: str, text: str, chat_ids, eos
-) -> tuple[str, str] | None:
-    """``None`` when :func:`encode` agrees with the chat template (:func:`chat_template_mismatch`), else both decoded:
-    ``(ours, the chat template's)``."""
-    content = join_instruction(instruction, spec.separator) + text
-    if chat_ids is None:
-        chat = list(
-            tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=True, return_dict=False)
-        )
-    else:
-        chat = list(chat_ids(content))
-    ours = list(encode(tokenizer, spec, [(instruction, text)], max_length=1 << 20)[0].input_ids)
-    while chat and chat[-1] != ours[-1] and not tokenizer.decode([chat[-1]]).strip():
-        chat.pop()
-    if chat and chat[-1] != ours[-1] and ours[-1] in (eos_ids(tokenizer) if eos is None else eos):
-        chat.append(ours[-1])  # the EOS anchor appended after a user turn the chat format leaves open (Mistral)
-    if chat == ours:
-        return None
-    common = 0
-    while common < min(len(chat), len(ours)) and chat[common] == ours[common]:
-        common += 1
-    tail = ours[common:]
-    if len(chat) > len(ours) and chat[len(chat) - len(tail) :] == tail:
-        inserted = tokenizer.decode(chat[common : len(chat) - len(tail)])
-        if "system" in inserted:
-            return None
-    return tokenizer.decode(ours), tokenizer.decode(chat)
 
 
 # --- a family derived from the tokenizer's own chat template -------------------------------------------------------
@@ -503,18 +255,10 @@ def _end_of_turn_not_eos(error, where: str, model_type: str, registered: str) ->
 
 
 def derive_template(config, tokenizer, generation_config=None) -> TemplateSpec:
-    """The family :data:`DERIVED_TEMPLATE` of a model: the user turn of ``tokenizer``'s own chat template
-    (:func:`llm2vec.chat_turn.derive_turn`: one user message rendered around a sentinel, no system turn, no generation
-    prompt, thinking off), whose anchor is one of the model's end-of-sequence ids (:func:`eos_ids`, with the
-    generation config saved beside the model when none is given).
-
-    The derived family is checked before it is returned: for each of :data:`DERIVATION_PROBES`, with the evaluation
-    and the training separator, :func:`encode` must give the chat template's ids for that user message
-    (:func:`chat_template_mismatch`: the default system turn left out, whitespace after the anchor, an EOS appended
-    after an open user turn). A template that cannot render one user message (it raises, or runs without end), whose
-    user turn and reply end with no EOS id, or whose pieces do not tokenize as the whole turn is refused with a
-    ``ValueError`` of one line naming the model folder and ``template=`` as the way out. Packing is off for a derived
-    family (``packing_exact=False``): its architecture is not known to give packed calls equal to texts run alone.
+    """The family :data:`DERIVED_TEMPLATE` of a model: the user turn of ``tokenizer``'s own chat template, anchored
+    at one of the model's EOS ids, checked on :data:`DERIVATION_PROBES` against the chat template
+    (:func:`chat_template_mismatch`). A template that cannot be derived is a one-line ``ValueError`` naming the
+    model folder and ``template=``; packing is off for a derived family (docs/design.md).
     """
     from . import chat_turn
 
@@ -531,7 +275,7 @@ def derive_template(config, tokenizer, generation_config=None) -> TemplateSpec:
     eos = eos_ids(tokenizer, config, generation_config or _saved_generation_config(config, tokenizer))
     dummy_prefix = adds_leading_space(tokenizer)
     try:
-        turn = chat_turn.derive_turn(tokenizer, eos, lambda closing: _closing_ids(tokenizer, closing, dummy_prefix))
+        turn = chat_turn.derive_turn(tokenizer, eos, lambda closing: tokenize_closing(tokenizer, closing, dummy_prefix))
     except chat_turn.EndOfTurnNotEos as e:
         model_type = getattr(config, "model_type", None) or ""
         raise ValueError(_end_of_turn_not_eos(e, where, model_type, registered)) from None
@@ -552,7 +296,7 @@ def derive_template(config, tokenizer, generation_config=None) -> TemplateSpec:
     for separator in (EVALUATION_SEPARATOR, TRAINING_SEPARATOR):
         for instruction, text in DERIVATION_PROBES:
             try:
-                difference = _chat_difference(
+                difference = chat_difference(
                     tokenizer, spec.with_separator(separator), instruction, text, chat_ids, eos
                 )
             except ValueError as e:  # ChatTemplateError, or encode's: the closing does not end with the anchor

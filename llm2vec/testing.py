@@ -53,12 +53,10 @@ def _add_bos(tok, bos) -> None:
 
 
 def _word_start_bpe(specials, bos, vocab_size, style):
-    """A BPE over "▁"-marked words (merges learnt within words, as sentencepiece does), laid out as ``sentencepiece``
-    (Mistral-7B-Instruct-v0.2's tokenizer.json: normalizer Prepend("▁") + Replace(" ", "▁") on every text segment
-    between special tokens), ``llama`` (transformers 5's ``LlamaTokenizer``, as Mistral-7B-Instruct-v0.3's and
-    Phi-3's: a Metaspace pre-tokenizer that marks the start of the input only) or ``gemma`` (``GemmaTokenizer``:
-    spaces become "▁", nothing is prepended), with a "<bos> $A" post-processor when ``bos``. Outside the legacy
-    ``sentencepiece`` layout, newlines are single tokens."""
+    """A BPE over "▁"-marked words, laid out as ``sentencepiece`` (Mistral-7B-Instruct-v0.2: Prepend("▁") on every
+    segment), ``llama`` (Metaspace marking the input's start only) or ``gemma`` (nothing prepended); a
+    "<bos> $A" post-processor when ``bos``.
+    """
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE(unk_token="<unk>" if "<unk>" in map(str, specials) else None, fuse_unk=True))

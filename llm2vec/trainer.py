@@ -1,10 +1,8 @@
 """The Hugging Face Trainer, adapted once for every model of this package; it knows no stage by name.
 
-Contract: ``model(**batch)`` returns ``loss``, ``loss_parts`` (each logged by name) and optionally ``metrics``;
-each micro-batch's loss is weighted by :func:`llm2vec.collator.loss_weight` over the step's token counts, so a
-step's gradient equals one big batch's; a model with ``step_in_parts`` runs its own chunked step
-(:mod:`llm2vec.chunked_steps`); a non-finite loss, loss part or gradient norm stops the run with
-:class:`TrainingDiverged` before the step is applied. Private overrides: :data:`PRIVATE_OVERRIDES`."""
+Contract: ``model(**batch)`` returns ``loss``, ``loss_parts`` and optionally ``metrics``; each micro-batch's loss is
+weighted over the step's token counts (:func:`llm2vec.collator.loss_weight`); a model with ``step_in_parts`` runs its
+own chunked step; a non-finite loss or gradient norm stops the run (:class:`TrainingDiverged`)."""
 
 from __future__ import annotations
 
@@ -216,11 +214,10 @@ class LLM2VecTrainer(Trainer):
     # ------------------------------------------------------------------ evaluation
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
-        """The model's own validation measures on the held-out pairs (``validation_metrics(model, pairs, collate,
-        args)``: Stage I's anchor gain, Stage II's validation loss and retrieval metrics), and the scores of the
-        retrieval folders when the run has them (:mod:`llm2vec.retrieval`), logged as ``eval_<name>``; the Trainer's
-        loss-only evaluation for a model with neither. Every process takes part and logs the same numbers (how the
-        work is shared: each model's ``validation_metrics``, :mod:`llm2vec.retrieval`)."""
+        """The model's own ``validation_metrics(model, pairs, collate, args)`` on the held-out pairs and the scores of the
+        retrieval folders, logged as ``eval_<name>``; the Trainer's loss-only evaluation for a model with neither.
+        Every process takes part and logs the same numbers.
+        """
         measure = getattr(self._encoder(), "validation_metrics", None)
         if measure is None and self.retrieval_evaluation is None:
             return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)

@@ -26,12 +26,12 @@ from pathlib import Path
 METHOD = (
     "llm2vec/loss/", "llm2vec/llm2vec.py", "llm2vec/encode_inputs.py", "llm2vec/llm2vec_q2d_d2q.py",
     "llm2vec/llm2vec_contrastive.py", "llm2vec/collator.py", "llm2vec/packing.py", "llm2vec/pooling.py",
-    "llm2vec/templates.py", "llm2vec/chat_turn.py", "llm2vec/chunked_steps.py",
+    "llm2vec/templates.py", "llm2vec/template_encoding.py", "llm2vec/chat_turn.py", "llm2vec/chunked_steps.py",
 )  # fmt: skip
 TRAINING = (
     "llm2vec/training.py", "llm2vec/trainer.py", "llm2vec/schedule.py", "llm2vec/distributed.py",
     "llm2vec/compat.py", "llm2vec/devices.py", "llm2vec/dataset/", "llm2vec/metrics_file.py",
-    "llm2vec/st_training.py",
+    "llm2vec/st_training.py", "llm2vec/st_model.py", "llm2vec/st_losses.py",
 )  # fmt: skip
 
 

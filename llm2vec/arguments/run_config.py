@@ -56,11 +56,8 @@ class RunConfig:
         return "off" if self.training.mixed_precision == "no" else self.training.mixed_precision
 
     def apply_precision_policy(self) -> None:
-        """Check ``torch_dtype`` against ``master_weights`` and keep pure bf16 pure under FSDP.
-
-        accelerate's FSDP casts trainable bf16 weights to float32 master copies whenever the Trainer's
-        mixed precision is on; with ``master_weights = bf16`` that mixed precision is switched off, so the
-        sharded weights, gradients and AdamW states stay bf16 as under DDP.
+        """Check ``torch_dtype`` against ``master_weights``; with ``master_weights = bf16`` switch the Trainer's mixed
+        precision off, so that FSDP keeps weights, gradients and AdamW states bf16.
         """
         model, args = self.model, self.training
         if not args.bf16:

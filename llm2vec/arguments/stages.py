@@ -1,8 +1,5 @@
-"""The fields of one stage: :class:`StageIArguments` (the reconstruction loss) and :class:`StageIIArguments` (the
-contrastive loss and LoRA), on the fields both have (:class:`_StageArguments`: the stage, the expected global
-batch, the early stop, what a start-up may replace or accept). :func:`argument_classes` gives a stage's four
-argument classes, transformers' ``TrainingArguments`` last.
-"""
+"""The fields of one stage: :class:`StageIArguments` and :class:`StageIIArguments` on :class:`_StageArguments`;
+:func:`argument_classes` gives a stage's four argument classes, transformers' ``TrainingArguments`` last."""
 
 from __future__ import annotations
 

@@ -38,12 +38,8 @@ class SourceStats:
 
 @dataclass
 class Arrangement:
-    """Where each example of each source goes, by position (the rule of :func:`arrange_global_batches`).
-
-    ``order[name]`` holds the positions ``0 .. n-1`` of the source's examples, shuffled; chunk ``k`` of a source is
-    ``order[name][k * g : (k + 1) * g]`` (``g`` the global batch); ``chunks`` lists ``(name, k)`` in training order;
-    ``dropped[name]`` counts the source's tail that fills no chunk. Positions are compact integers (``array``), so
-    millions of examples arrange without one Python object each.
+    """Where each example of each source goes, by position: ``order[name]`` the shuffled positions (chunk ``k`` is
+    ``order[name][k * g : (k + 1) * g]``), ``chunks`` the ``(name, k)`` in training order, ``dropped[name]`` the tail.
     """
 
     order: dict[str, array]
@@ -58,11 +54,8 @@ class Arrangement:
 
 
 def arrange_positions(sizes: dict[str, int], global_batch_size: int, seed: int) -> Arrangement:
-    """Arrange ``sizes[name]`` examples of each source into single-source chunks of ``global_batch_size``.
-
-    One seeded generator, the sources in sorted order: each source's positions are shuffled and cut into full
-    chunks, then the chunks of all sources are shuffled together. The shuffles depend only on the sizes, so the
-    order is the same whether the examples are a list or rows of a table.
+    """Arrange ``sizes[name]`` examples of each source into single-source chunks of ``global_batch_size``: seeded,
+    depending only on the sizes (the same for a list or a table's rows).
     """
     if not isinstance(global_batch_size, int) or global_batch_size < 1:
         raise ValueError(f"global_batch_size must be a positive integer, got {global_batch_size!r}")
@@ -93,16 +86,8 @@ def _arrange(
 def arrange_global_batches(
     examples_by_source: dict[str, list[TrainExample]], global_batch_size: int, seed: int
 ) -> list[TrainExample]:
-    """Order examples so that each consecutive block of ``global_batch_size`` is single-source.
-
-    Each source is shuffled, cut into full chunks of ``global_batch_size`` (the
-    incomplete tail of each source is dropped and the count logged), the chunks
-    of all sources are shuffled together, and concatenated. Deterministic for a
-    given seed and input.
-
-    The trainer must read the result in order (sequential sampler); with
-    ``global_batch_size = per_device_batch_size * world_size * gradient_accumulation_steps``
-    every optimisation step then sees examples of a single source.
+    """Order examples so that each consecutive block of ``global_batch_size`` is single-source: each source shuffled and
+    cut into full chunks (the tail dropped and logged), the chunks shuffled together; to be read in order.
     """
     arranged, dropped = _arrange(examples_by_source, global_batch_size, seed)
     _log_dropped(dropped, global_batch_size)
@@ -124,11 +109,8 @@ def _log_dropped(dropped: dict[str, int], global_batch_size: int) -> None:
 def record_counts(
     sizes: dict[str, int], dropped: dict[str, int], stats: dict[str, SourceStats], global_batch_size: int
 ):
-    """Log the dropped tails, fill each source's ``loaded`` / ``dropped_tail`` / ``kept`` counts (a source too small
-    for one global batch is logged), and refuse data in which no source fills one.
-
-    Raises:
-        DataError: when no source has enough examples for one global batch.
+    """Log the dropped tails and fill each source's ``loaded`` / ``dropped_tail`` / ``kept`` counts; a
+    :class:`DataError` when no source has enough examples for one global batch.
     """
     _log_dropped(dropped, global_batch_size)
     for name, n in sizes.items():
@@ -152,10 +134,8 @@ def record_counts(
 
 
 class TrainDataset(torch.utils.data.Dataset):
-    """The arranged training examples; item ``i`` is a :class:`TrainExample`.
-
-    Read it with a sequential sampler: the order is what keeps each global batch
-    single-source. Build it with :meth:`from_sources`.
+    """The arranged training examples (item ``i`` a :class:`TrainExample`), to be read with a sequential sampler;
+    build it with :meth:`from_sources`.
     """
 
     def __init__(
@@ -181,11 +161,8 @@ class TrainDataset(torch.utils.data.Dataset):
         stats: dict[str, SourceStats] | None = None,
         validation_size: float = 0,
     ) -> TrainDataset:
-        """Arrange ``examples_by_source`` into single-source global batches, after carving out the
-        validation slice (``validation_size``, :func:`hold_out`), kept as ``held_out``.
-
-        Raises:
-            DataError: when no source has enough examples for one global batch.
+        """Arrange ``examples_by_source`` into single-source global batches after carving out the validation slice
+        (``held_out``); a :class:`DataError` when no source fills one global batch.
         """
         stats = dict(stats or {})
         examples_by_source, held_out = hold_out(examples_by_source, validation_size, seed)
@@ -278,13 +255,8 @@ def held_out_positions(sizes: dict[str, int], size: float, seed: int) -> list[tu
 def hold_out(
     examples_by_source: dict[str, list[TrainExample]], size: float, seed: int
 ) -> tuple[dict[str, list[TrainExample]], list[TrainExample]]:
-    """Carve a validation slice out of the training examples before anything is arranged or trained.
-
-    ``size`` is a count (>= 1) or a fraction (0 < size < 1) of all examples; 0 carves nothing. The slice is
-    drawn with its own generator seeded by ``seed``, over the sources in sorted order and each source's
-    examples in file order, so it depends only on the data and the seed: the same on a resume and in
-    every process of a run. Returns the remaining examples by source and the slice, in a shuffled order
-    (so that the batches of the slice mix sources and topics).
+    """Carve a validation slice (``size``: a count >= 1, a fraction in (0, 1), or 0 for none) out of the examples
+    before anything is arranged, depending only on the data and ``seed``; returns the rest by source and the slice.
     """
     chosen = held_out_positions({n: len(e) for n, e in examples_by_source.items()}, size, seed)
     if not chosen:

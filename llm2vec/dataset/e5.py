@@ -125,20 +125,16 @@ def load_e5(
 
     Args:
         data_dir: folder holding the echo-embeddings ``.jsonl`` files.
-        global_batch_size: examples per optimisation step over all devices
-            (per-device batch x world size x gradient accumulation).
-        seed: seed of the shuffles in :func:`~llm2vec.dataset.base.arrange_global_batches`.
-        sources: keys of :data:`E5_SOURCES` to use; ``None`` means all of Table 6.
-        max_per_source: keep at most this many records of each source (the first
-            ones in the file), for quick runs.
-        require_negative: a record must have a non-empty hard negative (Stage II);
-            with False (Stage I uses (query, positive) pairs) the negative is kept
-            when present and ``None`` otherwise.
+        global_batch_size: examples per optimisation step over all devices (per-device x world x accumulation).
+        seed: seed of the shuffles (:func:`~llm2vec.dataset.base.arrange_global_batches`).
+        sources: keys of :data:`E5_SOURCES` to use; ``None``: all of Table 6.
+        max_per_source: keep at most this many (first) records of each source.
+        require_negative: a record must have a non-empty hard negative (Stage II); otherwise ``None`` when absent.
         validation_size: examples held out for validation (:func:`llm2vec.dataset.base.hold_out`).
 
     Raises:
-        DataError: an unknown source name (the config field ``e5_sources``), a file given as ``data_dir``, missing files (all listed in one error), a malformed line, or
-            not enough data for one global batch.
+        DataError: an unknown source, a file as ``data_dir``, missing files (all in one error), a malformed line,
+            or not enough data for one global batch.
     """
     names = list(E5_SOURCES) if sources is None else list(dict.fromkeys(sources))
     unknown = [n for n in names if n not in E5_SOURCES]

@@ -22,17 +22,15 @@ def load_jsonl(
     """Load JSON-lines files and arrange them into single-source global batches.
 
     Args:
-        paths: one file or a list of files; file stems must be distinct.
-        global_batch_size: examples per optimisation step over all devices.
-        seed: seed of the shuffles.
+        paths: one file or a list of files with distinct stems.
+        global_batch_size, seed: examples per optimisation step over all devices; seed of the shuffles.
         default_instruction: query instruction of lines without an ``instruction`` field.
         require_negative: every line must have a non-empty ``negative``.
         validation_size: examples held out for validation (:func:`llm2vec.dataset.base.hold_out`).
 
     Raises:
         ValueError: no paths, or two files with the same stem.
-        DataError: a folder where a file belongs, missing files (all listed in one error), a malformed
-            line, or not enough data for one global batch.
+        DataError: a folder for a file, missing files (all in one error), a malformed line, or too little data.
     """
     path_list = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     path_list = [os.fspath(p) for p in path_list]

@@ -19,12 +19,8 @@ class DataError(ValueError):
 
 @dataclass(frozen=True)
 class TrainExample:
-    """One training triple.
-
-    ``query_instruction`` is prepended to the query only (by the template code);
-    documents (positive, negative) never get an instruction. ``negative`` is
-    ``None`` when the example has no hard negative. ``source`` names the dataset
-    the example comes from; a global batch never mixes sources.
+    """One training triple: ``query_instruction`` goes to the query only; ``negative`` is ``None`` without a hard
+    negative; ``source`` names the dataset (a global batch never mixes sources).
     """
 
     query: str
@@ -37,12 +33,8 @@ class TrainExample:
 
 @dataclass(frozen=True)
 class RawRecord:
-    """A parsed, non-empty record of a JSON-lines file, before an instruction is chosen.
-
-    ``index`` is the 0-based position of the record among the file's records
-    (blank lines excluded, skipped-empty records included), so that choices made
-    by position (the alternating NLI / Quora instructions) do not shift when a
-    record is skipped. ``line`` is the 1-based line number.
+    """A parsed, non-empty record of a JSON-lines file, before an instruction is chosen: ``index`` is its 0-based
+    position among the file's records (skipped empty ones included), ``line`` its 1-based line number.
     """
 
     index: int
@@ -114,19 +106,12 @@ def read_jsonl_pairs(
 
     Args:
         path: the file.
-        require_negative: ``negative`` must be present and non-empty; otherwise it
-            is optional (absent, null or empty all mean "no negative").
-        read_instruction: take the optional per-line ``instruction`` field;
-            when False the field is ignored and ``RawRecord.instruction`` is None.
-        limit: stop after this many kept records (the rest of the file is not read).
-        fix: what to tell the user to do about a malformed line.
+        require_negative: ``negative`` must be non-empty; otherwise absent, null or empty mean "no negative".
+        read_instruction: take the per-line ``instruction`` (False: ``RawRecord.instruction`` is None).
+        limit: stop after this many kept records. fix: what to tell the user about a malformed line.
 
-    Returns:
-        The kept records in file order, and a :class:`FileReport`.
-
-    Raises:
-        DataError: on a malformed line, a file that cannot be decoded as UTF-8,
-            or a file in which no record survives.
+    Returns the kept records in file order and a :class:`FileReport`; raises :class:`DataError` on a malformed
+    line, a file that is not UTF-8, or a file in which no record survives.
     """
     report = FileReport(path=path)
     records: list[RawRecord] = []

@@ -93,16 +93,13 @@ class LLM2VecMTEBEncoder(AbsEncoder):
     """mteb encoder (``EncoderProtocol``) over one or more :class:`LLM2Vec` replicas.
 
     Args:
-        model: an ``LLM2Vec``, or a list of replicas of it (one per device) for multi-GPU encoding.
+        model: an ``LLM2Vec``, or a list of replicas of it (one per device).
         instructions: ``task name -> instruction``, or the path of such a JSON file.
-        model_name: the ``org/model`` name of the results folder (default: from the model's config path).
-        revision: the revision folder (default: a hash of the settings that change the embeddings). Both names
-            must be plain folder names (:class:`~llm2vec.evaluation.paths.PathNameError`).
+        model_name, revision: the results folders (defaults: from the config path; a hash of the settings),
+            plain folder names (:class:`~llm2vec.evaluation.paths.PathNameError`).
         allow_missing_instructions: encode a task with no instruction without one (a warning) instead of raising.
-        batch_size: default batch size when mteb's ``encode_kwargs`` give none.
-        identity: what defines this model's embeddings (base, adapter, pooling, dtype, ...): hashed into the default
-            revision, recorded as ``loader_kwargs``; its folders' files are fingerprinted into every result's key.
-        chunk_size: inputs per work item of the multi-replica path (default ``4 * batch_size``).
+        batch_size: when mteb's ``encode_kwargs`` give none; chunk_size: inputs per work item (``4 * batch_size``).
+        identity: what defines the embeddings: hashed into the default revision, fingerprinted into result keys.
     """
 
     @strict_booleans
@@ -316,11 +313,10 @@ class LLM2VecMTEBEncoder(AbsEncoder):
 def load_encoder(
     model_name: str, revision: str | None = None, device: str | None = None, **kwargs: Any
 ) -> LLM2VecMTEBEncoder:
-    """mteb's loader (``ModelMeta.load_model`` calls ``loader(name, revision=..., device=..., **loader_kwargs)``):
-    :meth:`LLM2VecMTEBEncoder.from_pretrained` of ``base_model_name_or_path`` (default ``model_name``, a folder or
-    hub id) and ``peft_model_name_or_path``, named ``model_name``, with the other keyword arguments of
-    ``from_pretrained``. ``instructions`` default: the task prompts of the model's ``llm2vec_config.json`` (an
-    export's, :func:`prompt_instructions`); tasks without one use their own instruction."""
+    """mteb's loader (``loader(name, revision=..., device=..., **loader_kwargs)``): the encoder from_pretrained of
+    ``base_model_name_or_path`` (default ``model_name``) and ``peft_model_name_or_path``; ``instructions`` default to
+    the task prompts of the model's ``llm2vec_config.json``.
+    """
     base = kwargs.pop("base_model_name_or_path", None) or model_name
     peft = kwargs.pop("peft_model_name_or_path", None)
     instructions = kwargs.pop("instructions", None)
@@ -353,13 +349,9 @@ def evaluate(
 ):
     """``mteb.evaluate`` of each task with the results cache in ``output_dir``.
 
-    A stored result is served (mteb's ``only-missing``) only when it records the key of what would be computed now
-    (:mod:`llm2vec.evaluation.result_keys`); otherwise, or with ``overwrite``, it is computed again and written over
-    (mteb's ``always``) with a warning saying why, and a failure then says why it was not reused. Each result file
-    written records its key.
-
-    Returns mteb's ``ModelResult`` (``task_results`` in the order of ``tasks``, and ``exceptions`` of failed tasks
-    unless ``raise_error``); the files are in :meth:`LLM2VecMTEBEncoder.results_folder`.
+    A stored result is served only when it records the key of what would be computed now
+    (:mod:`llm2vec.evaluation.result_keys`); otherwise, or with ``overwrite``, it is computed again, with a warning
+    saying why. Returns mteb's ``ModelResult`` (``task_results`` in the order of ``tasks``).
     """
     import mteb
     from mteb.results import ModelResult

@@ -49,10 +49,7 @@ def encode_on_replicas(
     show_progress_bar: bool = True,
 ) -> np.ndarray:
     """Embed ``[instruction, text]`` items on all ``replicas`` at once: float32, one row per item, input order.
-
-    ``chunk_size`` is the number of items per work unit (default ``4 * batch_size``). Every replica must
-    give the same embeddings as the others (copies of one model), or rows would depend on scheduling.
-    An exception in a worker stops the others after their current chunk and is raised here.
+    ``chunk_size``: items per work unit (``4 * batch_size``); a worker's exception is raised here.
     """
     if not replicas:
         raise ValueError("at least one replica is needed")

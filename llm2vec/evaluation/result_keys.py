@@ -114,11 +114,9 @@ def _changed_files(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> 
 
 
 def write_record(path: str | os.PathLike, record: Mapping[str, Any]) -> None:
-    """Add ``record`` to the result file at ``path`` under :data:`FIELD` (written whole, then renamed into place).
-
-    A file that records the same key already is left as it is: mteb served it without computing (a file mteb
-    writes, computed in full or merged with the splits it lacked, holds no record), and its ``recorded`` part
-    says how it was computed then."""
+    """Add ``record`` to the result file at ``path`` under :data:`FIELD` (written whole, then renamed into place); a
+    file that records the same key already is left as it is.
+    """
     path = Path(path)
     data = json.loads(path.read_text(encoding="utf-8"))
     stored = data.get(FIELD)

@@ -1,8 +1,5 @@
-"""Export a trained model as a sentence-transformers folder that embeds exactly as :meth:`LLM2Vec.encode`.
-
-Contract: ``SentenceTransformer(folder)`` loads it with no custom code; what cannot be exported is an
-:class:`ExportError` before anything is written; the folder is checked against ``LLM2Vec.encode`` (token ids and
-embeddings) before it is renamed into place."""
+"""Export a trained model as a sentence-transformers folder that embeds exactly as :meth:`LLM2Vec.encode`: loaded
+with no custom code, refused (:class:`ExportError`) before anything is written, checked before it is published."""
 
 from __future__ import annotations
 

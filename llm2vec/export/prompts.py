@@ -54,11 +54,10 @@ class ExportedPrompt:
 
 
 def template_prompt(encoder: LLM2Vec, name: str, instruction: str, layout: str = CHAT_LAYOUT) -> ExportedPrompt:
-    """The prompt of ``instruction``. Chat layout: the instruction itself (the chat template adds the rest). Text
-    layout: the template's opening with the instruction (the string whose ids ``templates.encode`` puts before the
-    text), :data:`TEXT_MARKER`, the spaces that end that string (they start the text piece, where a sentencepiece
-    dummy prefix would otherwise be missing), :data:`STRIP_MARKER`. Whether the exported tokenizer gives exactly
-    the ids of ``templates.encode`` is checked by :func:`verify_export` before anything is written."""
+    """The prompt of ``instruction``: in the chat layout the instruction itself; in the text layout the template's
+    opening with the instruction, :data:`TEXT_MARKER`, its trailing spaces and :data:`STRIP_MARKER` (checked against
+    ``templates.encode`` by :func:`verify_export`).
+    """
     tokenizer = encoder.tokenizer
     (encoded,) = templates.encode(tokenizer, encoder.template, [(instruction, "x")], max_length=1 << 30)
     ids = list(encoded.input_ids)
@@ -123,13 +122,9 @@ class QueryInstruction:
 def resolve_query_instruction(
     given: str | None, run_config: Mapping | None, run_folder: str | None
 ) -> QueryInstruction:
-    """The ``query`` prompt's instruction: ``given`` when it is a string (``""`` exports an empty ``query`` prompt,
-    with a warning: ``encode_query`` then equals ``encode_document``); otherwise the one instruction the run in
-    ``run_folder`` trained its queries with (:func:`llm2vec.provenance.trained_query_instructions`).
-
-    Raises :class:`ExportError` when ``given`` is None and that instruction is not one non-empty string: no run
-    config, data that cannot be read back, queries trained without an instruction, or several instructions
-    (E5's sources); the message lists what the run used and says to pass ``query_instruction``.
+    """The ``query`` prompt's instruction: ``given`` when it is a string (``""``: an empty prompt, with a warning);
+    otherwise the one instruction the run in ``run_folder`` trained its queries with. Raises :class:`ExportError`,
+    listing what the run used, when that is not one non-empty string.
     """
     fix = (
         'pass query_instruction (--query_instruction "...") with the instruction queries should get, or '

@@ -24,12 +24,9 @@ def _jinja_literal(text: str) -> str:
 def export_chat_template(spec: templates.TemplateSpec, closing: str | None = None) -> str:
     """A chat template that renders what :func:`templates.encode` tokenizes, for sentence-transformers' message path.
 
-    It accepts ``[user]`` (no instruction) or ``[system, user]`` (the system message is the instruction, which is
-    how sentence-transformers passes ``prompt=``), both with string contents, and renders
-    ``body + TEXT_MARKER + lead + text.strip() + TEXT_MARKER + closing``: ``body`` is ``opening +
-    join_instruction(instruction, separator)`` without its trailing spaces, ``lead`` those spaces (left out for an
-    empty text, as ``templates.encode`` does). Every other conversation raises, naming what it got. Opening,
-    separator and closing are read from ``spec`` (``closing`` renders the closing otherwise); no family is named here.
+    It accepts ``[user]`` or ``[system, user]`` (the system message is the instruction) with string contents and
+    renders ``body + TEXT_MARKER + lead + text.strip() + TEXT_MARKER + closing`` from ``spec``; any other
+    conversation raises, naming what it got.
     """
     turn = spec.turn()
     if closing is not None:
@@ -96,11 +93,10 @@ def fitting_chat_template(spec: templates.TemplateSpec, tokenizer) -> str:
 def export_tokenizer(
     tokenizer, suffix_ids: Sequence[int], max_length: int, chat_template: str | None = None, pad: str | None = None
 ):
-    """A copy of ``tokenizer`` that splits its input at :data:`TEXT_MARKER`, truncates and pads right (with ``pad``
-    as its pad token where it has none: :func:`llm2vec.templates.pad_token`), and carries
-    ``chat_template`` (the chat layout's) or none (the text layout). In the text layout it also strips the text
-    (:data:`STRIP_MARKER`) and appends ``suffix_ids`` when called with special tokens. Input without the markers
-    tokenizes as with ``tokenizer`` when called without special tokens (the module docstring)."""
+    """A copy of ``tokenizer`` that splits its input at :data:`TEXT_MARKER`, truncates and pads right (``pad`` where it
+    has no pad token) and carries ``chat_template`` (the chat layout) or none (the text layout, which also strips the
+    text and appends ``suffix_ids``); input without the markers tokenizes as with ``tokenizer``.
+    """
     import copy
 
     from tokenizers import Regex, normalizers, pre_tokenizers, processors
@@ -157,13 +153,9 @@ def _pipeline(tokenizer) -> dict[str, Any]:
 
 
 def tokenizer_loading_kwargs(folder: Path, saved) -> dict[str, Any]:
-    """``processor_kwargs`` under which ``AutoTokenizer`` reads the saved tokenizer with its exported pipeline.
-
-    transformers 5 rebuilds the normalizer and pre-tokenizer of some model types from code (Qwen2's
-    ``Qwen2Tokenizer``, whatever ``tokenizer.json`` says), which drops the split at :data:`TEXT_MARKER`. For
-    those, ``tokenizer_type`` names a model type whose tokenizer class is the generic ``TokenizersBackend``,
-    which loads ``tokenizer.json`` unchanged (the model type's own pipeline is in that file: it was saved from
-    the tokenizer LLM2Vec uses).
+    """``processor_kwargs`` under which ``AutoTokenizer`` reads the saved tokenizer with its exported pipeline: for a
+    model type whose tokenizer transformers rebuilds from code (dropping the split at :data:`TEXT_MARKER`),
+    ``tokenizer_type`` names one whose class loads ``tokenizer.json`` unchanged.
     """
     from transformers import AutoTokenizer
     from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES

@@ -83,11 +83,9 @@ def verify_export(
 ) -> dict[str, Any]:
     """Load ``folder`` with ``SentenceTransformer`` and compare token ids (every prompt) and embeddings.
 
-    ``encoder_ids``: label -> the ids ``templates.encode`` gives for ``texts``; ``reference``: label ->
-    ``LLM2Vec.encode`` embeddings of ``texts`` for the labels whose embeddings are checked. A label is an exported
-    prompt's name, or a key of ``adhoc`` (label -> an instruction passed as ``prompt=`` as it is: the chat
-    layout's ad-hoc prompts), whose check also requires that a conversation of two user turns is refused. Returns the smallest cosine;
-    raises :class:`ExportError` on any difference.
+    ``encoder_ids``: label -> ``templates.encode`` ids of ``texts``; ``reference``: label -> ``LLM2Vec.encode``
+    embeddings; ``adhoc``: label -> an instruction passed as ``prompt=`` (two user turns must then be refused).
+    Returns the smallest cosine; raises :class:`ExportError` on any difference.
     """
     from sentence_transformers import SentenceTransformer
 

@@ -130,40 +130,27 @@ def export_sentence_transformers(
     trust_remote_code: bool = False,
     accept_other_base: bool = False,
 ) -> dict[str, Any]:
-    """Write a sentence-transformers folder to ``output_dir`` (see the package docstring); returns a summary.
+    """Write a sentence-transformers folder to ``output_dir`` (layouts: docs/design.md); returns a summary.
 
     Args:
         base_model_name_or_path, peft_model_name_or_path: as :meth:`LLM2Vec.load`; the adapter is merged.
-        instructions: prompt name -> instruction (e.g. mteb task name -> its instruction).
-        task_to_instructions_fp, tasks: read ``instructions`` from a ``task -> instruction`` JSON file,
-            keeping the named ``tasks`` (all entries when ``tasks`` is None or ``["all"]``).
-        query_instruction: the instruction of the ``query`` prompt (``encode_query``). None: the one instruction
-            the run trained its queries with, read through its ``run_config.json`` (the adapter's, else the
-            base's); an :class:`ExportError` when that is not one non-empty instruction
-            (:func:`~llm2vec.export.prompts.resolve_query_instruction`). ``""``: an empty ``query`` prompt, with a
-            warning.
+        instructions: prompt name -> instruction; or read them from ``task_to_instructions_fp``, keeping
+            ``tasks`` (all when None or ``["all"]``).
+        query_instruction: the ``query`` prompt's instruction; None: the one the run trained with (an
+            :class:`ExportError` when that is not one non-empty instruction); ``""``: empty, with a warning.
         pooling_mode, max_length, template: override the saved ``llm2vec_config.json``.
-        normalize: add a ``Normalize`` module (unit-length embeddings; cosine = dot product).
-        dtype: dtype of the saved weights; default the base checkpoint's (float32 if it names none).
-        mteb_results: folders of mteb result files, shown in the model card (Table 1 layout).
-        mteb_tasks_file: the tasks file that groups ``mteb_results`` into categories (needed with them).
-        verify_embeddings: also compare embeddings (loads the model a second time); token ids are always
-            compared.
-        device: where the check embeds (both models); default the GPU when there is one.
-        overwrite: replace a previous export in ``output_dir`` (and nothing else: :mod:`llm2vec.run.plan`).
-        named_prompts_only: write the text layout (module docstring), where only the exported prompts embed
-            exactly and an ad-hoc ``prompt=`` string silently gives other vectors; required for ``mean`` pooling.
-            Default: the chat layout, where any instruction passed as ``prompt=`` embeds as ``LLM2Vec.encode``.
-        trust_remote_code: let the model folder's own code run while reading it (:mod:`llm2vec.model_files`;
-            refused by default). The exported folder is read back without it.
-        accept_other_base: load an adapter whose ``run_config.json`` records another base model, with a warning
-            (:func:`llm2vec.model_files.check_adapter`; refused by default).
+        normalize: add a ``Normalize`` module. dtype: of the saved weights (default the base's, else float32).
+        mteb_results, mteb_tasks_file: result folders shown in the model card, and the tasks file grouping them.
+        verify_embeddings: also compare embeddings (token ids are always compared); device: where.
+        overwrite: replace a previous export in ``output_dir`` (and nothing else).
+        named_prompts_only: the text layout (only the exported prompts embed exactly; required for ``mean``).
+        trust_remote_code, accept_other_base: refused by default (:mod:`llm2vec.model_files`).
     """
     check_model_files(base_model_name_or_path, peft_model_name_or_path, trust_remote_code, accept_other_base)
     output_dir = Path(output_dir)
     read = [("base model", base_model_name_or_path), ("adapter", peft_model_name_or_path)]
     read += [("instructions file", task_to_instructions_fp), *[("mteb results folder", r) for r in mteb_results]]
-    check_export_target(output_dir, overwrite, read)  # the lock and rules of a run's folder (llm2vec.run.plan)
+    check_export_target(output_dir, overwrite, read)  # the lock and rules of a run's folder (llm2vec.run.target)
     for folder in {output_dir, next(p for p in output_dir.absolute().parents if p.exists())}:  # before the model loads
         if folder.exists() and not os.access(folder, os.W_OK | os.X_OK):
             raise ExportError(f"output_dir {output_dir}: cannot write in {folder} (permissions or a read-only mount)")

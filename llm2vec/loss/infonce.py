@@ -18,38 +18,18 @@ def autocast_off(device: torch.device):
 class InfoNCELoss(nn.Module):
     """Contrastive loss of queries against the positives and hard negatives of the whole global batch.
 
-    Inputs (this process's slice of the global batch, B examples):
-        query:    (B, H) query embeddings e_Q.
-        positive: (B, H) embeddings of each query's positive document D+.
-        negative: (B, H) embeddings of each query's hard negative, or ``None`` (in-batch negatives only).
+    Inputs (this process's slice, B examples): ``query``, ``positive`` (B, H) and ``negative`` (B, H) or
+    ``None`` (in-batch negatives only). With ``scale = 1 / tau`` and C = all positives then all hard negatives
+    of the global batch (gathered in rank order; query i's target is candidate ``rank * B + i``):
 
-    Similarity (Eq. 7), with ``scale = 1 / tau``:
+        sim(Q, D) = scale * <e_Q / |e_Q|, e_D / |e_D|>                          (Eq. 7)
+        l_i = -log( exp(sim(Q_i, D+_i)) / sum_{D in C} exp(sim(Q_i, D)) )      (Eq. 6)
 
-        sim(Q, D) = cos(e_Q, e_D) / tau = scale * <e_Q / |e_Q|, e_D / |e_D|>
-
-    Candidates: C = [ all positives of the global batch ; all hard negatives of the global batch ]
-    (gathered over data-parallel processes, each part in rank order; :mod:`llm2vec.distributed`). For
-    query i its own positive is the target; every other entry of C (the other queries' positives and all
-    hard negatives, its own included) is a negative D- (Eq. 6):
-
-        l_i = -log( exp(sim(Q_i, D+_i)) / sum_{D in C} exp(sim(Q_i, D)) )
-
-    The loss is the mean of l_i over this process's B queries, i.e. a cross-entropy over the rows of
-    the (B, |C|) score matrix with label ``rank * B + i``. Averaged over processes (DDP's gradient
-    average) this is the mean over all queries of the global batch.
-
-    Precision: the normalisation, the score matmul, the softmax and the cross-entropy run in float32 with
-    autocast switched off, whatever the embeddings' dtype and whatever autocast surrounds the call (bf16 has 8
-    bits of mantissa, coarse on scores of magnitude up to ``scale``). So the plain step, whose loss is computed
-    inside the model's ``forward`` under the Trainer's autocast, and the gradient-cached step, whose loss is
-    computed outside it, give the same float32 loss.
-
-    ``gather=False`` (``scores`` and ``forward``) takes the given embeddings as the whole batch: nothing is
-    gathered and query i's target is candidate i (the validation loss, whose embeddings are gathered already).
+    The loss is the mean of l_i over this process's queries, computed in float32 with autocast off.
+    ``gather=False`` takes the given embeddings as the whole batch (query i's target is candidate i).
 
     Args:
-        scale: 1 / tau. The paper fixes tau = 0.05, so 20 (the default); the authors' code used 50
-            (tau = 0.02) without stating it.
+        scale: 1 / tau; the paper's tau = 0.05 gives 20 (the default).
     """
 
     def __init__(self, scale: float = 20.0):

@@ -37,14 +37,12 @@ def _liger_nll(lm_head: nn.Linear, hidden, targets):
 def linear_cross_entropy_sum(
     hidden: torch.Tensor, lm_head: nn.Module, targets: torch.Tensor, chunk_rows: int = 0, fused: bool = True
 ) -> torch.Tensor:
-    """sum_i -log softmax(lm_head(hidden_i))[targets_i] in float32 (see the module docstring).
+    """sum_i -log softmax(lm_head(hidden_i))[targets_i] in float32.
 
     Args:
-        hidden: (N, H) hidden states at the target positions.
-        lm_head: the LM's output layer, called on each block (so its hooks and wrappers run as usual).
-        targets: (N,) target ids.
-        chunk_rows: rows per block of logits; 0 computes all N rows at once (the plain path).
-        fused: with ``chunk_rows > 0``, use Liger's fused kernel when :func:`liger_available`.
+        hidden: (N, H) hidden states at the target positions; targets: (N,) target ids.
+        lm_head: the LM's output layer, called on each block (its hooks and wrappers run as usual).
+        chunk_rows: rows per block of logits (0: all at once); fused: Liger's kernel when :func:`liger_available`.
     """
     if chunk_rows < 0:
         raise ValueError(f"chunk_rows must be >= 0, got {chunk_rows}")

@@ -26,10 +26,8 @@ def reconstruction_states(
     input_dropout: float = 0.0,
     prefix_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The padded reconstruction pass: (B, M, H) final-layer states, row t predicting ``target_ids[:, t]``.
-
-    The decoder reads ``[Embed(prefix) ; e_X ; Embed(y_1) ; ... ; Embed(y_m)]``; the state at the anchor predicts
-    y_1 and the state at Embed(y_t) predicts y_{t+1}. Arguments as in :func:`reconstruction_nll`.
+    """The padded reconstruction pass over ``[Embed(prefix) ; e_X ; Embed(y_1) ; ... ; Embed(y_m)]``: (B, M, H)
+    final-layer states, row t predicting ``target_ids[:, t]``. Arguments as in :func:`reconstruction_nll`.
     """
     embed = decoder.get_input_embeddings()
     target_embeds = drop_target_inputs(embed(target_ids), input_dropout)
@@ -55,19 +53,15 @@ def reconstruction_nll(
     input_dropout: float = 0.0,
     prefix_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Sum over a batch of -log P(y_t | anchor, y_<t): the reconstruction pass above.
+    """Sum over a batch of -log P(y_t | anchor, y_<t): the reconstruction pass.
 
     Args:
-        decoder: the decoder body (``inputs_embeds`` -> ``last_hidden_state``), the one that made ``anchor``.
+        decoder: the decoder body (``inputs_embeds`` -> ``last_hidden_state``) that made ``anchor``.
         lm_head: the causal LM's output layer.
-        anchor: (B, H) anchor embeddings.
-        target_ids: (B, M) right-padded target token ids.
-        target_mask: (B, M) 1 on real targets, 0 on padding.
-        logit_chunk_rows: 0 builds the logits of all target rows at once; R > 0 builds them R rows at a time
-            (:func:`llm2vec.loss.linear_cross_entropy.linear_cross_entropy_sum`, the same sum).
-        input_dropout: share of the teacher-forced target inputs replaced by zero vectors
-            (:func:`drop_target_inputs`; 0: the paper's pass).
-        prefix_ids: token ids read before the anchor (:func:`anchor_block`; ``None``: the paper's pass).
+        anchor: (B, H) anchor embeddings; target_ids, target_mask: (B, M) right-padded targets and their mask.
+        logit_chunk_rows: 0 builds all logits at once; R > 0 builds them R rows at a time (the same sum).
+        input_dropout: share of teacher-forced target inputs replaced by zero vectors (0: the paper's pass).
+        prefix_ids: token ids read before the anchor (``None``: the paper's pass).
     """
     hidden = reconstruction_states(decoder, anchor, target_ids, target_mask, input_dropout, prefix_ids)
     predicting = target_mask.bool()
@@ -98,11 +92,8 @@ def packed_reconstruction_nll(
     input_dropout: float = 0.0,
     prefix_ids: torch.Tensor | None = None,
 ) -> list[torch.Tensor]:
-    """:func:`reconstruction_nll` of several reconstruction passes, each ``(anchor, target_ids, target_mask)``
-    as there, run as one packed decoder call; returns one sum per pass.
-
-    Pair b of a pass is the sequence [anchor_b ; Embed(y_1) ; ... ; Embed(y_m)] at positions 0..m; its
-    states at positions 0..m-1 predict y_1..y_m, its last state predicts nothing.
+    """:func:`reconstruction_nll` of several passes, each ``(anchor, target_ids, target_mask)``, run as one packed
+    decoder call; returns one sum per pass.
     """
     embed = decoder.get_input_embeddings()
     pieces, positions, predicting, labels = [], [], [], []
@@ -128,11 +119,8 @@ def packed_reconstruction_nll(
 
 
 def anchor_block(embed: nn.Module, anchor: torch.Tensor, prefix_ids: torch.Tensor | None) -> torch.Tensor:
-    """The reconstruction input before the targets, (B, k + 1, H): ``[Embed(p_1..p_k) ; e_X]``.
-
-    The paper's pass has no prefix (k = 0): the anchor sits at position 0, where a decoder's attention
-    sink usually is. ``prefix_ids`` (k,) puts k fixed tokens first (an option, not the paper's pass), so
-    that the anchor is read at position k instead.
+    """The reconstruction input before the targets, (B, k + 1, H): ``[Embed(p_1..p_k) ; e_X]``; the paper's pass has
+    no prefix (k = 0, the anchor at position 0).
     """
     block = anchor[:, None, :]
     if prefix_ids is None or len(prefix_ids) == 0:
@@ -142,10 +130,8 @@ def anchor_block(embed: nn.Module, anchor: torch.Tensor, prefix_ids: torch.Tenso
 
 
 def drop_target_inputs(target_embeds: torch.Tensor, p: float) -> torch.Tensor:
-    """Word dropout on the decoder's teacher-forced inputs (an option, not the paper's pass): each target
-    input embedding Embed(y_t) is replaced by a zero vector with probability ``p``; the targets predicted
-    stay the same. A decoder that cannot lean on the previous targets has to read the anchor (the remedy
-    of Bowman et al., 2016, for text VAEs whose decoder ignores the latent). ``p = 0`` returns the input.
+    """Word dropout on the teacher-forced inputs (an option, not the paper's pass): each Embed(y_t) becomes a zero
+    vector with probability ``p``; the targets stay the same. ``p = 0`` returns the input.
     """
     if p <= 0.0:
         return target_embeds
@@ -154,11 +140,9 @@ def drop_target_inputs(target_embeds: torch.Tensor, p: float) -> torch.Tensor:
 
 
 class WithoutWeightGradient(nn.Module):
-    """``module`` run with its parameters detached (``torch.func.functional_call``): gradients reach its inputs,
-    never its weights. The reconstruction pass under ``stop_decoder_gradient`` (an option, not the paper's):
-    the decoder cannot lower the reconstruction loss by learning to predict the targets without the anchor,
-    only the encoding pass can, by what it puts into the anchor. The weights are shared, so the decoder still
-    changes as the encoder does. Not for FSDP-sharded modules (their parameters are gathered by hooks)."""
+    """``module`` run with its parameters detached (``torch.func.functional_call``): gradients reach its inputs, never
+    its weights (``stop_decoder_gradient``, an option). Not for FSDP-sharded modules.
+    """
 
     def __init__(self, module: nn.Module):
         super().__init__()
@@ -178,23 +162,19 @@ def target_counts(query_targets: dict, positive_targets: dict) -> dict[str, torc
 
 
 class ReconstructionLoss(nn.Module):
-    """Eq. 5 over a batch of pairs, each direction a token mean (see the module docstring).
+    """Eq. 5 over a batch of pairs, each direction a token mean:
+    ``L = alpha * L_Q2D + (1 - alpha) * L_D2Q`` (docs/design.md).
 
     Args:
         alpha: weight of EBQ2D; ``1 - alpha`` weighs EBD2Q. The paper uses 0.2.
-        logit_chunk_rows: LM-head logits built this many target rows at a time (0: all at once); the same
-            loss and gradients, with at most one block of logits in memory (:func:`reconstruction_nll`).
+        logit_chunk_rows: build the LM-head logits this many target rows at a time (0: all); the same loss.
         packed: both directions in one packed decoder call (:func:`packed_reconstruction_nll`).
-        input_dropout: in training mode, the share of teacher-forced target inputs zeroed
-            (:func:`drop_target_inputs`); an option, 0 (the paper) by default; never applied in eval mode.
-        prefix_ids: token ids read before the anchor in every reconstruction pass (:func:`anchor_block`);
-            an option, none (the paper) by default.
-        stop_decoder_gradient: run the reconstruction pass with the decoder's weights detached
-            (:class:`WithoutWeightGradient`); an option, off (the paper) by default.
+        input_dropout: in training mode, the share of teacher-forced target inputs zeroed (0, the paper's).
+        prefix_ids: token ids read before the anchor (:func:`anchor_block`; none, the paper's).
+        stop_decoder_gradient: the reconstruction pass with the decoder's weights detached (off, the paper's).
 
-    ``forward(decoder, lm_head, query_embedding, document_embedding, query_targets, positive_targets,
-    counts)`` returns ``(loss, parts)`` with ``parts = {"q2d": L_Q2D, "d2q": L_D2Q}`` (the directions
-    computed). ``counts`` defaults to the batch's own :func:`target_counts`.
+    ``forward(decoder, lm_head, query_embedding, document_embedding, query_targets, positive_targets, counts)``
+    returns ``(loss, {"q2d": L_Q2D, "d2q": L_D2Q})``; ``counts`` defaults to the batch's :func:`target_counts`.
     """
 
     def __init__(

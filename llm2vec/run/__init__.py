@@ -2,15 +2,9 @@
 
 from .folder import RUN_CONFIG_NAME, CheckpointError, newest_checkpoint
 from .lock import RunLocked
-from .plan import (
-    ExportFolderError,
-    RunManager,
-    check_export_target,
-    claim_export_folder,
-    folder_holds,
-    without_resume,
-)
+from .plan import RunManager, without_resume
 from .saves import staged_checkpoint
+from .target import ExportFolderError, check_export_target, claim_export_folder, folder_holds
 
 __all__ = [
     "RUN_CONFIG_NAME",
