@@ -49,8 +49,6 @@ class LLM2VecContrastive(LLM2Vec):
         """The Stage II model of a run config (:class:`llm2vec.arguments.StageIIArguments`): the decoder body
         (a hub id, or a Stage I folder whose LM head is left out), with ``peft_model_name_or_path`` merged
         into it, and fresh trainable LoRA adapters; everything else frozen."""
-        from peft import LoraConfig, TaskType
-
         model = cls.load(
             model_args.model_name_or_path,
             stage_args.peft_model_name_or_path,
@@ -66,15 +64,7 @@ class LLM2VecContrastive(LLM2Vec):
             trust_remote_code=model_args.trust_remote_code,
             accept_other_base=stage_args.accept_other_base,
         )
-        lora = LoraConfig(
-            r=stage_args.lora_r,
-            lora_alpha=stage_args.lora_alpha,
-            lora_dropout=stage_args.lora_dropout,
-            target_modules=list(stage_args.lora_target_modules),
-            bias="none",
-            task_type=TaskType.FEATURE_EXTRACTION,
-        )
-        model.model = add_lora(model.model, lora)
+        model.model = add_lora(model.model, lora_config(stage_args))
         return model
 
     def describe(self) -> str:
@@ -144,6 +134,21 @@ class LLM2VecContrastive(LLM2Vec):
             no_sync,
         )
         return ContrastiveOutput(loss, by_side["query"], by_side["positive"], by_side.get("negative"))
+
+
+def lora_config(stage):
+    """The paper's LoRA from a Stage II config's fields (``lora_r``, ``lora_alpha``, ``lora_dropout``,
+    ``lora_target_modules``), for the decoder body as a feature extractor."""
+    from peft import LoraConfig, TaskType
+
+    return LoraConfig(
+        r=stage.lora_r,
+        lora_alpha=stage.lora_alpha,
+        lora_dropout=stage.lora_dropout,
+        target_modules=list(stage.lora_target_modules),
+        bias="none",
+        task_type=TaskType.FEATURE_EXTRACTION,
+    )
 
 
 def add_lora(model, lora):

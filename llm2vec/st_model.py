@@ -97,17 +97,3 @@ def separator(model, value: str) -> Iterator[None]:
         yield
     finally:
         model.tokenizer.chat_template = before
-
-
-def lora_config(stage):
-    """The LoRA of :meth:`LLM2VecContrastive.build` from a Stage II config's fields."""
-    from peft import LoraConfig, TaskType
-
-    return LoraConfig(
-        r=stage.lora_r,
-        lora_alpha=stage.lora_alpha,
-        lora_dropout=stage.lora_dropout,
-        target_modules=list(stage.lora_target_modules),
-        bias="none",
-        task_type=TaskType.FEATURE_EXTRACTION,
-    )

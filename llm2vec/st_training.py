@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from .arguments import ConfigError, RunConfig
+from .llm2vec_contrastive import lora_config  # noqa: F401
 from .st_losses import (  # noqa: F401  (re-exported: the path's public names import from here)
     DEFAULT_LOSS,
     TRAINABLE_LOSSES,
@@ -24,7 +25,7 @@ from .st_losses import (  # noqa: F401  (re-exported: the path's public names im
     check_loss_arguments,
     check_model_paths,
 )
-from .st_model import lora_config, sentence_transformer, separator, set_separator  # noqa: F401
+from .st_model import sentence_transformer, separator, set_separator  # noqa: F401
 
 logger = logging.getLogger("llm2vec")
 
@@ -169,13 +170,8 @@ def _trainer_class():
         def _save_checkpoint(self, model, trial) -> None:  # staged and listed, as the project trainer's
             from .run import staged_checkpoint
 
-            run_dir = self.args.output_dir
-            with staged_checkpoint(self, run_dir) as staging:
-                self.args.output_dir = str(staging)
-                try:
-                    super()._save_checkpoint(model, trial)
-                finally:
-                    self.args.output_dir = run_dir
+            with staged_checkpoint(self):
+                super()._save_checkpoint(model, trial)
 
         def _save(self, output_dir=None, state_dict=None):
             from .model_card import write_training_card

@@ -250,13 +250,8 @@ class LLM2VecTrainer(Trainer):
         """The Trainer's checkpoint, written into a staging folder (``args.output_dir`` while it is written) and
         renamed into place when complete."""
         self.check_weights_finite(f"checkpoint-{self.state.global_step} was not written")
-        run_dir = self.args.output_dir
-        with staged_checkpoint(self, run_dir) as staging:
-            self.args.output_dir = str(staging)
-            try:
-                super()._save_checkpoint(model, trial)
-            finally:
-                self.args.output_dir = run_dir
+        with staged_checkpoint(self):
+            super()._save_checkpoint(model, trial)
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         """Load the weights saved by ``_save`` into the wrapped transformers model (strictly); weights that cannot be

@@ -73,11 +73,19 @@ def _staged(trainer, root: Path, folder: Path, publish) -> Iterator[Path]:
     trainer.accelerator.wait_for_everyone()
 
 
-def staged_checkpoint(trainer, run_dir: str):
-    """Yield the folder the Trainer writes ``checkpoint-<step>`` into; then publish it and rotate old ones out."""
-    run_dir, name = Path(run_dir), f"checkpoint-{trainer.state.global_step}"
+@contextlib.contextmanager
+def staged_checkpoint(trainer) -> Iterator[Path]:
+    """Inside the block the Trainer's ``args.output_dir`` is a staging folder, so that its ``_save_checkpoint`` writes
+    ``checkpoint-<step>`` there; then it is published and old ones rotated out, and ``args.output_dir`` restored."""
+    before = trainer.args.output_dir
+    run_dir, name = Path(before), f"checkpoint-{trainer.state.global_step}"
     staging = run_dir / f".{name}.staging.tmp"
-    return _staged(trainer, staging, staging, lambda: _publish_checkpoint(trainer, staging / name, run_dir))
+    with _staged(trainer, staging, staging, lambda: _publish_checkpoint(trainer, staging / name, run_dir)):
+        trainer.args.output_dir = str(staging)
+        try:
+            yield staging
+        finally:
+            trainer.args.output_dir = before
 
 
 def _publish_checkpoint(trainer, staged: Path, run_dir: Path) -> None:
