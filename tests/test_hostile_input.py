@@ -509,14 +509,7 @@ def test_a_model_folder_s_code_never_runs_in_training_evaluation_or_export(evil_
         print("trusted", os.path.exists({str(marker)!r}), flush=True)
         """
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", script],
-        input="y\n" * 20,
-        capture_output=True,
-        text=True,
-        env=subprocess_env(HF_MODULES_CACHE=str(tmp_path / "modules")),
-        timeout=600,
-    )
+    proc = answering_yes(script, tmp_path)
     report = proc.stdout.split("\n")
     assert report[:3] == ["training 2 False", "evaluation 2 False", "export 2 False"], proc.stdout + proc.stderr
     for err in proc.stderr.split("---")[:3]:
@@ -524,6 +517,14 @@ def test_a_model_folder_s_code_never_runs_in_training_evaluation_or_export(evil_
         assert f"model {folder}: its config.json names custom code to run" in line, line
         assert "evil_code.EvilModel" in line and "--trust_remote_code" in line, line
     assert report[3] == "trusted True", proc.stdout + proc.stderr
+
+
+def answering_yes(script: str, tmp_path):
+    """``python -c script`` with "y" on standard input to every prompt (transformers' "run the custom code?")."""
+    env = subprocess_env(HF_MODULES_CACHE=str(tmp_path / "modules"))
+    return subprocess.run(
+        [sys.executable, "-c", script], input="y\n" * 20, capture_output=True, text=True, env=env, timeout=600
+    )
 
 
 def test_a_model_folder_named_in_loss_kwargs_runs_no_code(evil_model, model, tmp_path):
@@ -540,14 +541,7 @@ def test_a_model_folder_named_in_loss_kwargs_runs_no_code(evil_model, model, tmp
             f"import sys; from llm2vec.training import main; "
             f"sys.exit(main('II', {argv!r} + ['--loss', {loss!r}, '--loss_kwargs', {json.dumps(kwargs)!r}]))"
         )
-        proc = subprocess.run(
-            [sys.executable, "-c", script],
-            input="y\n" * 20,
-            capture_output=True,
-            text=True,
-            env=subprocess_env(HF_MODULES_CACHE=str(tmp_path / "modules")),
-            timeout=600,
-        )
+        proc = answering_yes(script, tmp_path)
         line = one_line(proc.stderr)
         assert proc.returncode == 2 and not marker.exists(), proc.stderr
         key = "decoder_name_or_path" if "decoder_name_or_path" in kwargs else "guide"
