@@ -2,7 +2,7 @@
 tokenizer, config and published chat template, ``llm2vec/published/``) and, written out by hand from each published
 chat template, the user turn a derived family must have."""
 
-from llm2vec.testing import PUBLISHED, build_tokenizer, published_chat_template, tiny_config
+from llm2vec.testing import PUBLISHED, build_tokenizer, published_chat_template, tiny_config  # noqa: F401
 
 # name -> (opening, closing, anchor) of the user turn, written out from the published chat template.
 CHAT_FAMILIES = {
@@ -14,7 +14,6 @@ CHAT_FAMILIES = {
     "mistral_v03": ("<s>[INST] ", "[/INST]</s>", "</s>"),
     "llama3_0": ("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n", "<|eot_id|>", "<|eot_id|>"),
 }
-PUBLISHED = PUBLISHED
 
 
 def published(name: str) -> str:

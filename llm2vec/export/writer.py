@@ -192,11 +192,11 @@ def export_sentence_transformers(
     suffix_ids = next(iter(prompts.values())).suffix_ids
     pad = pad_token(encoder.tokenizer, encoder.template)
     template_name, has_chat_template = encoder.template.name, bool(encoder.tokenizer.chat_template)
-    chat_template = None
+    chat_template = export_chat_template(encoder.template) if layout == CHAT_LAYOUT else None
+    exported_tokenizer = export_tokenizer(encoder.tokenizer, suffix_ids, encoder.max_length, chat_template, pad)
     if layout == CHAT_LAYOUT:
-        chat_template = export_chat_template(encoder.template)
-        chat_layout_tokenizer = export_tokenizer(encoder.tokenizer, suffix_ids, encoder.max_length, chat_template, pad)
-        chat_template = fitting_chat_template(encoder.template, chat_layout_tokenizer)
+        chat_template = fitting_chat_template(encoder.template, exported_tokenizer)
+        exported_tokenizer.chat_template = chat_template
     body = decoder_body(encoder.model).eval()  # saved from the CPU below
     for parameter in body.parameters():  # parameters only: buffers such as RoPE's inv_freq stay float32, as
         parameter.data = parameter.data.to(save_dtype)  # from_pretrained(dtype=...) leaves them
@@ -245,13 +245,6 @@ def export_sentence_transformers(
     )
     with claim_export_folder(output_dir, overwrite, read) as tmp:
         body.to("cpu").save_pretrained(tmp, safe_serialization=True)
-        exported_tokenizer = export_tokenizer(
-            encoder.tokenizer,
-            suffix_ids,
-            encoder.max_length,
-            chat_template,
-            pad,
-        )
         exported_tokenizer.save_pretrained(tmp)
         _fix_tokenizer_config(tmp, chat_template)
         processor_kwargs = tokenizer_loading_kwargs(tmp, exported_tokenizer)
