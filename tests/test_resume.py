@@ -374,6 +374,47 @@ def test_resuming_a_finished_run_does_nothing_unless_it_trains_further(assets, t
     assert_same_weights(out, tmp_path / "straight")
 
 
+def test_a_finished_run_on_a_read_only_folder_is_nothing_to_do_and_anything_else_one_line(
+    assets, tmp_path, caplog, capsys, monkeypatch
+):
+    """A folder that cannot be written (a read-only mount: the write test fails with EROFS) holding this run finished
+    is "nothing to do" with the lock never taken; a run that would write there is refused in one line."""
+    import errno
+    import tempfile
+
+    import llm2vec.run.plan as plan
+
+    out, constant = tmp_path / "run", {"lr_scheduler_type": "constant"}
+    run("I", six_step_flags(assets, out, max_steps=4, **constant))
+    before, temporary_file = snapshot(out), tempfile.TemporaryFile
+
+    def read_only(*a, dir=None, **kw):
+        if Path(dir) in (out, tmp_path / "new"):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        return temporary_file(*a, dir=dir, **kw)
+
+    def no_lock(*a, **kw):
+        raise AssertionError("the lock of a read-only folder was taken")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", read_only)
+    monkeypatch.setattr(plan, "hold", no_lock)
+    with caplog.at_level(logging.INFO, logger="llm2vec"):
+        assert main("I", six_step_flags(assets, out, max_steps=4, **constant) + RESUME) == 0
+    assert any(
+        "finished Stage I run (step 4" in r.getMessage() and "nothing to do" in r.getMessage() for r in caplog.records
+    )
+    assert snapshot(out) == before
+    for argv in (
+        six_step_flags(assets, out, max_steps=6, **constant) + RESUME,
+        six_step_flags(assets, tmp_path / "new"),
+    ):
+        assert main("I", argv) == 2
+        err = capsys.readouterr().err
+        assert "cannot write there (Read-only file system); choose a folder you can write to" in err, err
+        assert "Traceback" not in err
+    assert snapshot(out) == before
+
+
 def test_a_finished_stage_II_run_is_not_overwritten(assets, references, capsys):
     folders, _ = references
     before = snapshot(folders["II"])

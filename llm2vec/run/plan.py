@@ -312,16 +312,21 @@ class RunManager:
     @classmethod
     @contextlib.contextmanager
     def open(cls, config: RunConfig) -> Iterator[RunManager]:
-        """Check ``output_dir``, hold its lock while the block runs, and plan the run in it (:func:`plan_run`)."""
+        """Check ``output_dir``, hold its lock while the block runs, and plan the run in it (:func:`plan_run`). A
+        folder that cannot be written is refused, unless it holds this run finished: nothing to do, nothing written."""
         args, out = config.training, config.training.output_dir
         check_apart(out, run_inputs(config))
         try:  # writable
             os.makedirs(out, exist_ok=True)
             tempfile.TemporaryFile(dir=out, prefix=".write-test.", suffix=".tmp").close()
         except OSError as e:
-            raise ConfigError(
-                f"output_dir {out}: cannot write there ({e.strerror or e}); choose a folder you can write to"
-            ) from None
+            finished = plan_run(config) if RunFolder.inspect(out).finished else None
+            if finished is None or not finished.finished:
+                raise ConfigError(
+                    f"output_dir {out}: cannot write there ({e.strerror or e}); choose a folder you can write to"
+                ) from None
+            yield finished
+            return
         with hold(out, is_main=args.process_index == 0):
             yield plan_run(config)
 
