@@ -355,7 +355,8 @@ def check_model_files(
 ) -> None:
     """Every check of this module on a base model and its adapter (if any), before anything loads: first that a name
     written as a local path names a folder (:func:`check_exists`), that no live run holds their folders, that their local folders hold no link out of them and, when a run or export saved
-    them, still hold what it wrote (:func:`llm2vec.io.saved_folder_problem`)."""
+    them, still hold what it wrote (:func:`llm2vec.io.saved_folder_problem`), and that a model folder holds a
+    ``config.json``."""
     check_exists(base_model_name_or_path, "model")
     check_exists(peft_model_name_or_path, "adapter")
     check_not_in_use(base_model_name_or_path, "model")
@@ -364,6 +365,11 @@ def check_model_files(
         problem = saved_folder_problem(folder)
         if problem:
             raise ModelFilesError(f"{what} {os.fspath(folder)}: {problem}")
+    if os.path.isdir(base_model_name_or_path) and not os.path.isfile(Path(base_model_name_or_path) / "config.json"):
+        raise ModelFilesError(
+            f"model {os.fspath(base_model_name_or_path)}: a folder without config.json, so no model transformers "
+            "can load; give the folder a run or a model conversion wrote"
+        )
     check_remote_code(base_model_name_or_path, trust_remote_code, "model")
     check_adapter_weights(peft_model_name_or_path)  # an adapter's own config and tokenizer files are not loaded
     check_adapter(base_model_name_or_path, peft_model_name_or_path, accept_other_base, trust_remote_code)

@@ -409,6 +409,19 @@ def test_cli_missing_model_folder_is_named_missing_not_a_hub_failure(model, tmp_
     assert "huggingface.co" not in err and "connect" not in err
 
 
+@pytest.mark.parametrize("holds", [[], ["notes.txt"], ["adapter_config.json"]])
+def test_cli_a_folder_that_holds_no_model_is_one_line_naming_its_missing_config(holds, tmp_path, capsys):
+    """An empty folder (or one with other files, or an adapter given as the base) as the model: one line naming the
+    missing ``config.json``, before any tokenizer or weights load."""
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in holds:
+        (model / name).write_text("{}")
+    rc = main(["--base_model_name_or_path", str(model), "--task_name", "SciFact", "--output_dir", str(tmp_path / "o")])
+    err = one_line(capsys.readouterr().err)
+    assert rc == 2 and f"error: model {model}: a folder without config.json" in err, err
+
+
 def test_cli_task_in_the_tasks_file_that_mteb_lacks_names_the_file(llama_checkpoint, tmp_path, capsys):
     tasks = json.loads(mteb_eval_custom.DEFAULT_TASKS_FILE.read_text())
     tasks["tasks"]["NoSuchTaskXYZ"] = dict(tasks["tasks"]["STSBenchmark"])
