@@ -57,6 +57,48 @@ def test_smoke_runs_every_stage_and_reports_them(smoke):
     assert "| step | pairs seen | cos docs | cos queries |" in text and "chance: InfoNCE 2.079 (ln N)" in text
 
 
+def test_a_preset_in_steps_probes_each_batch_then_trains_stage_I_as_its_rule_chose(tmp_path):
+    """``steps-smoke``: each probed batch trains its steps and is timed, the probe's model is gone, Stage I trains at
+    the batch and for the steps :func:`choose_batch` gives for the measured times, evaluating as the preset says;
+    the report shows the probe and both Stage II arms train as in the pair-sized presets."""
+    data, out = tmp_path / "data", tmp_path / "out"
+    build_stdlib_dataset(data, max_train=32, max_eval_queries=20)
+    assert scale.main(["--preset", "steps-smoke", "--data", str(data), "--out", str(out)]) == 0
+    report, probe = json.loads((out / "report.json").read_text()), scale.PRESETS["steps-smoke"].probe
+    probes = {int(b): r for b, r in report["probe"].items()}
+    assert set(probes) == set(probe.batches) and not (out / "probe").exists()
+    assert all(
+        r["steps"] == probe.steps == len(r["losses"]) and r["step_seconds"] > 0 and r["finite"] for r in probes.values()
+    )
+    batch, steps = scale.choose_batch(probes, probe)
+    assert (report["preset"]["per_device_batch"], report["preset"]["stage_I_steps"]) == (batch, steps)
+    config = json.loads((out / "stage_I" / "run_config.json").read_text())
+    assert config["per_device_train_batch_size"] == batch and config["max_steps"] == steps
+    assert report["stage_I"]["stage_I"]["steps"] == steps
+    every = max(1, steps // probe.evaluations)
+    assert [r["step"] for r in report["stage_I_curve"]["stage_I"]] == list(range(0, steps + 1, every))
+    assert {a: r["steps"] for a, r in report["stage_II"].items()} == {"anchor": 2, "baseline": 2}
+    assert set(report["seconds"]) == {"inputs", "probe", "stage_I", "stage_II", "evaluation", "report"}
+    assert f"Chosen: {batch} pairs a step, {steps} steps" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("times", "expected"),
+    [
+        ({32: 0.15, 64: 0.3}, (64, 1200)),  # both reach 1,000: the larger batch
+        ({32: 0.15, 64: 0.5}, (32, 2000)),  # only 32 does (2,400 fit, capped at 2,000)
+        ({32: 0.5, 64: 1.0}, (32, 720)),  # neither: the most steps
+        ({32: 0.5, 64: None}, (32, 720)),  # 64's loss is not finite: never chosen
+    ],
+)
+def test_the_probe_rule_takes_the_largest_batch_that_reaches_the_least_steps(times, expected):
+    probe = scale.Probe(batches=(32, 64), steps=30, minutes=6.0, least=1000, most=2000, evaluations=10)
+    probes = {b: {"step_seconds": t or 0.1, "finite": t is not None} for b, t in times.items()}
+    assert scale.choose_batch(probes, probe) == expected
+    with pytest.raises(scale.ScaleError, match="every probed batch .* not finite"):
+        scale.choose_batch({b: {**r, "finite": False} for b, r in probes.items()}, probe)
+
+
 def test_stage_II_losses_are_reported_and_drawn_in_the_figure_4_layout(smoke):
     """Each arm's training loss per step (its trainer_state's) in report.json, its first and last steps' means in
     report.md beside the plot."""

@@ -1,12 +1,13 @@
 """The demo at the paper's Stage I scale on one GPU, in one command; the same command at smoke size on a CPU.
 
+    python experiments/demo/scale.py --preset gpu-steps [--minutes 11] [--carry cache/gpu-carry] [--out DIR]
     python experiments/demo/scale.py --preset gpu   [--minutes 11] [--carry cache/gpu-carry] [--out cache/scale-gpu]
     python experiments/demo/scale.py --preset smoke --data <corpus folder> [--out cache/scale-smoke]
     python experiments/demo/scale.py --preset cpu --stage_I cache/long-run/stage_I [--stage_I RUN2 ...] \
         --data <their corpus folder> [--seeds 2] [--seed 44]
 
 A preset of the demo's machinery (:mod:`demo.stages`: the input files, the arms, the commands; :mod:`demo.report`:
-the tables): ``inputs``, ``stage_I`` (or ``--stage_I RUN``, finished runs), ``stage_II`` (:func:`stage_II_arms`
+the tables): ``inputs``, ``probe`` (a preset in steps: :class:`Probe`), ``stage_I`` (or ``--stage_I RUN``, finished runs), ``stage_II`` (:func:`stage_II_arms`
 per ``--seeds`` from ``--seed``), ``evaluation`` (the Table 10 rows on the test split by
 :mod:`llm2vec.retrieval`, no mteb), ``report``.
 ``<out>/report.md`` and ``report.json`` are rewritten after every stage, Stage I evaluation and evaluation row, with
@@ -64,6 +65,23 @@ ENDS = 10  # the steps whose mean loss the report gives for the start and the en
 
 
 @dataclasses.dataclass(frozen=True)
+class Probe:
+    """A preset in steps, not pairs: Stage I's batch and step count are chosen on the machine that runs it. Each of
+    ``batches`` (pairs a step, one pass) trains ``steps`` steps alone; its step time is measured from the step lines of
+    its metrics file (the later two thirds: the first steps warm up). Then :func:`choose_batch`: as many steps as
+    ``minutes`` of training allow, at most ``most``; the largest batch that reaches ``least`` steps (a larger batch:
+    a less noisy step), else the one with the most steps; a batch whose probe loss is not finite is never chosen.
+    Stage I then evaluates ``evaluations`` times besides step 0."""
+
+    batches: tuple[int, ...]
+    steps: int
+    minutes: float
+    least: int
+    most: int
+    evaluations: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Preset:
     """The size of a run. Stage I's global batch is ``per_device_batch x accumulation`` (one process)."""
 
@@ -83,6 +101,7 @@ class Preset:
     minutes: float | None = None  # the default --minutes (None: no time budget)
     stage_II_minutes: float = 0.0  # what --minutes keeps for each Stage II arm ...
     evaluation_minutes: float = 0.0  # ... and for the evaluation (Budget)
+    probe: Probe | None = None  # Stage I's batch and steps chosen by a probe (the values above are replaced)
 
     @property
     def global_batch(self) -> int:
@@ -108,6 +127,14 @@ PRESETS = {
         validation_pairs=512, eval_batch=64, stage_II_steps=100, stage_II_batch=64, bf16=True,
         minutes=11.0, stage_II_minutes=1.5, evaluation_minutes=0.5,
     ),
+    # Stage I in steps: the paper's 2,000 steps are what the pair-sized presets lack. Of the 11 minutes: inputs and
+    # probe about 1.7, Stage I 4.5 of steps and about 1 of loading and 6 evaluations, Stage II 2 x 1.5, evaluation 0.5
+    "gpu-steps": Preset(
+        "gpu-steps", tiny_model=False, stage_I_steps=0, per_device_batch=64, accumulation=1, eval_every=0,
+        validation_pairs=512, eval_batch=64, stage_II_steps=100, stage_II_batch=64, bf16=True,
+        minutes=11.0, stage_II_minutes=1.5, evaluation_minutes=0.5,
+        probe=Probe(batches=(32, 64), steps=30, minutes=4.5, least=1000, most=2000, evaluations=6),
+    ),
     # the long CPU run (demo/long_run.py) and the demo's Stage II (train_configs/demo: 50 steps of 8 triples)
     "cpu": Preset(
         "cpu", tiny_model=False, stage_I_steps=640, per_device_batch=8, accumulation=1, eval_every=40,
@@ -117,6 +144,12 @@ PRESETS = {
         "smoke", tiny_model=True, stage_I_steps=2, per_device_batch=2, accumulation=2, eval_every=1,
         validation_pairs=8, eval_batch=4, stage_II_steps=2, stage_II_batch=4,
         stage_II_minutes=0.5, evaluation_minutes=0.5,
+    ),
+    "steps-smoke": Preset(
+        "steps-smoke", tiny_model=True, stage_I_steps=0, per_device_batch=4, accumulation=1, eval_every=0,
+        validation_pairs=8, eval_batch=4, stage_II_steps=2, stage_II_batch=4,
+        stage_II_minutes=0.5, evaluation_minutes=0.5,
+        probe=Probe(batches=(2, 4), steps=6, minutes=0.05, least=4, most=6, evaluations=2),
     ),
 }  # fmt: skip
 
@@ -291,6 +324,69 @@ def differences(evaluation: dict[str, dict], stage_I: dict, stage_II: dict) -> d
     return out
 
 
+def choose_batch(probes: dict[int, dict[str, Any]], probe: Probe) -> tuple[int, int]:
+    """(batch, Stage I steps) by :class:`Probe`'s rule from each probed batch's ``step_seconds`` and ``finite``."""
+    fits = {b: min(probe.most, int(probe.minutes * 60 / r["step_seconds"])) for b, r in probes.items() if r["finite"]}
+    if not fits:
+        raise ScaleError(f"every probed batch ({', '.join(map(str, probes))}) gave a loss that is not finite")
+    enough = [b for b, steps in fits.items() if steps >= probe.least]
+    batch = max(enough) if enough else max(fits, key=lambda b: (fits[b], -b))
+    return batch, max(fits[batch], 1)
+
+
+def step_seconds(seen: dict[int, float], state: dict[str, Any]) -> float:
+    """Seconds a step from ``seen`` (step -> when its line appeared): over the later two thirds of the steps; when
+    they appeared too fast to tell apart, the run's own ``train_runtime`` per step."""
+    steps = sorted(seen)
+    first, last = steps[len(steps) // 3], steps[-1]
+    if last > first and seen[last] > seen[first]:
+        return (seen[last] - seen[first]) / (last - first)
+    ran = next((h["train_runtime"] for h in state["log_history"] if "train_runtime" in h), None)
+    if not ran:
+        raise ScaleError("the probe logged no step times (was logging_steps 1?)")
+    return ran / int(state["global_step"])
+
+
+PROBE_POLL = 0.05  # seconds between two reads of a probe's metrics file
+
+
+def probe_batches(preset: Preset, base: Path, train: Path, out: Path) -> dict[int, dict[str, Any]]:
+    """Train each of ``preset.probe.batches`` for ``preset.probe.steps`` Stage I steps; per batch its
+    ``step_seconds``, its losses and whether they are all ``finite``. The probe's model is deleted."""
+    found = {}
+    for batch in preset.probe.batches:
+        folder, metrics = out / "probe" / f"batch{batch}", out / "logs" / f"probe_batch{batch}_metrics.jsonl"
+        geometry = {**preset.batch("I"), "per_device_train_batch_size": batch, "gradient_accumulation_steps": 1}
+        geometry["total_batch_size"] = batch
+        flags = stages.stage_flags("I", base, train, folder, preset.probe.steps, NO_SAVE, geometry)
+        flags["metrics_file"], seen, losses = metrics, {}, {}
+
+        def poll(metrics=metrics, seen=seen, losses=losses) -> None:
+            if metrics.is_file():
+                for line in metrics.read_text().splitlines():
+                    if line.strip() and "loss" in (entry := json.loads(line)) and entry["step"] not in seen:
+                        seen[entry["step"]], losses[entry["step"]] = time.monotonic(), float(entry["loss"])
+
+        stages.run_command(
+            stages.stage_command(STAGE_I_SCRIPT, STAGE_I_CONFIG, flags), log=out / "logs" / f"probe_batch{batch}.log",
+            poll=poll, every=PROBE_POLL,
+        )  # fmt: skip
+        poll()
+        found[batch] = {"steps": len(losses), "step_seconds": step_seconds(seen, read_state(folder)),
+                        "losses": [losses[k] for k in sorted(losses)],
+                        "finite": all(math.isfinite(v) for v in losses.values())}  # fmt: skip
+        shutil.rmtree(folder)
+    shutil.rmtree(out / "probe")
+    return found
+
+
+def sized_by_probe(preset: Preset, probes: dict[int, dict[str, Any]]) -> Preset:
+    """``preset`` with Stage I's batch, steps and evaluation interval chosen from ``probes``."""
+    batch, steps = choose_batch(probes, preset.probe)
+    every = max(1, steps // preset.probe.evaluations)
+    return dataclasses.replace(preset, per_device_batch=batch, accumulation=1, stage_I_steps=steps, eval_every=every)
+
+
 # ------------------------------------------------------------------------------------------------ report
 
 
@@ -394,6 +490,17 @@ def report_lines(result: dict[str, Any]) -> list[str]:
             f"Stage II: {p['stage_II_steps']} steps of {p['stage_II_batch']} triples per arm.",
             "",
         ]
+    if probes := result.get("probe"):
+        q = p["probe"]
+        rows = [[b, r["steps"], f"{r['step_seconds']:.3f}", min(q["most"], int(q["minutes"] * 60 / r["step_seconds"])),
+                 "yes" if r["finite"] else "no"] for b, r in probes.items()]  # fmt: skip
+        lines += ["## Stage I's batch and steps, probed on this machine", ""]
+        lines += stages.markdown_table(
+            ["pairs a step", "probe steps", "s a step", "steps that fit", "loss finite"], rows
+        )
+        lines += ["", f"Chosen: {p['per_device_batch']} pairs a step, {p['stage_I_steps']} steps (as many as "
+                  f"{q['minutes']:g} minutes of training allow, at most {q['most']}; the largest batch reaching "
+                  f"{q['least']} steps, else the one with the most).", ""]  # fmt: skip
     lines += ["## Stage I: anchor measures on held-out validation pairs against pairs seen", ""]
     for name, curve in (result.get("stage_I_curve") or {"stage_I": []}).items():
         lines += [f"{_run_title(name)}:", ""] if len(runs) > 1 else []
@@ -569,11 +676,18 @@ def _stages(preset, out, data, model, carry, stage_I_runs, budget, result, lap, 
         result["stage_I"][name] = {"from": str(folder), "planned_steps": steps, "steps": steps,
                                    "global_batch": global_batch}  # fmt: skip
         result["stage_I_curve"][name] = stage_I_curve(state, global_batch)
+    if not given and preset.probe:
+        lap("inputs", "probe")
+        result["probe"] = probe_batches(preset, base, train, out)
+        preset = sized_by_probe(preset, result["probe"])
+        result["preset"] = {**dataclasses.asdict(preset), "global_batch": preset.global_batch}
+        lap("probe", "stage_I")
     if not given:
         result["stage_I"]["stage_I"] = {"from": None, "planned_steps": preset.stage_I_steps, "steps": None,
                                         "global_batch": preset.global_batch}  # fmt: skip
         result["stage_I_curve"]["stage_I"] = []
-    lap("inputs", "stage_I")
+    if "probe" not in result:
+        lap("inputs", "stage_I")
     stage_I = given or {"stage_I": out / "stage_I"}
     arms = stage_II_arms(base, stage_I, seeds)
     if not given:
