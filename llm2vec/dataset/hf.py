@@ -12,7 +12,6 @@ import contextlib
 import itertools
 import json
 import logging
-import operator
 import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -40,6 +39,7 @@ DEFAULT_COLUMNS = {role: (role,) for role in ROLES} | {"query": ("query", "ancho
 FILE_BUILDERS = {".parquet": "parquet", ".arrow": "arrow", ".json": "json", ".jsonl": "json"}
 SCAN_ROWS = 8192  # rows per block of the checks: their memory is bounded by a block, not by the dataset
 FIX = "Fix or remove this row."
+NO_ROWS = "the dataset has no rows; give one with (query, positive) rows"
 CONVERTED_FROM = "llm2vec-converted-from.json"  # beside a conversion: the SHA-256 of the file it was made from
 
 
@@ -76,11 +76,9 @@ def open_sources(paths, column_map, split, cache_dir, default_instruction="", re
         raise DataError("dataset_file_path: no datasets given")
     missing = [s.label for s in sources.values() if s.path is not None and not os.path.exists(s.path)]
     if missing:
-        raise DataError(
-            f"{len(missing)} of {len(sources)} datasets not found:\n"
-            + "\n".join(f"  - {p}" for p in missing)
-            + f"\nCheck the paths (relative paths are resolved from {os.getcwd()})."
-        )
+        listed = "".join(f"\n  - {p}" for p in missing)
+        where = f"relative paths are resolved from {os.getcwd()}"
+        raise DataError(f"{len(missing)} of {len(sources)} datasets not found:{listed}\nCheck the paths ({where}).")
     check_column_map(column_map)
     own = {k: v for k, v in (column_map or {}).items() if isinstance(v, Mapping)}
     shared = {k: v for k, v in (column_map or {}).items() if k not in own}
@@ -96,15 +94,14 @@ def open_sources(paths, column_map, split, cache_dir, default_instruction="", re
 
 def _has_no_rows(path: str, split: str) -> bool:
     """Whether the local dataset ``path``, which ``datasets`` failed to read, holds no rows."""
-    try:
+    with contextlib.suppress(Exception):  # unreadable: the caller's error says so
         if os.path.isdir(path):
             state = next(f for f in (Path(path, split, "state.json"), Path(path, "state.json")) if f.is_file())
             return not json.loads(state.read_text()).get("_data_files")
         if path.endswith(".parquet"):
             return pq.ParquetFile(path).metadata.num_rows == 0
         return os.path.getsize(path) < 1 << 20 and not Path(path).read_bytes().strip()
-    except Exception:  # noqa: BLE001 - unreadable: the caller's error says so
-        return False
+    return False
 
 
 def _find_bad_line(path: str) -> None:
@@ -203,9 +200,7 @@ class Source:
                     "(datasets.load_dataset), or give a local file or save_to_disk folder"
                 ) from e
             if _has_no_rows(self.path, split):
-                raise DataError(
-                    f"{self.label}: the dataset has no rows; give one with (query, positive) rows"
-                ) from None
+                raise DataError(f"{self.label}: {NO_ROWS}") from None
             if self.path.endswith(".jsonl"):
                 _find_bad_line(self.path)
             raise DataError(f"{self.label}: cannot read it as a dataset ({cause})") from e
@@ -293,7 +288,7 @@ class Source:
         try:
             array.validate(full=True)
         except pa.ArrowInvalid:
-            for i, raw in enumerate(array.cast(pa.binary()).to_pylist()):
+            for i, raw in enumerate(array.cast(pa.large_binary()).to_pylist()):
                 try:
                     (raw or b"").decode()
                 except UnicodeDecodeError as e:
@@ -339,12 +334,12 @@ class Source:
                 "%s: skipped %d of %d rows whose %s is empty or whitespace only (the first: row %d, %s)",
                 *(self.label, skipped, records, needed, first[0], self.field(first[1])),
             )
+        if not records:
+            raise DataError(f"{self.label}: {NO_ROWS}")
         if not any(map(len, kept)):
-            if records == 0:
-                raise DataError(f"{self.label}: the dataset holds no rows. Check that it is the right one.")
             raise DataError(
-                f"{self.label}: all {records} rows were skipped because a required text is empty or whitespace "
-                "only. Check the dataset's columns and column_map."
+                f"{self.label}: all {records} rows were skipped because a required text is empty or whitespace only. "
+                "Check the dataset's columns and column_map."
             )
         kept, pair_hashes = np.concatenate(kept), np.concatenate(hashes)
         repeats = np.ones(len(kept), bool)
@@ -377,7 +372,7 @@ class ArrowTrainDataset(TrainDataset):
     def __getitem__(self, index):
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
-        index = range(len(self))[operator.index(index)]  # from the end if negative; IndexError out of range
+        index = range(len(self))[index]  # from the end if negative; IndexError out of range
         return self.tables[self._batch_sources[index // self.global_batch_size]].example(int(self._rows[index]))
 
     def instruction_examples(self) -> list[TrainExample]:
