@@ -20,7 +20,6 @@ import pytest
 
 from llm2vec.arguments import ConfigError, DataArguments, parse_config
 from llm2vec.dataset import ArrowTrainDataset, DataError, TrainExample, load_hf, load_jsonl
-from llm2vec.dataset.hf import python_whitespace
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT_COLUMNS = ("query", "positive", "negative", "instruction")
@@ -142,16 +141,19 @@ def test_instruction_examples_cover_every_distinct_instruction_from_the_first_ex
     assert len(checked) == len({e.query_instruction for e in checked})
 
 
-def test_text_is_stripped_and_emptiness_judged_as_python_strips():
-    """The loader judges a text empty with pyarrow, by the characters ``str.strip`` removes: exactly those."""
+def test_text_is_stripped_and_emptiness_judged_as_python_strips(tmp_path):
+    """The loader strips texts and judges them empty with pyarrow, by the characters ``str.strip`` removes: exactly
+    those (every character to U+3100, past the last one Python strips, through the loader; all of them in pyarrow)."""
     import pyarrow.compute as pc
 
-    from llm2vec.dataset.hf import _whitespace_only
-
-    every = [chr(c) for c in range(0x3100)]
-    empty = pc.match_substring_regex(pa.array([c * 2 for c in every]), _whitespace_only()).to_pylist()
-    assert [c for c, e in zip(every, empty) if e] == [c for c in every if not (c * 2).strip()]
-    assert set(python_whitespace()) == {c for c in map(chr, range(sys.maxunicode + 1)) if c.isspace()}
+    every = [chr(c) for c in range(sys.maxunicode + 1) if not 0xD800 <= c < 0xE000]  # surrogates are no text
+    padded = [f"{c}a{c}" for c in every]
+    assert pc.utf8_trim_whitespace(pa.array(padded)).to_pylist() == [text.strip() for text in padded]
+    rows = [{"query": c * 2, "positive": f"{c}p{c}"} for c in every[:0x3100]]
+    ds = load_hf([write("parquet", tmp_path, "ws", rows, ("query", "positive"))], 1, cache_dir=str(tmp_path / "c"))
+    read = {int(e.origin.rpartition(" ")[2]): (e.query, e.positive) for e in ds}
+    assert sorted(read) == [i for i, row in enumerate(rows) if row["query"].strip()]
+    assert all(read[i] == (rows[i]["query"].strip(), rows[i]["positive"].strip()) for i in read)
 
 
 def test_items_index_like_a_list_and_pickle_without_the_table(tmp_path):
