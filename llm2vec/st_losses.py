@@ -7,7 +7,6 @@ import inspect
 import json
 import math
 import os
-import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -185,5 +184,4 @@ def _load_guide(path: str, max_length: int | None = None):
 
     if (Path(path) / "modules.json").exists():  # a sentence-transformers folder (an export)
         return SentenceTransformer(path, device="cpu", local_files_only=True)
-    with tempfile.TemporaryDirectory(prefix="llm2vec-st-guide-") as work:  # loaded, the export is not read again
-        return sentence_transformer(path, Path(work) / "guide", max_length=max_length)
+    return sentence_transformer(path, max_length=max_length)

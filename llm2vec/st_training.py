@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -232,30 +231,24 @@ def check_config(config: RunConfig) -> str | None:
 
 def build_trainer(config: RunConfig, dataset, run_config: dict, callbacks: list, tokenizer, template):
     """The trainer of a Stage II run through sentence-transformers (docs/design.md), for
-    :func:`llm2vec.training.train`, which runs it in the run's folder as it runs the project's trainer. The model is
-    written to a temporary folder that lives as long as the trainer."""
+    :func:`llm2vec.training.train`, which runs it in the run's folder as it runs the project's trainer."""
     from .llm2vec import LLM2Vec
 
     args, stage = config.training, config.stage
-    with tempfile.TemporaryDirectory(prefix="llm2vec-st-") as work:  # loaded, the export is not read again
-        model = sentence_transformer(
-            config.model.model_name_or_path,
-            Path(work) / "model",
-            stage.peft_model_name_or_path,
-            lora=lora_config(stage),
-            max_length=config.model.max_seq_length,
-            template=config.model.template,
-            instruction_separator=config.data.instruction_separator if config.data.query_instructions else None,
-            dtype=config.dtype,
-            trust_remote_code=config.model.trust_remote_code,
-            accept_other_base=stage.accept_other_base,
-            seed=args.seed,
-        )
-        settings = json.loads((Path(work) / "model" / "llm2vec_config.json").read_text())
-    for peft_config in model[0].model.peft_config.values():  # not the removed copy (peft reads its config on save)
-        peft_config.base_model_name_or_path = config.model.model_name_or_path
-    settings.pop("prompts", None)
-    encoder = LLM2Vec(model[0].model, tokenizer, **settings)  # the same modules: the project's save
+    model = sentence_transformer(
+        config.model.model_name_or_path,
+        stage.peft_model_name_or_path,
+        lora=lora_config(stage),
+        max_length=config.model.max_seq_length,
+        template=config.model.template,
+        instruction_separator=config.data.instruction_separator if config.data.query_instructions else None,
+        dtype=config.dtype,
+        trust_remote_code=config.model.trust_remote_code,
+        accept_other_base=stage.accept_other_base,
+        seed=args.seed,
+    )
+    # the same modules under the project's encoder: its save
+    encoder = LLM2Vec(model[0].model, tokenizer, max_length=model.max_seq_length, template=model.llm2vec_template.name)
     loss = build_loss(stage.loss, stage.loss_kwargs or {}, model, stage.loss_scale)
     st_args = st_training_arguments(args)
     evaluator = retrieval_evaluators(config.data, args.per_device_eval_batch_size)

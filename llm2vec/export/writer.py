@@ -169,38 +169,21 @@ def export_sentence_transformers(
     save_dtype = (
         resolve_dtype(dtype) if dtype is not None else _default_dtype(base_model_name_or_path, trust_remote_code)
     )
-    encoder = LLM2Vec.load(
+    layout = TEXT_LAYOUT if named_prompts_only else CHAT_LAYOUT
+    encoder = exportable_encoder(
         base_model_name_or_path,
         peft_model_name_or_path,
-        merge_peft=True,
+        layout,
         pooling_mode=pooling_mode,
         max_length=max_length,
         template=template,
-        dtype=torch.float32,
         trust_remote_code=trust_remote_code,
         accept_other_base=accept_other_base,
     )
-    check_exportable(encoder)
-    layout = TEXT_LAYOUT if named_prompts_only else CHAT_LAYOUT
-    if layout == CHAT_LAYOUT and encoder.pooling_mode != "eos_token":
-        raise ExportError(
-            f"pooling_mode {encoder.pooling_mode!r}: sentence-transformers' chat path, which maps an ad-hoc prompt= "
-            "onto the template, cannot leave the prompt out of the mean; export with named_prompts_only "
-            "(--named_prompts_only), where only the exported prompts embed exactly"
-        )
     prompts = build_prompts(encoder, given, query.instruction, layout)
-    suffix_ids = next(iter(prompts.values())).suffix_ids
-    pad = pad_token(encoder.tokenizer, encoder.template)
     template_name, has_chat_template = encoder.template.name, bool(encoder.tokenizer.chat_template)
-    chat_template = export_chat_template(encoder.template) if layout == CHAT_LAYOUT else None
-    exported_tokenizer = export_tokenizer(encoder.tokenizer, suffix_ids, encoder.max_length, chat_template, pad)
-    if layout == CHAT_LAYOUT:
-        chat_template = fitting_chat_template(encoder.template, exported_tokenizer)
-        exported_tokenizer.chat_template = chat_template
-    body = decoder_body(encoder.model).eval()  # saved from the CPU below
-    for parameter in body.parameters():  # parameters only: buffers such as RoPE's inv_freq stay float32, as
-        parameter.data = parameter.data.to(save_dtype)  # from_pretrained(dtype=...) leaves them
-    encoder.eval()
+    tokenizer = exported_tokenizer(encoder, prompts, layout)
+    body = body_in(encoder, save_dtype)
 
     device = torch.device(device) if device is not None else default_device()
     texts = probe_texts(encoder.tokenizer, encoder.max_length)
@@ -245,9 +228,7 @@ def export_sentence_transformers(
     )
     with claim_export_folder(output_dir, overwrite, read) as tmp:
         body.to("cpu").save_pretrained(tmp, safe_serialization=True)
-        exported_tokenizer.save_pretrained(tmp)
-        _fix_tokenizer_config(tmp, chat_template)
-        processor_kwargs = tokenizer_loading_kwargs(tmp, exported_tokenizer)
+        processor_kwargs = write_tokenizer(tokenizer, tmp)
         llm2vec_settings = {**encoder.llm2vec_config(), "prompts": instruction_of_prompt(prompts)}
         hidden = body.config.hidden_size
         del encoder, body
@@ -278,6 +259,63 @@ def export_sentence_transformers(
         max_seq_length=llm2vec_settings["max_length"],
     )
     return report
+
+
+def exportable_encoder(
+    base_model_name_or_path: str, peft_model_name_or_path: str | None, layout: str, **settings
+) -> LLM2Vec:
+    """``LLM2Vec.load`` of the source in float32, in eval mode, the adapter merged (``settings``: pooling_mode,
+    max_length, template, trust_remote_code, accept_other_base); :class:`ExportError` for what sentence-transformers
+    cannot express exactly in ``layout``."""
+    encoder = LLM2Vec.load(
+        base_model_name_or_path, peft_model_name_or_path, merge_peft=True, dtype=torch.float32, **settings
+    )
+    check_exportable(encoder)
+    if layout == CHAT_LAYOUT and encoder.pooling_mode != "eos_token":
+        raise ExportError(
+            f"pooling_mode {encoder.pooling_mode!r}: sentence-transformers' chat path, which maps an ad-hoc prompt= "
+            "onto the template, cannot leave the prompt out of the mean; export with named_prompts_only "
+            "(--named_prompts_only), where only the exported prompts embed exactly"
+        )
+    return encoder.eval()
+
+
+def exported_tokenizer(encoder: LLM2Vec, prompts: Mapping[str, ExportedPrompt], layout: str):
+    """:func:`export_tokenizer` of ``encoder`` for ``prompts``, with the fitted chat template in the chat layout."""
+    suffix_ids = next(iter(prompts.values())).suffix_ids
+    chat_template = export_chat_template(encoder.template) if layout == CHAT_LAYOUT else None
+    pad = pad_token(encoder.tokenizer, encoder.template)
+    tokenizer = export_tokenizer(encoder.tokenizer, suffix_ids, encoder.max_length, chat_template, pad)
+    if layout == CHAT_LAYOUT:
+        tokenizer.chat_template = fitting_chat_template(encoder.template, tokenizer)
+    return tokenizer
+
+
+def body_in(encoder: LLM2Vec, dtype: torch.dtype):
+    """``encoder``'s decoder body in eval mode, its parameters (not its buffers, such as RoPE's inv_freq, which
+    ``from_pretrained(dtype=...)`` leaves in float32 too) in ``dtype``."""
+    body = decoder_body(encoder.model).eval()
+    for parameter in body.parameters():
+        parameter.data = parameter.data.to(dtype)
+    return body
+
+
+def write_tokenizer(tokenizer, folder: Path) -> dict[str, Any]:
+    """Save ``tokenizer`` to ``folder`` as every transformers version reads it unchanged; returns the
+    ``processor_kwargs`` that loading it needs."""
+    tokenizer.save_pretrained(folder)
+    _fix_tokenizer_config(folder, tokenizer.chat_template)
+    return tokenizer_loading_kwargs(folder, tokenizer)
+
+
+def pooling_config(pooling_mode: str, hidden: int) -> dict[str, Any]:
+    """sentence-transformers' ``Pooling`` arguments (and ``1_Pooling/config.json``) of an exportable pooling mode."""
+    # mean pooling leaves the prompt out
+    return {
+        "embedding_dimension": hidden,
+        "pooling_mode": ST_POOLING[pooling_mode],
+        "include_prompt": pooling_mode == "eos_token",
+    }
 
 
 def instruction_of_prompt(prompts: Mapping[str, ExportedPrompt]) -> dict[str, str]:
@@ -323,14 +361,7 @@ def _write_st_files(
             **({"processor_kwargs": dict(processor_kwargs)} if processor_kwargs else {}),
         },
     )
-    _write_json(
-        folder / "1_Pooling" / "config.json",
-        {
-            "embedding_dimension": hidden,
-            "pooling_mode": ST_POOLING[settings["pooling_mode"]],
-            "include_prompt": settings["pooling_mode"] == "eos_token",  # mean pooling leaves the prompt out
-        },
-    )
+    _write_json(folder / "1_Pooling" / "config.json", pooling_config(settings["pooling_mode"], hidden))
     _write_json(
         folder / "config_sentence_transformers.json",
         {
