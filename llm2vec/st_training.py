@@ -7,13 +7,10 @@ steps (model, data, loss, run) are in docs/design.md. Refused in one line: resum
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
-
-import torch
 
 from .arguments import ConfigError, RunConfig
 from .llm2vec_contrastive import lora_config  # noqa: F401
@@ -138,14 +135,18 @@ def st_training_arguments(args):
 def _trainer_class():
     from sentence_transformers import SentenceTransformerTrainer
 
+    from .run import staged_checkpoint
+    from .trainer import LLM2VecTrainer, save_run
+
     class AnchorSentenceTransformerTrainer(SentenceTransformerTrainer):
-        """``SentenceTransformerTrainer`` reading the project's batches in order and saving a Stage II run's files."""
+        """``SentenceTransformerTrainer`` reading the project's batches in order, checking and saving as the
+        project's trainer does (``encoder``: the project's encoder over the same LoRA modules)."""
+
+        check_weights_finite, _diverged = LLM2VecTrainer.check_weights_finite, LLM2VecTrainer._diverged
 
         def __init__(self, *a, run_config=None, encoder=None, evaluation_separator=None, **kw):
             super().__init__(*a, **kw)
-            self.run_config = run_config or {}
-            self.encoder = encoder  # LLM2Vec over the same (LoRA) modules: the project's save
-            self.evaluation_separator = evaluation_separator
+            self.run_config, self.encoder, self.evaluation_separator = run_config or {}, encoder, evaluation_separator
 
         def get_batch_sampler(self, dataset, batch_size, drop_last, valid_label_columns=None, generator=None, seed=0):
             from torch.utils.data import BatchSampler, SequentialSampler
@@ -158,37 +159,13 @@ def _trainer_class():
             with separator(self.model, self.evaluation_separator):
                 return super().evaluate(*a, **kw)
 
-        def check_weights_finite(self, what: str) -> None:
-            from .trainer import TrainingDiverged
-
-            if not all(torch.isfinite(p).all() for p in self.model.parameters() if p.requires_grad):
-                raise TrainingDiverged(
-                    f"the LoRA weights hold NaN or infinite values at step {self.state.global_step}; {what}"
-                )
-
-        def _save_checkpoint(self, model, trial) -> None:  # staged and listed, as the project trainer's
-            from .run import staged_checkpoint
-
+        def _save_checkpoint(self, model, trial) -> None:
+            self.check_weights_finite(f"checkpoint-{self.state.global_step} was not written")
             with staged_checkpoint(self):
                 super()._save_checkpoint(model, trial)
 
         def _save(self, output_dir=None, state_dict=None):
-            from .model_card import write_training_card
-            from .trainer import RUN_CONFIG_NAME
-
-            output_dir = output_dir if output_dir is not None else self.args.output_dir
-            if not self.args.should_save:
-                return
-            self.encoder.save(output_dir)
-            config_file = Path(output_dir) / "adapter_config.json"
-            adapter = json.loads(config_file.read_text())
-            adapter["base_model_name_or_path"] = self.run_config.get("model_name_or_path", "")
-            config_file.write_text(json.dumps(adapter, indent=2) + "\n")
-            with open(os.path.join(output_dir, RUN_CONFIG_NAME), "w") as f:
-                json.dump(self.run_config, f, indent=2)
-            write_training_card(
-                output_dir, self.run_config, self.state.log_history, self.encoder, self.state.global_step
-            )
+            save_run(self, self.encoder, output_dir)
 
     return AnchorSentenceTransformerTrainer
 

@@ -23,27 +23,22 @@ from .model_card import write_training_card
 from .run import RUN_CONFIG_NAME, CheckpointError, newest_checkpoint, staged_checkpoint
 
 # The private methods of transformers' Trainer that LLM2VecTrainer overrides: name -> (the Trainer's signature they
-# were written against, as parameter names and defaults; why no public hook or TrainerCallback does the work).
-# tests/test_upstream.py fails when transformers changes one of these signatures or the contract noted here, and
-# when this class overrides a private Trainer method that is not listed.
+# were written against; why no public hook does the work). tests/test_upstream.py checks both against transformers.
 PRIVATE_OVERRIDES: dict[str, tuple[str, str]] = {
     "_get_grad_norm": (
         "(self, model, grad_norm=None)",
-        "the divergence check needs the step's gradient norm after the last backward and before optimizer.step(); "
-        "on_pre_optimizer_step is called at that point but is not given the norm, and computing it again would "
-        "differ once the gradients are clipped",
+        "the divergence check needs the step's gradient norm before optimizer.step(); on_pre_optimizer_step is not "
+        "given it, and computing it again would differ once the gradients are clipped",
     ),
     "_save": (
         "(self, output_dir=None, state_dict=None)",
-        "save_model gathers the FSDP/DeepSpeed state dict and hands it here; the encoder's own save, run_config.json "
-        "and the model card must be written inside the folder before a checkpoint is published, which on_save "
-        "(called after the checkpoint is complete) cannot do",
+        "the encoder's own files, run_config.json and the model card must be in the folder (with the FSDP/DeepSpeed "
+        "state dict gathered) before a checkpoint is published; on_save comes after",
     ),
     "_save_checkpoint": (
         "(self, model, trial)",
-        "a checkpoint is written into a staging folder and renamed into place when complete "
-        "(llm2vec.run.staged_checkpoint), and the weights are checked finite first; no hook runs both before and "
-        "after a checkpoint's files are written",
+        "a checkpoint is checked finite, written into a staging folder and renamed into place when complete "
+        "(llm2vec.run.staged_checkpoint); no hook runs both before and after its files are written",
     ),
     "_load_from_checkpoint": (
         "(self, resume_from_checkpoint, model=None)",
@@ -67,15 +62,29 @@ def first_line(error: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def save_run(trainer, encoder, output_dir=None, state_dict=None) -> None:
+    """A stage's save into ``output_dir`` (default: the trainer's): ``encoder.save``, ``run_config.json`` and the
+    model card; nothing on a process that does not save."""
+    output_dir = output_dir if output_dir is not None else trainer.args.output_dir
+    if not trainer.args.should_save:
+        return
+    encoder.save(output_dir, state_dict=state_dict)
+    with open(os.path.join(output_dir, RUN_CONFIG_NAME), "w") as f:
+        json.dump(trainer.run_config, f, indent=2)
+    write_training_card(output_dir, trainer.run_config, trainer.state.log_history, encoder, trainer.state.global_step)
+
+
 class LLM2VecTrainer(Trainer):
-    # This trainer scales the loss for gradient accumulation itself (see the module docstring).
+    # The loss is weighted over the whole step already (llm2vec.collator.loss_weight), so the Trainer must not divide
+    # it by the accumulation steps: transformers >= 5.19 reads this attribute; before 5.19 it skips the division only
+    # when model_accepts_loss_kwargs (set in __init__) and num_items_in_batch is not None (set in training_step).
     loss_is_scaled_for_ga = True
 
     def __init__(self, *args, run_config: dict | None = None, retrieval_evaluation=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.retrieval_evaluation = retrieval_evaluation  # a llm2vec.retrieval.RetrievalEvaluation, or None
-        self.args.train_sampling_strategy = "sequential"  # the data order is pre-arranged (see the module docstring)
-        if not TRAINER_READS_LOSS_IS_SCALED_FOR_GA:  # transformers < 5.19: see training_step
+        self.args.train_sampling_strategy = "sequential"  # pre-arranged (llm2vec.dataset.arrange_global_batches)
+        if not TRAINER_READS_LOSS_IS_SCALED_FOR_GA:  # see loss_is_scaled_for_ga
             self.model_accepts_loss_kwargs = True
         self.run_config = run_config or {}
         self._part_sums: dict[str, torch.Tensor] = {}
@@ -121,13 +130,10 @@ class LLM2VecTrainer(Trainer):
         return (loss, outputs) if return_outputs else loss
 
     def training_step(self, model, inputs, num_items_in_batch=None):
-        """The Trainer's step, or the model's own ``step_in_parts`` (see the module docstring) when it has one
-        and uses it for this batch. Either way the returned loss is the micro-batch's weighted loss."""
+        """The Trainer's step, or the model's own ``step_in_parts`` when it has one and uses it for this batch;
+        either way the micro-batch's weighted loss."""
         if num_items_in_batch is None and not TRAINER_READS_LOSS_IS_SCALED_FOR_GA:
-            # transformers < 5.19 ignores loss_is_scaled_for_ga and divides the loss by the accumulation steps
-            # unless model_accepts_loss_kwargs (set in __init__) and num_items_in_batch is given; compute_loss
-            # does not read the count, so any number says "already scaled" (llm2vec.compat)
-            num_items_in_batch = 1
+            num_items_in_batch = 1  # see loss_is_scaled_for_ga; compute_loss does not read the count
         loss = self._micro_batch_step(model, inputs, num_items_in_batch)
         self._step_loss = self._step_loss + loss.detach().float()
         return loss
@@ -151,8 +157,8 @@ class LLM2VecTrainer(Trainer):
     # ------------------------------------------------------------------ divergence
 
     def _get_grad_norm(self, model, grad_norm=None):
-        """The Trainer's gradient norm, called after the step's last backward and before ``optimizer.step()``;
-        here also the finite check of the step (see the module docstring)."""
+        """The Trainer's gradient norm (after the step's last backward, before ``optimizer.step()``), checked finite
+        with the step's loss and parts."""
         grad_norm = super()._get_grad_norm(model, grad_norm)
         self._check_step_finite(grad_norm)
         return grad_norm
@@ -234,17 +240,9 @@ class LLM2VecTrainer(Trainer):
     # ------------------------------------------------------------------ saving and resuming
 
     def _save(self, output_dir=None, state_dict=None):
-        output_dir = output_dir if output_dir is not None else self.args.output_dir
-        if not self.args.should_save:
-            return
         if state_dict is not None:  # gathered by FSDP / DeepSpeed: strip the encoder's "model." prefix
             state_dict = {k[len("model.") :]: v for k, v in state_dict.items() if k.startswith("model.")}
-        self._encoder().save(output_dir, state_dict=state_dict)
-        with open(os.path.join(output_dir, RUN_CONFIG_NAME), "w") as f:
-            json.dump(self.run_config, f, indent=2)
-        write_training_card(
-            output_dir, self.run_config, self.state.log_history, self._encoder(), self.state.global_step
-        )
+        save_run(self, self._encoder(), output_dir, state_dict)
 
     def _save_checkpoint(self, model, trial) -> None:
         """The Trainer's checkpoint, written into a staging folder (``args.output_dir`` while it is written) and
