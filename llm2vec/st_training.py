@@ -14,84 +14,50 @@ from pathlib import Path
 
 from .arguments import ConfigError, RunConfig
 from .llm2vec_contrastive import lora_config  # noqa: F401
-from .st_losses import (  # noqa: F401  (re-exported: the path's public names import from here)
-    DEFAULT_LOSS,
-    TRAINABLE_LOSSES,
-    build_loss,
-    check_loss_arguments,
-    check_model_paths,
-)
-from .st_model import sentence_transformer, separator, set_separator  # noqa: F401
+from .st_losses import DEFAULT_LOSS, build_loss, check_loss_arguments, check_model_paths
+from .st_model import sentence_transformer, separator  # noqa: F401  (the path's public names import from here)
 
 logger = logging.getLogger("llm2vec")
 
-# ---------------------------------------------------------------------------------------------- the data
-
-
-def query_message(instruction: str, query: str) -> list[dict[str, str]]:
-    """A query as the conversation the export's chat template renders as ``LLM2Vec.encode([instruction, query])``."""
-    turn = [{"role": "user", "content": query}]
-    return [{"role": "system", "content": instruction}, *turn] if instruction else turn
-
 
 def st_dataset(examples: Sequence, with_negative: bool, query_instructions: bool = True):
-    """``datasets.Dataset`` of (query conversation, positive[, negative]) in the order of ``examples``."""
+    """``datasets.Dataset`` of (query, positive[, negative]) in the order of ``examples``; a query is the conversation
+    (instruction as system message) the export's chat template renders as ``LLM2Vec.encode([instruction, query])``."""
     import datasets
 
-    columns: dict[str, list] = {
-        "query": [query_message(e.query_instruction if query_instructions else "", e.query) for e in examples],
-        "positive": [e.positive for e in examples],
-    }
+    def query(e) -> list[dict[str, str]]:
+        instruction, turn = e.query_instruction if query_instructions else "", [{"role": "user", "content": e.query}]
+        return [{"role": "system", "content": instruction}, *turn] if instruction else turn
+
+    columns = {"query": [query(e) for e in examples], "positive": [e.positive for e in examples]}
     if with_negative:
         columns["negative"] = [e.negative for e in examples]
     return datasets.Dataset.from_dict(columns)
 
 
 def retrieval_evaluators(data, batch_size: int):
-    """The evaluator of the folders of ``retrieval_eval_dirs`` (:func:`_retrieval_evaluator_class`:
-    sentence-transformers' ``InformationRetrievalEvaluator`` per folder, queries with the folder's instruction as prompt, documents bare,
-    cosine, logged under the project trainer's names), or ``None`` when there are none."""
+    """One ``InformationRetrievalEvaluator`` per folder of ``retrieval_eval_dirs`` (queries with the folder's
+    instruction as prompt, documents bare, cosine), run by one evaluator that returns the scores under the names the
+    project's trainer logs (:class:`llm2vec.retrieval.RetrievalEvaluation`); ``None`` for no folder."""
+    from sentence_transformers.base.evaluation import BaseEvaluator
     from sentence_transformers.sentence_transformer.evaluation import InformationRetrievalEvaluator
     from sentence_transformers.util import cos_sim
 
     from .beir import read_beir_folder
+    from .retrieval import LOGGED, MEAN
 
+    at_k = dict(ndcg_at_k=[10], mrr_at_k=[10], accuracy_at_k=[10], precision_recall_at_k=[100], map_at_k=[10])
     out = []
     for folder, instruction in data.retrieval_folders():
         beir = read_beir_folder(folder, queries_without_relevant="refuse")
+        corpus = {d: beir.document_text(d) for d in beir.corpus}
+        relevant = {q: {d for d, g in docs.items() if g > 0} for q, docs in beir.relevant.items()}
+        settings = dict(name=beir.name, query_prompt=instruction or None, batch_size=batch_size, **at_k)
         out.append(
             InformationRetrievalEvaluator(
-                queries=dict(beir.queries),
-                corpus={d: beir.document_text(d) for d in beir.corpus},
-                relevant_docs={q: {d for d, g in docs.items() if g > 0} for q, docs in beir.relevant.items()},
-                name=beir.name,
-                query_prompt=instruction or None,
-                batch_size=batch_size,
-                show_progress_bar=False,
-                ndcg_at_k=[10],
-                mrr_at_k=[10],
-                accuracy_at_k=[10],
-                precision_recall_at_k=[100],
-                map_at_k=[10],
-                score_functions={"cosine": cos_sim},
+                dict(beir.queries), corpus, relevant, score_functions={"cosine": cos_sim}, **settings
             )
         )
-    return _retrieval_evaluator_class()(out) if out else None
-
-
-ST_METRIC = {"ndcg_at_10": "cosine_ndcg@10", "mrr_at_10": "cosine_mrr@10", "recall_at_100": "cosine_recall@100"}
-"""sentence-transformers' name (after the folder's) of each metric the project's trainer logs per folder."""
-
-
-def _retrieval_evaluator_class():
-    """The class of :func:`retrieval_evaluators`' evaluator (defined on first use: sentence-transformers is an extra):
-    it runs each folder's ``InformationRetrievalEvaluator`` and returns the scores under the names the project's
-    trainer logs (:class:`llm2vec.retrieval.RetrievalEvaluation`): ``<folder>_ndcg_at_10``, ``<folder>_mrr_at_10``,
-    ``<folder>_recall_at_100`` and their means over the folders, ``beir_mean_<metric>``; so both Stage II trainers
-    log ``eval_<folder>_ndcg_at_10``."""
-    from sentence_transformers.base.evaluation import BaseEvaluator
-
-    from .retrieval import LOGGED, MEAN
 
     class RetrievalFoldersEvaluator(BaseEvaluator):
         def __init__(self, evaluators):
@@ -115,10 +81,11 @@ def _retrieval_evaluator_class():
             out.update({f"{MEAN}_{m}": sum(v[m] for v in scores.values()) / len(scores) for m in LOGGED})
             return out
 
-    return RetrievalFoldersEvaluator
+    return RetrievalFoldersEvaluator(out) if out else None
 
 
-# ---------------------------------------------------------------------------------------------- the trainer
+# sentence-transformers' name (after the folder's) of each metric the project's trainer logs per folder
+ST_METRIC = {"ndcg_at_10": "cosine_ndcg@10", "mrr_at_10": "cosine_mrr@10", "recall_at_100": "cosine_recall@100"}
 
 
 def st_training_arguments(args):
@@ -170,8 +137,8 @@ def _trainer_class():
     return AnchorSentenceTransformerTrainer
 
 
+# the one way out of a run folder this path cannot continue: the Ctrl-C message, the refusals, a finished run
 NO_RESUME = "the trainer sentence_transformers path does not resume: pass --overwrite_output_dir true to start anew"
-"""The one way out of a run folder this path cannot continue: the Ctrl-C message, the refusals, a finished run."""
 
 
 def check_config(config: RunConfig) -> str | None:
@@ -180,10 +147,15 @@ def check_config(config: RunConfig) -> str | None:
     :data:`NO_RESUME` for any other run there (a live run's folder is left to :class:`llm2vec.run.RunManager`)."""
     stage, data, args = config.stage, config.data, config.training
     where = f"{config.source}: " if config.source else ""
+    instead = "drop it and use retrieval_eval_dirs (an InformationRetrievalEvaluator)"
     refused = {
-        "embedding_token_budget": (stage.embedding_token_budget, "the cached losses' loss_kwargs.mini_batch_size"),
-        "validation_file": (data.validation_file, "retrieval_eval_dirs (an InformationRetrievalEvaluator)"),
-        "validation_size": (data.validation_size, "retrieval_eval_dirs (an InformationRetrievalEvaluator)"),
+        "embedding_token_budget": (
+            stage.embedding_token_budget,
+            "drop it and use the cached losses' loss_kwargs.mini_batch_size",
+        ),
+        "validation_file": (data.validation_file, instead),
+        "validation_size": (data.validation_size, instead),
+        "use_packing true": (str(config.model.use_packing).lower() == "true", "set it to auto or false"),
     }
     resume = args.resume_from_checkpoint
     if resume not in (None, False, "", "false", "False"):
@@ -192,15 +164,9 @@ def check_config(config: RunConfig) -> str | None:
         raise ConfigError(f"{where}loss is empty: name a sentence-transformers loss, e.g. {DEFAULT_LOSS}")
     check_model_paths(config)  # before the loss's own checks: a folder that would run code is named as such
     check_loss_arguments(config.stage.loss, config.stage.loss_kwargs or {})
-    for name, (value, instead) in refused.items():
+    for name, (value, advice) in refused.items():
         if value:
-            raise ConfigError(
-                f"{where}{name}: not on the trainer sentence_transformers path; drop it and use {instead}"
-            )
-    if str(config.model.use_packing).lower() == "true":
-        raise ConfigError(
-            f"{where}use_packing true: not on the trainer sentence_transformers path; set it to auto or false"
-        )
+            raise ConfigError(f"{where}{name}: not on the trainer sentence_transformers path; {advice}")
     from .run import without_resume
 
     return without_resume(config, NO_RESUME)
@@ -227,14 +193,12 @@ def build_trainer(config: RunConfig, dataset, run_config: dict, callbacks: list,
     # the same modules under the project's encoder: its save
     encoder = LLM2Vec(model[0].model, tokenizer, max_length=model.max_seq_length, template=model.llm2vec_template.name)
     loss = build_loss(stage.loss, stage.loss_kwargs or {}, model, stage.loss_scale)
-    st_args = st_training_arguments(args)
-    evaluator = retrieval_evaluators(config.data, args.per_device_eval_batch_size)
     trainer = _trainer_class()(
         model=model,
-        args=st_args,
+        args=st_training_arguments(args),
         train_dataset=st_dataset(dataset.examples, stage.require_negative, config.data.query_instructions),
         loss=loss,
-        evaluator=evaluator,
+        evaluator=retrieval_evaluators(config.data, args.per_device_eval_batch_size),
         callbacks=callbacks,
         run_config=run_config,
         encoder=encoder,
