@@ -45,7 +45,7 @@ def sentence_transformer(
         kwargs = {"processor_kwargs": write_tokenizer(tokenizer, folder), **writer.ST_CHAT_TRANSFORMER_CONFIG}
         transformer = _transformer_class()(folder, model_kwargs={"llm2vec_model": body}, **kwargs)
     pooling = Pooling(**writer.pooling_config(encoder.pooling_mode, body.config.hidden_size))
-    model = SentenceTransformer(modules=[transformer, pooling], device=device)
+    model = SentenceTransformer(modules=[transformer, pooling], device=device, local_files_only=True)  # no hub look-up
     model.default_prompt_name, model.prompts = None, {}
     model.llm2vec_template = encoder.template
     if instruction_separator is not None:
@@ -69,6 +69,8 @@ def _transformer_class():
         """sentence-transformers' ``Transformer`` whose model-loading step returns ``model_kwargs["llm2vec_model"]``
         (a model in memory); its config and tokenizer are read from the folder it is given."""
 
+        # the one private method overridden (6.2 has no public way in); were it no longer called, loading would fail
+        # loudly: the folder holds no weights
         def _load_model(self, *args, llm2vec_model, **kwargs):
             return llm2vec_model
 
