@@ -57,7 +57,7 @@ def check_loss_arguments(name: str, kwargs: Mapping[str, Any], wrapped: bool = F
     if name not in choices:
         what = (
             "a loss this path trains"
-            if isinstance(getattr(losses, name, None), type)
+            if name.endswith("Loss") and isinstance(getattr(losses, name, None), type)
             else "a sentence-transformers loss"
         )
         raise ConfigError(

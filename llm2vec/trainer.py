@@ -27,11 +27,13 @@ from .run import RUN_CONFIG_NAME, CheckpointError, newest_checkpoint, staged_che
 PRIVATE_OVERRIDES: dict[str, tuple[str, str]] = {
     "_get_grad_norm": (
         "(self, model, grad_norm=None)",
-        "the step's finite check needs the (clipped) gradient norm before optimizer.step(); no hook is given it",
+        "the step's finite check needs the Trainer's gradient norm before optimizer.step(); on_pre_optimizer_step is "
+        "not given it, and computed again after clipping it would differ",
     ),
     "_save": (
         "(self, output_dir=None, state_dict=None)",
-        "the run's files must be in a checkpoint (FSDP/DeepSpeed state dict gathered) before it is published",
+        "the encoder's files, run_config.json and the card (FSDP/DeepSpeed state dict gathered by save_model) must be "
+        "in a checkpoint before it is published; on_save comes after",
     ),
     "_save_checkpoint": (
         "(self, model, trial)",
