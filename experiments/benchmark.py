@@ -307,8 +307,7 @@ def stage_II_st_step(args, variant: str, batch_size: int):
         return step, {"tokens": int(sum(batch[k]["attention_mask"].sum() for k in ("query", "positive", "negative")))}
     from llm2vec.st_training import build_loss, sentence_transformer
 
-    st_dir = Path(work.name) / "st"
-    model = sentence_transformer(str(path), st_dir, lora=paper_lora(), max_length=args.stage_II_max_length).train()
+    model = sentence_transformer(str(path), lora=paper_lora(), max_length=args.stage_II_max_length).train()
     loss = build_loss("CachedMultipleNegativesRankingLoss", {"mini_batch_size": args.st_mini_batch}, model, 20.0)
     features = [model.preprocess([getattr(e, side) for e in examples]) for side in ("query", "positive", "negative")]
 

@@ -7,56 +7,22 @@ import inspect
 import json
 import math
 import os
-import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from .arguments import ConfigError, RunConfig
 from .st_model import sentence_transformer
 
 DEFAULT_LOSS = "CachedMultipleNegativesRankingLoss"
-TRAINABLE_LOSSES = (
-    "MultipleNegativesRankingLoss",
-    "CachedMultipleNegativesRankingLoss",
-    "MultipleNegativesSymmetricRankingLoss",
-    "CachedMultipleNegativesSymmetricRankingLoss",
-    "GISTEmbedLoss",
-    "CachedGISTEmbedLoss",
-)
-"""The losses this path trains: in-batch negatives over (query, positive[, negative]) rows without labels."""
+_IN_BATCH = ("MultipleNegativesRankingLoss", "MultipleNegativesSymmetricRankingLoss", "GISTEmbedLoss")
+TRAINABLE_LOSSES = tuple(name for loss in _IN_BATCH for name in (loss, f"Cached{loss}"))
+"""The losses this path trains (each also cached): in-batch negatives over (query, positive[, negative]) rows."""
 WRAPPING_LOSSES = ("MatryoshkaLoss",)
 """Losses that modify another loss: ``loss_kwargs["loss"]`` names it, ``loss_kwargs["loss_kwargs"]`` its arguments."""
 GUIDED_LOSSES = ("GISTEmbedLoss", "CachedGISTEmbedLoss")
 SIMILARITIES = ("cos_sim", "dot_score", "euclidean_sim", "manhattan_sim")
 """The ``similarity_fct`` names of ``sentence_transformers.util`` a loss may take (JSON holds no functions)."""
-
-
-def loss_names() -> list[str]:
-    """The loss classes of ``sentence_transformers.sentence_transformer.losses``, by name."""
-    from sentence_transformers.sentence_transformer import losses
-
-    names = getattr(losses, "__all__", None) or dir(losses)
-    return sorted(
-        n
-        for n in names
-        if isinstance(getattr(losses, n, None), type)
-        and issubclass(getattr(losses, n), torch.nn.Module)
-        and n.endswith("Loss")
-    )
-
-
-def check_loss_name(name: str, field_name: str = "loss", wrapped: bool = False) -> None:
-    """``name`` is a sentence-transformers loss this path trains; else one :class:`ConfigError` line naming them."""
-    choices = TRAINABLE_LOSSES if wrapped else (*TRAINABLE_LOSSES, *WRAPPING_LOSSES)
-    if name not in choices:
-        what = "a loss this path trains" if name in loss_names() else "a sentence-transformers loss"
-        raise ConfigError(
-            f"{field_name}={name!r}: not {what} (its rows are query, positive[, negative], without labels); choose "
-            f"one of {', '.join(choices)}"
-        )
 
 
 def _check_value(loss: str, key: str, value: Any, default: Any) -> None:
@@ -87,7 +53,17 @@ def check_loss_arguments(name: str, kwargs: Mapping[str, Any], wrapped: bool = F
     model loads; one :class:`ConfigError` line naming the field and what to give."""
     from sentence_transformers.sentence_transformer import losses
 
-    check_loss_name(name, "loss_kwargs.loss" if wrapped else "loss", wrapped)
+    choices = TRAINABLE_LOSSES if wrapped else (*TRAINABLE_LOSSES, *WRAPPING_LOSSES)
+    if name not in choices:
+        what = (
+            "a loss this path trains"
+            if name.endswith("Loss") and isinstance(getattr(losses, name, None), type)
+            else "a sentence-transformers loss"
+        )
+        raise ConfigError(
+            f"{'loss_kwargs.loss' if wrapped else 'loss'}={name!r}: not {what} (its rows are query, positive[, "
+            f"negative], without labels); choose one of {', '.join(choices)}"
+        )
     params = inspect.signature(getattr(losses, name).__init__).parameters
     accepted = [p for p in params if p not in ("self", "model")]
     extra = ("loss_kwargs",) if name in WRAPPING_LOSSES else ()
@@ -148,11 +124,9 @@ def check_model_paths(config: RunConfig) -> None:
             raise ConfigError(f"{field_name} {path} and output_dir {out} overlap: a run never writes where it reads")
 
 
-def build_loss(name: str, kwargs: Mapping[str, Any], model, loss_scale: float = 20.0, guide_loader=None):
-    """The loss ``name`` of ``sentence_transformers.sentence_transformer.losses`` on ``model`` (docs/design.md),
-    after :func:`check_loss_arguments`. ``guide_loader(path, max_length)`` loads a GIST guide given as a folder
-    (default: :func:`sentence_transformer` without LoRA, at the model's length); a ``SentenceTransformer`` guide is
-    used as it is."""
+def build_loss(name: str, kwargs: Mapping[str, Any], model, loss_scale: float = 20.0):
+    """The loss ``name`` on ``model`` (docs/design.md), after :func:`check_loss_arguments`; a GIST guide given as a
+    folder is loaded as :func:`sentence_transformer` (an export's folder as it is), a ``SentenceTransformer`` used."""
     from sentence_transformers import util
     from sentence_transformers.sentence_transformer import losses
 
@@ -163,7 +137,7 @@ def build_loss(name: str, kwargs: Mapping[str, Any], model, loss_scale: float = 
         kwargs["similarity_fct"] = getattr(util, kwargs["similarity_fct"])
     if name in WRAPPING_LOSSES:
         inner, inner_kwargs = kwargs.pop("loss", DEFAULT_LOSS), kwargs.pop("loss_kwargs", {})
-        kwargs["loss"] = build_loss(inner, inner_kwargs, model, loss_scale, guide_loader)
+        kwargs["loss"] = build_loss(inner, inner_kwargs, model, loss_scale)
     if "scale" in params and "scale" not in kwargs:
         kwargs["scale"] = loss_scale
     if name in GUIDED_LOSSES:
@@ -173,17 +147,16 @@ def build_loss(name: str, kwargs: Mapping[str, Any], model, loss_scale: float = 
         if guide is None:
             kwargs["guide"] = model  # self-guided: the model being trained, without gradient, picks the negatives
         elif isinstance(guide, (str, os.PathLike)):
-            kwargs["guide"] = (guide_loader or _load_guide)(str(guide), model.max_seq_length)
+            kwargs["guide"] = _load_guide(str(guide), model.max_seq_length)
     try:
         return cls(model, **kwargs)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"loss_kwargs of {name}: {str(e).splitlines()[0]}") from None
 
 
-def _load_guide(path: str, max_length: int | None = None):
+def _load_guide(path: str, max_length: int):
     from sentence_transformers import SentenceTransformer
 
     if (Path(path) / "modules.json").exists():  # a sentence-transformers folder (an export)
         return SentenceTransformer(path, device="cpu", local_files_only=True)
-    with tempfile.TemporaryDirectory(prefix="llm2vec-st-guide-") as work:  # loaded, the export is not read again
-        return sentence_transformer(path, Path(work) / "guide", max_length=max_length)
+    return sentence_transformer(path, max_length=max_length)

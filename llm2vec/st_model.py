@@ -1,91 +1,80 @@
-"""This project's model as a ``SentenceTransformer`` for Stage II through sentence-transformers: written by the
-export, loaded, its chat template set to a separator, LoRA added as the project's Stage II adds it."""
+"""This project's model as a ``SentenceTransformer`` for Stage II through sentence-transformers, built in memory from
+the export's parts (chat layout, anchor pooling, not normalised), LoRA added as the project's Stage II adds it."""
 
 from __future__ import annotations
 
 import contextlib
-import os
+import functools
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
 
 def sentence_transformer(
     base_model_name_or_path: str,
-    work_dir: str | os.PathLike,
     peft_model_name_or_path: str | None = None,
     *,
     lora=None,
-    max_length: int | None = None,
-    template: str | None = None,
     instruction_separator: str | None = None,
     dtype: torch.dtype = torch.float32,
     device: str = "cpu",
-    trust_remote_code: bool = False,
-    accept_other_base: bool = False,
     seed: int | None = None,
+    **loading,
 ):
-    """This project's model as a ``SentenceTransformer`` (docs/design.md, st_training), written to ``work_dir``
-    (a new or empty folder) by the export and loaded from there; with ``lora`` (a ``peft.LoraConfig``) the decoder
-    body gets trainable LoRA adapters (seeded with ``seed`` when given), everything else frozen.
-    ``instruction_separator`` rebuilds the chat template with that separator (the training one)."""
+    """The model (adapter merged, ``loading`` as :meth:`LLM2Vec.load`) as a ``SentenceTransformer`` that embeds as
+    its export (docs/design.md, st_training), weights in ``dtype``; an ``ExportError`` where the export would refuse
+    it. ``lora`` (a ``peft.LoraConfig``): trainable adapters on the decoder body (seeded with ``seed``), the rest
+    frozen; ``instruction_separator`` rebuilds the chat template with it."""
     from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
 
-    from .export import export_sentence_transformers
+    from .export import writer
+    from .export.prompts import CHAT_LAYOUT, build_prompts
+    from .export.tokenizer import write_tokenizer
+    from .llm2vec import decoder_body
 
-    if os.path.isdir(work_dir) and os.listdir(work_dir):  # the export would refuse it naming its --overwrite
-        raise ValueError(
-            f"work_dir {work_dir} is not empty; give a new or empty folder (a tempfile.TemporaryDirectory)"
-        )
-    export_sentence_transformers(
-        base_model_name_or_path,
-        work_dir,
-        peft_model_name_or_path,
-        query_instruction="",  # the prompts are not used here: the training data carries the instructions
-        max_length=max_length,
-        template=template,
-        normalize=False,  # the raw anchor state, as LLM2Vec.embed (a loss normalises where it needs to)
-        dtype=dtype,
-        device="cpu",
-        trust_remote_code=trust_remote_code,
-        accept_other_base=accept_other_base,
-    )
-    model = SentenceTransformer(str(work_dir), device=device, local_files_only=True, trust_remote_code=False)
-    model.default_prompt_name = None
-    model.prompts = {}
-    _spec_of(model, "")  # the template read while the folder is there
+    encoder = writer.exportable_encoder(base_model_name_or_path, peft_model_name_or_path, CHAT_LAYOUT, dtype, **loading)
+    tokenizer = writer.exported_tokenizer(encoder, build_prompts(encoder, {}, "", CHAT_LAYOUT), CHAT_LAYOUT)
+    body = decoder_body(encoder.model)
+    body.config.use_cache = False  # as sentence-transformers loads a model
+    with tempfile.TemporaryDirectory(prefix="llm2vec-st-") as work:  # its tokenizer loads from a folder only
+        folder = Path(work)
+        body.config.save_pretrained(folder)
+        kwargs = {"processor_kwargs": write_tokenizer(tokenizer, folder), **writer.ST_CHAT_TRANSFORMER_CONFIG}
+        transformer = _transformer_class()(folder, model_kwargs={"llm2vec_model": body}, **kwargs)
+    pooling = Pooling(**writer.pooling_config(encoder.pooling_mode, body.config.hidden_size))
+    model = SentenceTransformer(modules=[transformer, pooling], device=device, local_files_only=True)  # no hub look-up
+    model.default_prompt_name, model.prompts = None, {}
+    model.llm2vec_template = encoder.template
     if instruction_separator is not None:
         set_separator(model, instruction_separator)
     if lora is not None:
+        from transformers import set_seed
+
         from .llm2vec_contrastive import add_lora
 
         if seed is not None:
-            import transformers
-
-            transformers.set_seed(seed)
+            set_seed(seed)
         model[0].model = add_lora(model[0].model, lora)
     return model
 
 
-def _spec_of(model, separator: str):
-    """The model's template with ``separator``; read from its folder once (the folder may be gone later)."""
-    from transformers import AutoConfig
+@functools.cache
+def _transformer_class():
+    from sentence_transformers.sentence_transformer.modules import Transformer
 
-    from . import templates
-    from .llm2vec import read_llm2vec_config
+    class InMemoryTransformer(Transformer):
+        """sentence-transformers' ``Transformer`` whose model-loading step returns ``model_kwargs["llm2vec_model"]``
+        (a model in memory); its config and tokenizer are read from the folder it is given."""
 
-    if not hasattr(model, "_llm2vec_template"):
-        folder = str(model[0].model.name_or_path)
-        name = read_llm2vec_config(folder)["template"]
-        model._llm2vec_template = templates.named_template(name, AutoConfig.from_pretrained(folder), model.tokenizer)
-    return model._llm2vec_template.with_separator(separator)
+        # the one private method overridden (6.2 has no public way in); were it no longer called, loading would fail
+        # loudly: the folder holds no weights
+        def _load_model(self, *args, llm2vec_model, **kwargs):
+            return llm2vec_model
 
-
-def set_separator(model, separator: str) -> None:
-    """Rebuild the export's chat template of ``model`` with ``separator`` between instruction and text."""
-    from .export.tokenizer import fitting_chat_template
-
-    model.tokenizer.chat_template = fitting_chat_template(_spec_of(model, separator), model.tokenizer)
+    return InMemoryTransformer
 
 
 @contextlib.contextmanager
@@ -97,3 +86,9 @@ def separator(model, value: str) -> Iterator[None]:
         yield
     finally:
         model.tokenizer.chat_template = before
+
+
+def set_separator(model, value: str) -> None:
+    from .export.tokenizer import fitting_chat_template
+
+    model.tokenizer.chat_template = fitting_chat_template(model.llm2vec_template.with_separator(value), model.tokenizer)

@@ -7,95 +7,57 @@ steps (model, data, loss, run) are in docs/design.md. Refused in one line: resum
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-
 from .arguments import ConfigError, RunConfig
 from .llm2vec_contrastive import lora_config  # noqa: F401
-from .st_losses import (  # noqa: F401  (re-exported: the path's public names import from here)
-    DEFAULT_LOSS,
-    TRAINABLE_LOSSES,
-    build_loss,
-    check_loss_arguments,
-    check_model_paths,
-)
-from .st_model import sentence_transformer, separator, set_separator  # noqa: F401
+from .st_losses import DEFAULT_LOSS, build_loss, check_loss_arguments, check_model_paths
+from .st_model import sentence_transformer, separator  # noqa: F401  (the path's public names import from here)
 
 logger = logging.getLogger("llm2vec")
 
-# ---------------------------------------------------------------------------------------------- the data
-
-
-def query_message(instruction: str, query: str) -> list[dict[str, str]]:
-    """A query as the conversation the export's chat template renders as ``LLM2Vec.encode([instruction, query])``."""
-    turn = [{"role": "user", "content": query}]
-    return [{"role": "system", "content": instruction}, *turn] if instruction else turn
-
 
 def st_dataset(examples: Sequence, with_negative: bool, query_instructions: bool = True):
-    """``datasets.Dataset`` of (query conversation, positive[, negative]) in the order of ``examples``."""
+    """``datasets.Dataset`` of (query, positive[, negative]) in the order of ``examples``; a query is the conversation
+    (instruction as system message) the export's chat template renders as ``LLM2Vec.encode([instruction, query])``."""
     import datasets
 
-    columns: dict[str, list] = {
-        "query": [query_message(e.query_instruction if query_instructions else "", e.query) for e in examples],
-        "positive": [e.positive for e in examples],
-    }
+    def query(e) -> list[dict[str, str]]:
+        instruction, turn = e.query_instruction if query_instructions else "", [{"role": "user", "content": e.query}]
+        return [{"role": "system", "content": instruction}, *turn] if instruction else turn
+
+    columns = {"query": [query(e) for e in examples], "positive": [e.positive for e in examples]}
     if with_negative:
         columns["negative"] = [e.negative for e in examples]
     return datasets.Dataset.from_dict(columns)
 
 
 def retrieval_evaluators(data, batch_size: int):
-    """The evaluator of the folders of ``retrieval_eval_dirs`` (:func:`_retrieval_evaluator_class`:
-    sentence-transformers' ``InformationRetrievalEvaluator`` per folder, queries with the folder's instruction as prompt, documents bare,
-    cosine, logged under the project trainer's names), or ``None`` when there are none."""
+    """One ``InformationRetrievalEvaluator`` per folder of ``retrieval_eval_dirs`` (queries with the folder's
+    instruction as prompt, documents bare, cosine), run by one evaluator that returns the scores under the names the
+    project's trainer logs (:class:`llm2vec.retrieval.RetrievalEvaluation`); ``None`` for no folder."""
+    from sentence_transformers.base.evaluation import BaseEvaluator
     from sentence_transformers.sentence_transformer.evaluation import InformationRetrievalEvaluator
     from sentence_transformers.util import cos_sim
 
     from .beir import read_beir_folder
+    from .retrieval import LOGGED, MEAN
 
+    at_k = dict(ndcg_at_k=[10], mrr_at_k=[10], accuracy_at_k=[10], precision_recall_at_k=[100], map_at_k=[10])
     out = []
     for folder, instruction in data.retrieval_folders():
         beir = read_beir_folder(folder, queries_without_relevant="refuse")
+        corpus = {d: beir.document_text(d) for d in beir.corpus}
+        relevant = {q: {d for d, g in docs.items() if g > 0} for q, docs in beir.relevant.items()}
+        settings = dict(name=beir.name, query_prompt=instruction or None, batch_size=batch_size, **at_k)
         out.append(
             InformationRetrievalEvaluator(
-                queries=dict(beir.queries),
-                corpus={d: beir.document_text(d) for d in beir.corpus},
-                relevant_docs={q: {d for d, g in docs.items() if g > 0} for q, docs in beir.relevant.items()},
-                name=beir.name,
-                query_prompt=instruction or None,
-                batch_size=batch_size,
-                show_progress_bar=False,
-                ndcg_at_k=[10],
-                mrr_at_k=[10],
-                accuracy_at_k=[10],
-                precision_recall_at_k=[100],
-                map_at_k=[10],
-                score_functions={"cosine": cos_sim},
+                dict(beir.queries), corpus, relevant, score_functions={"cosine": cos_sim}, **settings
             )
         )
-    return _retrieval_evaluator_class()(out) if out else None
-
-
-ST_METRIC = {"ndcg_at_10": "cosine_ndcg@10", "mrr_at_10": "cosine_mrr@10", "recall_at_100": "cosine_recall@100"}
-"""sentence-transformers' name (after the folder's) of each metric the project's trainer logs per folder."""
-
-
-def _retrieval_evaluator_class():
-    """The class of :func:`retrieval_evaluators`' evaluator (defined on first use: sentence-transformers is an extra):
-    it runs each folder's ``InformationRetrievalEvaluator`` and returns the scores under the names the project's
-    trainer logs (:class:`llm2vec.retrieval.RetrievalEvaluation`): ``<folder>_ndcg_at_10``, ``<folder>_mrr_at_10``,
-    ``<folder>_recall_at_100`` and their means over the folders, ``beir_mean_<metric>``; so both Stage II trainers
-    log ``eval_<folder>_ndcg_at_10``."""
-    from sentence_transformers.base.evaluation import BaseEvaluator
-
-    from .retrieval import LOGGED, MEAN
 
     class RetrievalFoldersEvaluator(BaseEvaluator):
         def __init__(self, evaluators):
@@ -119,10 +81,11 @@ def _retrieval_evaluator_class():
             out.update({f"{MEAN}_{m}": sum(v[m] for v in scores.values()) / len(scores) for m in LOGGED})
             return out
 
-    return RetrievalFoldersEvaluator
+    return RetrievalFoldersEvaluator(out) if out else None
 
 
-# ---------------------------------------------------------------------------------------------- the trainer
+# sentence-transformers' name (after the folder's) of each metric the project's trainer logs per folder
+ST_METRIC = {"ndcg_at_10": "cosine_ndcg@10", "mrr_at_10": "cosine_mrr@10", "recall_at_100": "cosine_recall@100"}
 
 
 def st_training_arguments(args):
@@ -139,14 +102,18 @@ def st_training_arguments(args):
 def _trainer_class():
     from sentence_transformers import SentenceTransformerTrainer
 
+    from .run import staged_checkpoint
+    from .trainer import LLM2VecTrainer, save_run
+
     class AnchorSentenceTransformerTrainer(SentenceTransformerTrainer):
-        """``SentenceTransformerTrainer`` reading the project's batches in order and saving a Stage II run's files."""
+        """``SentenceTransformerTrainer`` reading the project's batches in order, checking and saving as the
+        project's trainer does (``encoder``: the project's encoder over the same LoRA modules)."""
+
+        check_weights_finite, _diverged = LLM2VecTrainer.check_weights_finite, LLM2VecTrainer._diverged
 
         def __init__(self, *a, run_config=None, encoder=None, evaluation_separator=None, **kw):
             super().__init__(*a, **kw)
-            self.run_config = run_config or {}
-            self.encoder = encoder  # LLM2Vec over the same (LoRA) modules: the project's save
-            self.evaluation_separator = evaluation_separator
+            self.run_config, self.encoder, self.evaluation_separator = run_config or {}, encoder, evaluation_separator
 
         def get_batch_sampler(self, dataset, batch_size, drop_last, valid_label_columns=None, generator=None, seed=0):
             from torch.utils.data import BatchSampler, SequentialSampler
@@ -159,43 +126,19 @@ def _trainer_class():
             with separator(self.model, self.evaluation_separator):
                 return super().evaluate(*a, **kw)
 
-        def check_weights_finite(self, what: str) -> None:
-            from .trainer import TrainingDiverged
-
-            if not all(torch.isfinite(p).all() for p in self.model.parameters() if p.requires_grad):
-                raise TrainingDiverged(
-                    f"the LoRA weights hold NaN or infinite values at step {self.state.global_step}; {what}"
-                )
-
-        def _save_checkpoint(self, model, trial) -> None:  # staged and listed, as the project trainer's
-            from .run import staged_checkpoint
-
+        def _save_checkpoint(self, model, trial) -> None:
+            self.check_weights_finite(f"checkpoint-{self.state.global_step} was not written")
             with staged_checkpoint(self):
                 super()._save_checkpoint(model, trial)
 
         def _save(self, output_dir=None, state_dict=None):
-            from .model_card import write_training_card
-            from .trainer import RUN_CONFIG_NAME
-
-            output_dir = output_dir if output_dir is not None else self.args.output_dir
-            if not self.args.should_save:
-                return
-            self.encoder.save(output_dir)
-            config_file = Path(output_dir) / "adapter_config.json"
-            adapter = json.loads(config_file.read_text())
-            adapter["base_model_name_or_path"] = self.run_config.get("model_name_or_path", "")
-            config_file.write_text(json.dumps(adapter, indent=2) + "\n")
-            with open(os.path.join(output_dir, RUN_CONFIG_NAME), "w") as f:
-                json.dump(self.run_config, f, indent=2)
-            write_training_card(
-                output_dir, self.run_config, self.state.log_history, self.encoder, self.state.global_step
-            )
+            save_run(self, self.encoder, output_dir)
 
     return AnchorSentenceTransformerTrainer
 
 
+# the one way out of a run folder this path cannot continue: the Ctrl-C message, the refusals, a finished run
 NO_RESUME = "the trainer sentence_transformers path does not resume: pass --overwrite_output_dir true to start anew"
-"""The one way out of a run folder this path cannot continue: the Ctrl-C message, the refusals, a finished run."""
 
 
 def check_config(config: RunConfig) -> str | None:
@@ -204,10 +147,15 @@ def check_config(config: RunConfig) -> str | None:
     :data:`NO_RESUME` for any other run there (a live run's folder is left to :class:`llm2vec.run.RunManager`)."""
     stage, data, args = config.stage, config.data, config.training
     where = f"{config.source}: " if config.source else ""
+    instead = "drop it and use retrieval_eval_dirs (an InformationRetrievalEvaluator)"
     refused = {
-        "embedding_token_budget": (stage.embedding_token_budget, "the cached losses' loss_kwargs.mini_batch_size"),
-        "validation_file": (data.validation_file, "retrieval_eval_dirs (an InformationRetrievalEvaluator)"),
-        "validation_size": (data.validation_size, "retrieval_eval_dirs (an InformationRetrievalEvaluator)"),
+        "embedding_token_budget": (
+            stage.embedding_token_budget,
+            "drop it and use the cached losses' loss_kwargs.mini_batch_size",
+        ),
+        "validation_file": (data.validation_file, instead),
+        "validation_size": (data.validation_size, instead),
+        "use_packing true": (str(config.model.use_packing).lower() == "true", "set it to auto or false"),
     }
     resume = args.resume_from_checkpoint
     if resume not in (None, False, "", "false", "False"):
@@ -216,15 +164,9 @@ def check_config(config: RunConfig) -> str | None:
         raise ConfigError(f"{where}loss is empty: name a sentence-transformers loss, e.g. {DEFAULT_LOSS}")
     check_model_paths(config)  # before the loss's own checks: a folder that would run code is named as such
     check_loss_arguments(config.stage.loss, config.stage.loss_kwargs or {})
-    for name, (value, instead) in refused.items():
+    for name, (value, advice) in refused.items():
         if value:
-            raise ConfigError(
-                f"{where}{name}: not on the trainer sentence_transformers path; drop it and use {instead}"
-            )
-    if str(config.model.use_packing).lower() == "true":
-        raise ConfigError(
-            f"{where}use_packing true: not on the trainer sentence_transformers path; set it to auto or false"
-        )
+            raise ConfigError(f"{where}{name}: not on the trainer sentence_transformers path; {advice}")
     from .run import without_resume
 
     return without_resume(config, NO_RESUME)
@@ -232,39 +174,31 @@ def check_config(config: RunConfig) -> str | None:
 
 def build_trainer(config: RunConfig, dataset, run_config: dict, callbacks: list, tokenizer, template):
     """The trainer of a Stage II run through sentence-transformers (docs/design.md), for
-    :func:`llm2vec.training.train`, which runs it in the run's folder as it runs the project's trainer. The model is
-    written to a temporary folder that lives as long as the trainer."""
+    :func:`llm2vec.training.train`, which runs it in the run's folder as it runs the project's trainer."""
     from .llm2vec import LLM2Vec
 
     args, stage = config.training, config.stage
-    with tempfile.TemporaryDirectory(prefix="llm2vec-st-") as work:  # loaded, the export is not read again
-        model = sentence_transformer(
-            config.model.model_name_or_path,
-            Path(work) / "model",
-            stage.peft_model_name_or_path,
-            lora=lora_config(stage),
-            max_length=config.model.max_seq_length,
-            template=config.model.template,
-            instruction_separator=config.data.instruction_separator if config.data.query_instructions else None,
-            dtype=config.dtype,
-            trust_remote_code=config.model.trust_remote_code,
-            accept_other_base=stage.accept_other_base,
-            seed=args.seed,
-        )
-        settings = json.loads((Path(work) / "model" / "llm2vec_config.json").read_text())
-    for peft_config in model[0].model.peft_config.values():  # not the removed copy (peft reads its config on save)
-        peft_config.base_model_name_or_path = config.model.model_name_or_path
-    settings.pop("prompts", None)
-    encoder = LLM2Vec(model[0].model, tokenizer, **settings)  # the same modules: the project's save
+    model = sentence_transformer(
+        config.model.model_name_or_path,
+        stage.peft_model_name_or_path,
+        lora=lora_config(stage),
+        max_length=config.model.max_seq_length,
+        template=config.model.template,
+        instruction_separator=config.data.instruction_separator if config.data.query_instructions else None,
+        dtype=config.dtype,
+        trust_remote_code=config.model.trust_remote_code,
+        accept_other_base=stage.accept_other_base,
+        seed=args.seed,
+    )
+    # the same modules under the project's encoder: its save
+    encoder = LLM2Vec(model[0].model, tokenizer, max_length=model.max_seq_length, template=model.llm2vec_template.name)
     loss = build_loss(stage.loss, stage.loss_kwargs or {}, model, stage.loss_scale)
-    st_args = st_training_arguments(args)
-    evaluator = retrieval_evaluators(config.data, args.per_device_eval_batch_size)
     trainer = _trainer_class()(
         model=model,
-        args=st_args,
+        args=st_training_arguments(args),
         train_dataset=st_dataset(dataset.examples, stage.require_negative, config.data.query_instructions),
         loss=loss,
-        evaluator=evaluator,
+        evaluator=retrieval_evaluators(config.data, args.per_device_eval_batch_size),
         callbacks=callbacks,
         run_config=run_config,
         encoder=encoder,

@@ -23,32 +23,25 @@ from .model_card import write_training_card
 from .run import RUN_CONFIG_NAME, CheckpointError, newest_checkpoint, staged_checkpoint
 
 # The private methods of transformers' Trainer that LLM2VecTrainer overrides: name -> (the Trainer's signature they
-# were written against, as parameter names and defaults; why no public hook or TrainerCallback does the work).
-# tests/test_upstream.py fails when transformers changes one of these signatures or the contract noted here, and
-# when this class overrides a private Trainer method that is not listed.
+# were written against; why no public hook does the work). tests/test_upstream.py checks both against transformers.
 PRIVATE_OVERRIDES: dict[str, tuple[str, str]] = {
     "_get_grad_norm": (
         "(self, model, grad_norm=None)",
-        "the divergence check needs the step's gradient norm after the last backward and before optimizer.step(); "
-        "on_pre_optimizer_step is called at that point but is not given the norm, and computing it again would "
-        "differ once the gradients are clipped",
+        "the step's finite check needs the Trainer's gradient norm before optimizer.step(); on_pre_optimizer_step is "
+        "not given it, and computed again after clipping it would differ",
     ),
     "_save": (
         "(self, output_dir=None, state_dict=None)",
-        "save_model gathers the FSDP/DeepSpeed state dict and hands it here; the encoder's own save, run_config.json "
-        "and the model card must be written inside the folder before a checkpoint is published, which on_save "
-        "(called after the checkpoint is complete) cannot do",
+        "the encoder's files, run_config.json and the card (FSDP/DeepSpeed state dict gathered by save_model) must be "
+        "in a checkpoint before it is published; on_save comes after",
     ),
     "_save_checkpoint": (
         "(self, model, trial)",
-        "a checkpoint is written into a staging folder and renamed into place when complete "
-        "(llm2vec.run.staged_checkpoint), and the weights are checked finite first; no hook runs both before and "
-        "after a checkpoint's files are written",
+        "checked finite, staged and renamed into place (run.staged_checkpoint): no hook runs before and after",
     ),
     "_load_from_checkpoint": (
         "(self, resume_from_checkpoint, model=None)",
-        "checkpoints hold the encoder's own files (LLM2Vec.save), which the Trainer's loader cannot map onto the "
-        "wrapper; loaded strictly, weights that do not fit reported in one line",
+        "checkpoints hold the encoder's own files (LLM2Vec.save), loaded strictly, a misfit reported in one line",
     ),
 }
 
@@ -60,46 +53,51 @@ class TrainingDiverged(RuntimeError):
 def first_line(error: BaseException, limit: int = 300) -> str:
     """An error's message on one line: its first line, and the next one when the first ends in a colon (torch's
     "Error(s) in loading state_dict for ...:" names the problem below it)."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    if not lines:
-        return type(error).__name__
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
     text = lines[0] + (f" {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else "")
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def save_run(trainer, encoder, output_dir=None, state_dict=None) -> None:
+    """A stage's save into ``output_dir`` (default: the trainer's): ``encoder.save``, ``run_config.json`` and the
+    model card; nothing on a process that does not save."""
+    output_dir = output_dir if output_dir is not None else trainer.args.output_dir
+    if not trainer.args.should_save:
+        return
+    encoder.save(output_dir, state_dict=state_dict)
+    with open(os.path.join(output_dir, RUN_CONFIG_NAME), "w") as f:
+        json.dump(trainer.run_config, f, indent=2)
+    write_training_card(output_dir, trainer.run_config, trainer.state.log_history, encoder, trainer.state.global_step)
+
+
 class LLM2VecTrainer(Trainer):
-    # This trainer scales the loss for gradient accumulation itself (see the module docstring).
+    # The loss is weighted over the whole step already (llm2vec.collator.loss_weight), so the Trainer must not divide
+    # it by the accumulation steps: transformers >= 5.19 reads this attribute; before 5.19 it skips the division only
+    # when model_accepts_loss_kwargs (set in __init__) and num_items_in_batch is not None (set in training_step).
     loss_is_scaled_for_ga = True
 
     def __init__(self, *args, run_config: dict | None = None, retrieval_evaluation=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.retrieval_evaluation = retrieval_evaluation  # a llm2vec.retrieval.RetrievalEvaluation, or None
-        self.args.train_sampling_strategy = "sequential"  # the data order is pre-arranged (see the module docstring)
-        if not TRAINER_READS_LOSS_IS_SCALED_FOR_GA:  # transformers < 5.19: see training_step
+        self.args.train_sampling_strategy = "sequential"  # pre-arranged (llm2vec.dataset.arrange_global_batches)
+        if not TRAINER_READS_LOSS_IS_SCALED_FOR_GA:  # see loss_is_scaled_for_ga
             self.model_accepts_loss_kwargs = True
         self.run_config = run_config or {}
-        self._part_sums: dict[str, torch.Tensor] = {}
-        self._part_steps = 0
-        self._metric_sums: dict[str, tuple[torch.Tensor | float, int]] = {}
-        self._step_loss: torch.Tensor | float = 0.0  # this optimizer step's weighted loss, for the finite check
-        self._step_parts: dict[str, torch.Tensor] = {}
+        self._part_sums, self._part_steps, self._metric_sums = {}, 0, {}  # since the last log
+        self._step_loss, self._step_parts = 0.0, {}  # this optimizer step's, for the finite check
 
     def _encoder(self):
         return self.accelerator.unwrap_model(self.model)
-
-    # ------------------------------------------------------------------ loss
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         """The micro-batches of one optimizer step, each with the step's summed token counts
         (:func:`llm2vec.collator.step_counts`)."""
         batches, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)
         self._part_steps += 1
-        processes = self.accelerator.num_processes
-        reduce = (lambda t: self.accelerator.reduce(t, reduction="sum")) if processes > 1 else None
+        reduce = (lambda t: self.accelerator.reduce(t, reduction="sum")) if self.accelerator.num_processes > 1 else None
         return step_counts(batches, device, reduce), num_items
 
     def _loss_weight(self, inputs) -> float:
-        """What the model's loss is multiplied by before backward (:func:`llm2vec.collator.loss_weight`)."""
         return loss_weight(inputs, self.accelerator.num_processes, self.args.gradient_accumulation_steps)
 
     def _record_parts(self, outputs, weight: float) -> None:
@@ -121,13 +119,10 @@ class LLM2VecTrainer(Trainer):
         return (loss, outputs) if return_outputs else loss
 
     def training_step(self, model, inputs, num_items_in_batch=None):
-        """The Trainer's step, or the model's own ``step_in_parts`` (see the module docstring) when it has one
-        and uses it for this batch. Either way the returned loss is the micro-batch's weighted loss."""
+        """The Trainer's step, or the model's own ``step_in_parts`` when it has one and uses it for this batch;
+        either way the micro-batch's weighted loss."""
         if num_items_in_batch is None and not TRAINER_READS_LOSS_IS_SCALED_FOR_GA:
-            # transformers < 5.19 ignores loss_is_scaled_for_ga and divides the loss by the accumulation steps
-            # unless model_accepts_loss_kwargs (set in __init__) and num_items_in_batch is given; compute_loss
-            # does not read the count, so any number says "already scaled" (llm2vec.compat)
-            num_items_in_batch = 1
+            num_items_in_batch = 1  # see loss_is_scaled_for_ga; compute_loss does not read the count
         loss = self._micro_batch_step(model, inputs, num_items_in_batch)
         self._step_loss = self._step_loss + loss.detach().float()
         return loss
@@ -148,34 +143,28 @@ class LLM2VecTrainer(Trainer):
         self._record_parts(outputs, weight)
         return outputs.loss.detach() * weight
 
-    # ------------------------------------------------------------------ divergence
-
     def _get_grad_norm(self, model, grad_norm=None):
-        """The Trainer's gradient norm, called after the step's last backward and before ``optimizer.step()``;
-        here also the finite check of the step (see the module docstring)."""
+        """The Trainer's gradient norm (after the step's last backward, before ``optimizer.step()``), checked finite
+        with the step's loss and parts."""
         grad_norm = super()._get_grad_norm(model, grad_norm)
         self._check_step_finite(grad_norm)
         return grad_norm
 
     def _check_step_finite(self, grad_norm) -> None:
         names = ["loss", *sorted(self._step_parts)]
-        device = self.args.device
+        steps = [self._step_loss, *(self._step_parts[n] for n in names[1:])]
         values = torch.stack(
-            [torch.as_tensor(self._step_loss, dtype=torch.float32, device=device).reshape(())]
-            + [torch.as_tensor(self._step_parts[n], dtype=torch.float32, device=device).reshape(()) for n in names[1:]]
+            [torch.as_tensor(v, dtype=torch.float32, device=self.args.device).reshape(()) for v in steps]
         )
         if self.accelerator.num_processes > 1:  # a NaN on any process makes the sum NaN on all of them
             values = self.accelerator.reduce(values, reduction="sum")
         self._step_loss, self._step_parts = 0.0, {}
         norm = float(grad_norm) if grad_norm is not None else 0.0
-        if bool(torch.isfinite(values).all()) and math.isfinite(norm):
-            return
-        bad = [f"{n} {v}" for n, v in zip(names, values.tolist()) if not math.isfinite(v)]
-        if not math.isfinite(norm):
-            bad.append(f"grad_norm {norm}")
-        self._diverged(
-            f"training diverged at step {self.state.global_step + 1}: {', '.join(bad)}; the step was not applied"
-        )
+        bad = [f"{n} {v}" for n, v in zip([*names, "grad_norm"], [*values.tolist(), norm]) if not math.isfinite(v)]
+        if bad:
+            self._diverged(
+                f"training diverged at step {self.state.global_step + 1}: {', '.join(bad)}; the step was not applied"
+            )
 
     def _diverged(self, what: str) -> None:
         newest = newest_checkpoint(self.args.output_dir)
@@ -195,29 +184,21 @@ class LLM2VecTrainer(Trainer):
             self._diverged(f"the weights hold NaN or infinite values at step {self.state.global_step}; {what}")
 
     def log(self, logs, start_time=None):
-        if "loss" in logs and self._part_sums:
+        if "loss" in logs:  # the means since the last log: loss parts per step, metrics per micro-batch
             steps = max(1, self._part_steps)
-            for name, value in self._part_sums.items():
-                if self.accelerator.num_processes > 1:
-                    value = self.accelerator.reduce(value.clone(), reduction="mean")
-                logs[name] = round(value.item() / steps, 6)
-            self._part_sums, self._part_steps = {}, 0
-        if "loss" in logs and self._metric_sums:
-            for name, (total, count) in self._metric_sums.items():
+            for name, (total, count) in (
+                {n: (v, steps) for n, v in self._part_sums.items()} | self._metric_sums
+            ).items():
                 value = torch.as_tensor(total / count, dtype=torch.float32).to(self.args.device)
                 if self.accelerator.num_processes > 1:
                     value = self.accelerator.reduce(value, reduction="mean")
                 logs[name] = round(value.item(), 6)
-            self._metric_sums = {}
+            self._part_sums, self._part_steps, self._metric_sums = {}, 0, {}
         super().log(logs, start_time)
-
-    # ------------------------------------------------------------------ evaluation
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """The model's own ``validation_metrics(model, pairs, collate, args)`` on the held-out pairs and the scores of the
-        retrieval folders, logged as ``eval_<name>``; the Trainer's loss-only evaluation for a model with neither.
-        Every process takes part and logs the same numbers.
-        """
+        retrieval folders, logged as ``eval_<name>`` by every process alike; else the Trainer's loss-only evaluation."""
         measure = getattr(self._encoder(), "validation_metrics", None)
         if measure is None and self.retrieval_evaluation is None:
             return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
@@ -231,31 +212,17 @@ class LLM2VecTrainer(Trainer):
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
 
-    # ------------------------------------------------------------------ saving and resuming
-
     def _save(self, output_dir=None, state_dict=None):
-        output_dir = output_dir if output_dir is not None else self.args.output_dir
-        if not self.args.should_save:
-            return
         if state_dict is not None:  # gathered by FSDP / DeepSpeed: strip the encoder's "model." prefix
             state_dict = {k[len("model.") :]: v for k, v in state_dict.items() if k.startswith("model.")}
-        self._encoder().save(output_dir, state_dict=state_dict)
-        with open(os.path.join(output_dir, RUN_CONFIG_NAME), "w") as f:
-            json.dump(self.run_config, f, indent=2)
-        write_training_card(
-            output_dir, self.run_config, self.state.log_history, self._encoder(), self.state.global_step
-        )
+        save_run(self, self._encoder(), output_dir, state_dict)
 
-    def _save_checkpoint(self, model, trial) -> None:
-        """The Trainer's checkpoint, written into a staging folder (``args.output_dir`` while it is written) and
-        renamed into place when complete."""
+    def _save_checkpoint(self, model, trial) -> None:  # PRIVATE_OVERRIDES says why (as the three others)
         self.check_weights_finite(f"checkpoint-{self.state.global_step} was not written")
         with staged_checkpoint(self):
             super()._save_checkpoint(model, trial)
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
-        """Load the weights saved by ``_save`` into the wrapped transformers model (strictly); weights that cannot be
-        read or do not fit are one line naming the checkpoint."""
         try:
             self._load_weights(resume_from_checkpoint)
         except (OSError, RuntimeError, ValueError, KeyError, SafetensorError) as e:

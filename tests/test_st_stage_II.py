@@ -64,7 +64,7 @@ def checkpoint(tiny_checkpoints):
 
 
 @pytest.fixture(scope="module")
-def both(checkpoint, tmp_path_factory):
+def both(checkpoint):
     """The project's Stage II model and the sentence-transformers one, with the same (non-zero) LoRA weights, in
     eval mode (LoRA dropout off: both draw other masks)."""
     lora = lora_config(stage_args())
@@ -77,13 +77,7 @@ def both(checkpoint, tmp_path_factory):
         for name, p in project.model.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.05)  # lora_B starts at zero, where lora_A gets no gradient
-    st = sentence_transformer(
-        checkpoint,
-        tmp_path_factory.mktemp("st") / "model",
-        lora=lora,
-        max_length=MAX_LENGTH,
-        instruction_separator="; ",
-    )
+    st = sentence_transformer(checkpoint, lora=lora, max_length=MAX_LENGTH, instruction_separator="; ")
     st[0].model.load_state_dict(project.model.state_dict())
     return project.eval(), st.eval()
 
@@ -286,17 +280,6 @@ def test_docs_loss_examples_train_at_tiny_size(marker, checkpoint, tmp_path, tin
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert len(losses) == 2 and all(x == x and abs(x) < 1e3 for x in losses)
     assert (tmp_path / "out" / "adapter_model.safetensors").is_file()
-
-
-def test_sentence_transformer_into_a_folder_in_use_is_refused_naming_its_argument(checkpoint, tmp_path):
-    """A ``work_dir`` that holds something (a previous call's model) is refused in one line naming the argument,
-    not the export's ``--overwrite``, which this call does not take."""
-    sentence_transformer(checkpoint, tmp_path / "model", max_length=MAX_LENGTH)
-    with pytest.raises(ValueError) as refused:
-        sentence_transformer(checkpoint, tmp_path / "model", max_length=MAX_LENGTH)
-    message = str(refused.value)
-    assert message.startswith(f"work_dir {tmp_path / 'model'} is not empty") and "\n" not in message
-    assert "--overwrite" not in message
 
 
 def test_docs_mine_hard_negatives_runs_twice_as_printed_then_retrieval_evaluation(checkpoint, tmp_path, caplog):

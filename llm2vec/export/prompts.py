@@ -13,12 +13,9 @@ from ..provenance import UnknownInstructions, trained_query_instructions
 logger = logging.getLogger(__name__)
 
 TEXT_MARKER = "<|llm2vec_text|>"
-"""Follows the template's prefix in every exported prompt; the exported tokenizer splits the input there and
-removes it."""
+"""Follows the template's prefix in every exported prompt; the exported tokenizer splits the input there."""
 STRIP_MARKER = "<|llm2vec_strip|>"
-"""Ends every exported prompt (after the spaces ``templates.encode`` puts before a text); the exported tokenizer's
-normalizer removes it with the whitespace that follows, and the whitespace at the end of the input: the text is
-stripped, as ``templates.encode`` strips it."""
+"""Ends every text-layout prompt; the exported tokenizer removes it and strips the text, as ``templates.encode``."""
 
 ADHOC_PROBES = (
     "Given a title, retrieve the abstract of the paper",
@@ -41,23 +38,17 @@ class ExportError(ValueError):
 
 @dataclass(frozen=True)
 class ExportedPrompt:
-    """One sentence-transformers prompt and the token ids LLM2Vec puts before and after the text."""
+    """One sentence-transformers prompt and the token ids LLM2Vec puts after the text."""
 
     name: str
     instruction: str
     text: str  # the prompt string: the instruction (chat layout), or prefix, TEXT_MARKER, lead spaces, STRIP_MARKER
-    prefix_ids: tuple[int, ...]
     suffix_ids: tuple[int, ...]
 
 
-# ---------------------------------------------------------------------------------------------- prompts
-
-
 def template_prompt(encoder: LLM2Vec, name: str, instruction: str, layout: str = CHAT_LAYOUT) -> ExportedPrompt:
-    """The prompt of ``instruction``: in the chat layout the instruction itself; in the text layout the template's
-    opening with the instruction, :data:`TEXT_MARKER`, its trailing spaces and :data:`STRIP_MARKER` (checked against
-    ``templates.encode`` by :func:`verify_export`).
-    """
+    """The prompt of ``instruction``: the instruction itself (chat layout), or the template's opening with it,
+    :data:`TEXT_MARKER`, its trailing spaces and :data:`STRIP_MARKER` (text layout)."""
     tokenizer = encoder.tokenizer
     (encoded,) = templates.encode(tokenizer, encoder.template, [(instruction, "x")], max_length=1 << 30)
     ids = list(encoded.input_ids)
@@ -68,19 +59,13 @@ def template_prompt(encoder: LLM2Vec, name: str, instruction: str, layout: str =
             f"for text within max_length {encoder.max_length}; raise max_length or shorten the instruction"
         )
     if layout == CHAT_LAYOUT:
-        return ExportedPrompt(name, instruction, instruction, tuple(prefix), tuple(suffix))
+        return ExportedPrompt(name, instruction, instruction, tuple(suffix))
     opening = encoder.template.build(instruction)[0]
     body = opening.rstrip(" ")
-    text = body + TEXT_MARKER + opening[len(body) :] + STRIP_MARKER
-    return ExportedPrompt(name, instruction, text, tuple(prefix), tuple(suffix))
+    return ExportedPrompt(name, instruction, body + TEXT_MARKER + opening[len(body) :] + STRIP_MARKER, tuple(suffix))
 
 
-def build_prompts(
-    encoder: LLM2Vec,
-    instructions: Mapping[str, str] | None = None,
-    query_instruction: str = "",
-    layout: str = CHAT_LAYOUT,
-) -> dict[str, ExportedPrompt]:
+def build_prompts(encoder: LLM2Vec, instructions=None, query_instruction: str = "", layout: str = CHAT_LAYOUT) -> dict:
     """``document``, ``query`` and, per instruction entry, ``<name>`` and ``<name>-document``."""
     instructions = dict(instructions or {})
     reserved = [n for n in instructions if n in (DOCUMENT_PROMPT, QUERY_PROMPT) or n.endswith("-document")]
@@ -106,9 +91,6 @@ def build_prompts(
             "post-processor can append only one fixed suffix, so this template cannot be exported"
         )
     return prompts
-
-
-# ---------------------------------------------------------------------------------------------- the query prompt
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,7 @@ from .prompts import STRIP_MARKER, TEXT_MARKER, ExportError
 SUFFIX_TOKEN_NAME = "llm2vec_anchor"
 
 
-# ---------------------------------------------------------------------------------------------- chat template
-
-
-def _jinja_literal(text: str) -> str:
-    """``text`` as a Jinja string literal (JSON's escapes are Jinja's)."""
-    return json.dumps(text)
+_jinja_literal = json.dumps  # a Jinja string literal: JSON's escapes are Jinja's
 
 
 def export_chat_template(spec: templates.TemplateSpec, closing: str | None = None) -> str:
@@ -29,11 +24,10 @@ def export_chat_template(spec: templates.TemplateSpec, closing: str | None = Non
     conversation raises, naming what it got.
     """
     turn = spec.turn()
-    if closing is not None:
-        turn = turn._replace(closing=closing)
     mark = spec.separator.strip()
     after_mark = spec.separator[spec.separator.index(mark) + len(mark) :] if mark else ""
-    opening, closing, separator = (_jinja_literal(x) for x in (turn.opening, turn.closing, spec.separator))
+    closing = turn.closing if closing is None else closing
+    opening, closing, separator = (_jinja_literal(x) for x in (turn.opening, closing, spec.separator))
     marker = _jinja_literal(TEXT_MARKER)
     refused = _jinja_literal(
         "this anchor-embedding export embeds one text, with an optional instruction passed as prompt= (rendered as "
@@ -87,9 +81,6 @@ def fitting_chat_template(spec: templates.TemplateSpec, tokenizer) -> str:
     return export_chat_template(spec)  # the export's verification names the difference
 
 
-# ---------------------------------------------------------------------------------------------- tokenizer
-
-
 def export_tokenizer(
     tokenizer, suffix_ids: Sequence[int], max_length: int, chat_template: str | None = None, pad: str | None = None
 ):
@@ -109,11 +100,9 @@ def export_tokenizer(
     )
     if chat_template is None:  # the text layout
         strip = _regex_literal(STRIP_MARKER)
-        # Only a piece that carries the strip marker (the prompt's end and the text) is touched. An empty text
-        # (only whitespace after the marker) is no tokens at all, lead spaces before the marker included (as in
-        # templates.encode; it also makes the prompt alone tokenize to the prefix, which sentence-transformers'
-        # mean pooling takes as the prompt's length). Then the text's trailing whitespace (\K: the match starts
-        # after the marker and the text), then the marker with the text's leading whitespace.
+        # Only the piece after the strip marker (prompt's end and text) is touched: an empty text is no tokens, its
+        # lead spaces included (as templates.encode; the prompt alone is then the prefix, the length mean pooling
+        # leaves out); then the text's trailing whitespace (\K), then the marker with its leading whitespace.
         stripping = [
             normalizers.Replace(Regex(rf"\s*{strip}\s*\z"), ""),
             normalizers.Replace(Regex(rf"{strip}[\s\S]*?\K\s+\z"), ""),
@@ -142,9 +131,8 @@ def _regex_literal(text: str) -> str:
     return "".join("\\" + c if c in ".^$*+?()[]{}|\\" else c for c in text)
 
 
+# model types that transformers maps to its generic TokenizersBackend (which reads tokenizer.json as it is)
 GENERIC_TOKENIZER_TYPES = ("stablelm", "gpt_bigcode", "olmo2")
-"""Model types that transformers maps to its generic ``TokenizersBackend`` (which reads ``tokenizer.json`` as it
-is); one is named as ``tokenizer_type`` when the model's own tokenizer class would rebuild the pipeline."""
 
 
 def _pipeline(tokenizer) -> dict[str, Any]:
@@ -152,30 +140,15 @@ def _pipeline(tokenizer) -> dict[str, Any]:
     return {k: state.get(k) for k in ("normalizer", "pre_tokenizer", "post_processor")}
 
 
-def tokenizer_loading_kwargs(folder: Path, saved) -> dict[str, Any]:
-    """``processor_kwargs`` under which ``AutoTokenizer`` reads the saved tokenizer with its exported pipeline: for a
-    model type whose tokenizer transformers rebuilds from code (dropping the split at :data:`TEXT_MARKER`),
-    ``tokenizer_type`` names one whose class loads ``tokenizer.json`` unchanged.
-    """
+def write_tokenizer(tokenizer, folder: Path) -> dict[str, Any]:
+    """Save ``tokenizer`` so that every transformers version reads ``tokenizer.json`` as it is (no class that rebuilds
+    the pipeline), its chat template (or none) the only one. Returns the ``processor_kwargs`` that load it with its
+    exported pipeline: for a model type whose tokenizer transformers rebuilds from code anyway (dropping the split at
+    :data:`TEXT_MARKER`), ``tokenizer_type`` names one whose class loads ``tokenizer.json`` unchanged."""
     from transformers import AutoTokenizer
     from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
 
-    if _pipeline(AutoTokenizer.from_pretrained(folder, trust_remote_code=False)) == _pipeline(saved):
-        return {}
-    for model_type in GENERIC_TOKENIZER_TYPES:
-        if TOKENIZER_MAPPING_NAMES.get(model_type) == "TokenizersBackend":
-            kwargs = {"tokenizer_type": model_type}
-            if _pipeline(AutoTokenizer.from_pretrained(folder, trust_remote_code=False, **kwargs)) == _pipeline(saved):
-                return kwargs
-    raise ExportError(
-        f"transformers' AutoTokenizer rebuilds this {type(saved).__name__}'s pipeline on loading, dropping the "
-        "split between prompt and text that exact export needs; this tokenizer cannot be exported"
-    )
-
-
-def _fix_tokenizer_config(folder: Path, chat_template: str | None = None) -> None:
-    """Make every transformers version read ``tokenizer.json`` as it is (no class that rebuilds the pipeline), with
-    ``chat_template`` as the only chat template (in ``chat_template.jinja``) or none."""
+    tokenizer.save_pretrained(folder)
     path = folder / "tokenizer_config.json"
     config = json.loads(path.read_text(encoding="utf-8"))
     config["tokenizer_class"] = "PreTrainedTokenizerFast"
@@ -184,7 +157,15 @@ def _fix_tokenizer_config(folder: Path, chat_template: str | None = None) -> Non
     config.update(padding_side="right", truncation_side="right")
     path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     template_file = folder / "chat_template.jinja"
-    if chat_template is not None:
-        template_file.write_text(chat_template, encoding="utf-8")
+    if tokenizer.chat_template is not None:
+        template_file.write_text(tokenizer.chat_template, encoding="utf-8")
     elif template_file.exists():
         template_file.unlink()
+    generic = [t for t in GENERIC_TOKENIZER_TYPES if TOKENIZER_MAPPING_NAMES.get(t) == "TokenizersBackend"]
+    for kwargs in [{}, *({"tokenizer_type": t} for t in generic)]:
+        if _pipeline(AutoTokenizer.from_pretrained(folder, trust_remote_code=False, **kwargs)) == _pipeline(tokenizer):
+            return kwargs
+    raise ExportError(
+        f"transformers' AutoTokenizer rebuilds this {type(tokenizer).__name__}'s pipeline on loading, dropping the "
+        "split between prompt and text that exact export needs; this tokenizer cannot be exported"
+    )

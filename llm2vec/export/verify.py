@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -67,20 +66,8 @@ def probe_texts(tokenizer, max_length: int) -> list[str]:
     return [*PROBE_TEXTS, long_text]
 
 
-def _real_ids(features: Mapping[str, torch.Tensor]) -> list[list[int]]:
-    return [ids[mask.bool()].tolist() for ids, mask in zip(features["input_ids"], features["attention_mask"])]
-
-
 @strict_booleans
-def verify_export(
-    folder: str | os.PathLike,
-    encoder_ids: Mapping[str, list[list[int]]],
-    reference: Mapping[str, torch.Tensor],
-    texts: Sequence[str],
-    normalize: bool,
-    device: str | torch.device = "cpu",
-    adhoc: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
+def verify_export(folder, encoder_ids, reference, texts, normalize: bool, device="cpu", adhoc=None) -> dict[str, Any]:
     """Load ``folder`` with ``SentenceTransformer`` and compare token ids (every prompt) and embeddings.
 
     ``encoder_ids``: label -> ``templates.encode`` ids of ``texts``; ``reference``: label -> ``LLM2Vec.encode``
@@ -91,14 +78,9 @@ def verify_export(
 
     adhoc = dict(adhoc or {})
     model = SentenceTransformer(str(folder), device=str(device), local_files_only=True, trust_remote_code=False)
-
-    def encode_kwargs(label: str) -> dict[str, str]:
-        return {"prompt": adhoc[label]} if label in adhoc else {"prompt_name": label}
-
     for label, expected in encoder_ids.items():
-        prompt = adhoc[label] if label in adhoc else model.prompts[label]
-        features = model.preprocess(list(texts), prompt=prompt)
-        got = _real_ids(features)
+        features = model.preprocess(list(texts), prompt=adhoc[label] if label in adhoc else model.prompts[label])
+        got = [ids[mask.bool()].tolist() for ids, mask in zip(features["input_ids"], features["attention_mask"])]
         for text, a, b in zip(texts, got, expected):
             if a != b:
                 raise ExportError(
@@ -122,9 +104,8 @@ def verify_export(
             )
     worst = 1.0
     for label, ref in reference.items():
-        raw = model.encode(
-            list(texts), convert_to_tensor=True, show_progress_bar=False, batch_size=1, **encode_kwargs(label)
-        )
+        prompt = {"prompt": adhoc[label]} if label in adhoc else {"prompt_name": label}
+        raw = model.encode(list(texts), convert_to_tensor=True, show_progress_bar=False, batch_size=1, **prompt)
         emb = raw.float().cpu()
         cos = torch.nn.functional.cosine_similarity(emb, ref.float(), dim=-1)
         worst = min(worst, cos.min().item())
@@ -139,33 +120,22 @@ def verify_export(
         if normalize and not torch.allclose(emb.norm(dim=-1), torch.ones(len(texts)), atol=tolerance):
             raise ExportError("the exported embeddings are not normalised although normalize=True")
     del model
-    return {
-        "min_cosine": worst,
-        "prompts_checked": len(encoder_ids),
-        "embeddings_checked": list(reference),
-        "texts": len(texts),
-    }
+    return dict(
+        min_cosine=worst, prompts_checked=len(encoder_ids), embeddings_checked=list(reference), texts=len(texts)
+    )
 
 
-def verify_llm2vec_loading(
-    folder: str | os.PathLike,
-    settings: Mapping[str, Any],
-    encoder_ids: Mapping[str, list[list[int]]],
-    instruction_of: Mapping[str, str],
-    texts: Sequence[str],
-) -> None:
+def verify_llm2vec_loading(folder, settings: Mapping[str, Any], encoder_ids, instruction_of, texts) -> None:
     """The folder as ``LLM2Vec.from_pretrained(folder)`` reads it (``llm2vec_config.json``, and the tokenizer through
     ``AutoTokenizer``) gives the source's settings and, for every label of ``encoder_ids``, the source's token ids of
     ``[instruction_of[label], text]``; raises :class:`ExportError` naming the first difference."""
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     saved = read_llm2vec_config(folder)
     changed = {k: (saved.get(k), v) for k, v in settings.items() if saved.get(k) != v}
     if changed:
         raise ExportError(f"the exported llm2vec_config.json differs from the source (saved, source): {changed}")
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
-    from transformers import AutoConfig
-
     try:  # a derived or plain template is read again from the export's own tokenizer
         config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
         spec = templates.named_template(saved["template"], config, tokenizer)

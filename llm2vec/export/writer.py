@@ -32,33 +32,24 @@ from .prompts import (
     build_prompts,
     resolve_query_instruction,
 )
-from .tokenizer import (
-    _fix_tokenizer_config,
-    export_chat_template,
-    export_tokenizer,
-    fitting_chat_template,
-    tokenizer_loading_kwargs,
-)
+from .tokenizer import export_chat_template, export_tokenizer, fitting_chat_template, write_tokenizer
 from .verify import ST_POOLING, check_exportable, probe_texts, verify_export, verify_llm2vec_loading
 
 logger = logging.getLogger(__name__)
 
+# sentence_bert_config.json (the Transformer module's arguments). The text layout: text only, so sentence-transformers
+# never renders a chat template. The chat layout declares the message modality: every text becomes a user message, a
+# prompt a system message, rendered by the exported chat template ("flat": string contents).
 _FORWARD = {"method": "forward", "method_output_name": "last_hidden_state"}
 ST_TRANSFORMER_CONFIG = {
     "transformer_task": "feature-extraction",
     "modality_config": {"text": _FORWARD},
     "module_output_name": "token_embeddings",
 }
-"""``sentence_bert_config.json`` of the text layout: text only, so that sentence-transformers never renders a chat
-template."""
-
 ST_CHAT_TRANSFORMER_CONFIG = {
     **ST_TRANSFORMER_CONFIG,
     "modality_config": {"text": _FORWARD, "message": {**_FORWARD, "format": "flat"}},
 }
-"""``sentence_bert_config.json`` of the chat layout: with the ``message`` modality declared, sentence-transformers
-turns every text into a user message and a prompt into a system message, and renders them with the exported chat
-template; ``flat`` gives the template string contents."""
 
 
 def read_instructions(path: str | os.PathLike, names: Sequence[str] | None = None) -> dict[str, str]:
@@ -101,8 +92,7 @@ def _default_dtype(path: str, trust_remote_code: bool = False) -> torch.dtype:
     from transformers import AutoConfig
 
     dtype = getattr(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code), "dtype", None)
-    if isinstance(dtype, str):
-        dtype = resolve_dtype(dtype)
+    dtype = resolve_dtype(dtype) if isinstance(dtype, str) else dtype
     return dtype if isinstance(dtype, torch.dtype) else torch.float32
 
 
@@ -130,22 +120,10 @@ def export_sentence_transformers(
     trust_remote_code: bool = False,
     accept_other_base: bool = False,
 ) -> dict[str, Any]:
-    """Write a sentence-transformers folder to ``output_dir`` (layouts: docs/design.md); returns a summary.
-
-    Args:
-        base_model_name_or_path, peft_model_name_or_path: as :meth:`LLM2Vec.load`; the adapter is merged.
-        instructions: prompt name -> instruction; or read them from ``task_to_instructions_fp``, keeping
-            ``tasks`` (all when None or ``["all"]``).
-        query_instruction: the ``query`` prompt's instruction; None: the one the run trained with (an
-            :class:`ExportError` when that is not one non-empty instruction); ``""``: empty, with a warning.
-        pooling_mode, max_length, template: override the saved ``llm2vec_config.json``.
-        normalize: add a ``Normalize`` module. dtype: of the saved weights (default the base's, else float32).
-        mteb_results, mteb_tasks_file: result folders shown in the model card, and the tasks file grouping them.
-        verify_embeddings: also compare embeddings (token ids are always compared); device: where.
-        overwrite: replace a previous export in ``output_dir`` (and nothing else).
-        named_prompts_only: the text layout (only the exported prompts embed exactly; required for ``mean``).
-        trust_remote_code, accept_other_base: refused by default (:mod:`llm2vec.model_files`).
-    """
+    """Write a sentence-transformers folder to ``output_dir`` (layouts: docs/design.md, arguments: docs/export.md);
+    returns a summary. The source (``peft_model_name_or_path`` merged) loads as :meth:`LLM2Vec.load`; ``instructions``
+    (or those of ``tasks`` in ``task_to_instructions_fp``) become prompts; ``query_instruction`` None is the one the
+    run trained with; ``dtype`` defaults to the base's; ``named_prompts_only`` is the text layout."""
     check_model_files(base_model_name_or_path, peft_model_name_or_path, trust_remote_code, accept_other_base)
     output_dir = Path(output_dir)
     read = [("base model", base_model_name_or_path), ("adapter", peft_model_name_or_path)]
@@ -169,46 +147,21 @@ def export_sentence_transformers(
     save_dtype = (
         resolve_dtype(dtype) if dtype is not None else _default_dtype(base_model_name_or_path, trust_remote_code)
     )
-    encoder = LLM2Vec.load(
-        base_model_name_or_path,
-        peft_model_name_or_path,
-        merge_peft=True,
-        pooling_mode=pooling_mode,
-        max_length=max_length,
-        template=template,
-        dtype=torch.float32,
-        trust_remote_code=trust_remote_code,
-        accept_other_base=accept_other_base,
-    )
-    check_exportable(encoder)
     layout = TEXT_LAYOUT if named_prompts_only else CHAT_LAYOUT
-    if layout == CHAT_LAYOUT and encoder.pooling_mode != "eos_token":
-        raise ExportError(
-            f"pooling_mode {encoder.pooling_mode!r}: sentence-transformers' chat path, which maps an ad-hoc prompt= "
-            "onto the template, cannot leave the prompt out of the mean; export with named_prompts_only "
-            "(--named_prompts_only), where only the exported prompts embed exactly"
-        )
+    loading = dict(trust_remote_code=trust_remote_code, accept_other_base=accept_other_base)
+    settings = dict(pooling_mode=pooling_mode, max_length=max_length, template=template, **loading)
+    encoder = exportable_encoder(base_model_name_or_path, peft_model_name_or_path, layout, save_dtype, **settings)
     prompts = build_prompts(encoder, given, query.instruction, layout)
-    suffix_ids = next(iter(prompts.values())).suffix_ids
-    pad = pad_token(encoder.tokenizer, encoder.template)
     template_name, has_chat_template = encoder.template.name, bool(encoder.tokenizer.chat_template)
-    chat_template = export_chat_template(encoder.template) if layout == CHAT_LAYOUT else None
-    exported_tokenizer = export_tokenizer(encoder.tokenizer, suffix_ids, encoder.max_length, chat_template, pad)
-    if layout == CHAT_LAYOUT:
-        chat_template = fitting_chat_template(encoder.template, exported_tokenizer)
-        exported_tokenizer.chat_template = chat_template
-    body = decoder_body(encoder.model).eval()  # saved from the CPU below
-    for parameter in body.parameters():  # parameters only: buffers such as RoPE's inv_freq stay float32, as
-        parameter.data = parameter.data.to(save_dtype)  # from_pretrained(dtype=...) leaves them
-    encoder.eval()
+    tokenizer = exported_tokenizer(encoder, prompts, layout)
+    body = decoder_body(encoder.model)
 
     device = torch.device(device) if device is not None else default_device()
     texts = probe_texts(encoder.tokenizer, encoder.max_length)
-    instruction_of = {name: p.instruction for name, p in prompts.items()}
-    adhoc = {}
-    if layout == CHAT_LAYOUT:  # instructions that are no exported prompt, passed as prompt= as they are
-        adhoc = {f"prompt={text!r}": text for text in ADHOC_PROBES}
-        instruction_of.update(adhoc)
+    named = {name: p.instruction for name, p in prompts.items()}
+    # the chat layout's check also passes instructions that are no exported prompt as prompt=, as they are
+    adhoc = {f"prompt={text!r}": text for text in ADHOC_PROBES} if layout == CHAT_LAYOUT else {}
+    instruction_of = {**named, **adhoc}
     encoder_ids = {
         label: [list(e.input_ids) for e in encoder.encode_ids([(instruction, t) for t in texts])]
         for label, instruction in instruction_of.items()
@@ -216,23 +169,17 @@ def export_sentence_transformers(
     reference = {}
     if verify_embeddings:  # the plain prompt, one with an instruction, one ad-hoc (token ids are checked for all)
         encoder.to(device)
+        one_by_one = dict(batch_size=1, show_progress_bar=False, convert_to_tensor=True, normalize_embeddings=normalize)
         for label in [DOCUMENT_PROMPT, *[n for n in given][:1], *list(adhoc)[:1]]:
             items = [[instruction_of[label], t] for t in texts]
-            reference[label] = encoder.encode(
-                items,
-                batch_size=1,
-                show_progress_bar=False,
-                convert_to_tensor=True,
-                normalize_embeddings=normalize,
-                device=device,
-            ).cpu()
+            reference[label] = encoder.encode(items, device=device, **one_by_one).cpu()
 
     card = render_model_card(
         ModelCardInputs.for_export(
             base_model_name_or_path,
             peft_model_name_or_path,
             encoder=encoder,
-            prompts=instruction_of_prompt(prompts),
+            prompts=named,
             normalize=normalize,
             dtype=save_dtype,
             adhoc_prompts=layout == CHAT_LAYOUT,
@@ -245,10 +192,8 @@ def export_sentence_transformers(
     )
     with claim_export_folder(output_dir, overwrite, read) as tmp:
         body.to("cpu").save_pretrained(tmp, safe_serialization=True)
-        exported_tokenizer.save_pretrained(tmp)
-        _fix_tokenizer_config(tmp, chat_template)
-        processor_kwargs = tokenizer_loading_kwargs(tmp, exported_tokenizer)
-        llm2vec_settings = {**encoder.llm2vec_config(), "prompts": instruction_of_prompt(prompts)}
+        processor_kwargs = write_tokenizer(tokenizer, tmp)
+        llm2vec_settings = {**encoder.llm2vec_config(), "prompts": named}
         hidden = body.config.hidden_size
         del encoder, body
         gc.collect()
@@ -280,69 +225,83 @@ def export_sentence_transformers(
     return report
 
 
-def instruction_of_prompt(prompts: Mapping[str, ExportedPrompt]) -> dict[str, str]:
-    """``name -> instruction`` of the exported prompts (what ``llm2vec_config.json`` records as ``prompts``)."""
-    return {name: p.instruction for name, p in prompts.items()}
+def exportable_encoder(
+    base_model_name_or_path: str, peft_model_name_or_path, layout: str, dtype, **settings
+) -> LLM2Vec:
+    """``LLM2Vec.load`` of the source in eval mode, the adapter merged (``settings``: pooling_mode, max_length,
+    template, trust_remote_code, accept_other_base), its parameters in ``dtype`` (its buffers, such as RoPE's
+    inv_freq, in float32, as ``from_pretrained(dtype=...)`` leaves them); :class:`ExportError` for what
+    sentence-transformers cannot express exactly in ``layout``."""
+    encoder = LLM2Vec.load(
+        base_model_name_or_path, peft_model_name_or_path, merge_peft=True, dtype=torch.float32, **settings
+    )
+    check_exportable(encoder)
+    if layout == CHAT_LAYOUT and encoder.pooling_mode != "eos_token":
+        raise ExportError(
+            f"pooling_mode {encoder.pooling_mode!r}: sentence-transformers' chat path, which maps an ad-hoc prompt= "
+            "onto the template, cannot leave the prompt out of the mean; export with named_prompts_only "
+            "(--named_prompts_only), where only the exported prompts embed exactly"
+        )
+    for parameter in decoder_body(encoder.model).parameters():
+        parameter.data = parameter.data.to(dtype)
+    return encoder.eval()
 
 
-def _write_json(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+def exported_tokenizer(encoder: LLM2Vec, prompts: Mapping[str, ExportedPrompt], layout: str):
+    """:func:`export_tokenizer` of ``encoder`` for ``prompts``, with the fitted chat template in the chat layout."""
+    suffix_ids = next(iter(prompts.values())).suffix_ids
+    chat_template = export_chat_template(encoder.template) if layout == CHAT_LAYOUT else None
+    pad = pad_token(encoder.tokenizer, encoder.template)
+    tokenizer = export_tokenizer(encoder.tokenizer, suffix_ids, encoder.max_length, chat_template, pad)
+    if layout == CHAT_LAYOUT:
+        tokenizer.chat_template = fitting_chat_template(encoder.template, tokenizer)
+    return tokenizer
 
 
-def _write_st_files(
-    folder: Path,
-    prompts: Mapping[str, ExportedPrompt],
-    hidden: int,
-    settings: Mapping[str, Any],
-    normalize: bool,
-    processor_kwargs: Mapping[str, Any],
-    layout: str = CHAT_LAYOUT,
-) -> None:
+def pooling_config(pooling_mode: str, hidden: int) -> dict[str, Any]:
+    """sentence-transformers' ``Pooling`` arguments (and ``1_Pooling/config.json``) of an exportable pooling mode."""
+    # mean pooling leaves the prompt out
+    return {
+        "embedding_dimension": hidden,
+        "pooling_mode": ST_POOLING[pooling_mode],
+        "include_prompt": pooling_mode == "eos_token",
+    }
+
+
+def _write_st_files(folder: Path, prompts, hidden: int, settings, normalize: bool, processor_kwargs, layout) -> None:
     """sentence-transformers' own configuration files (the layout ``SentenceTransformer.save`` writes)."""
     import sentence_transformers
     import transformers
 
-    kinds = ["base.modules.transformer.Transformer", "sentence_transformer.modules.pooling.Pooling"]
-    kinds += ["base.modules.normalize.Normalize"] if normalize else []
-    paths = ["", "1_Pooling", "2_Normalize"]
     modules = [
-        {"idx": i, "name": str(i), "path": paths[i], "type": f"sentence_transformers.{kind}"}
-        for i, kind in enumerate(kinds)
+        ("", "base.modules.transformer.Transformer"),
+        ("1_Pooling", "sentence_transformer.modules.pooling.Pooling"),
     ]
-    if normalize:
-        _write_json(
-            folder / "2_Normalize" / "config.json",
-            {"module_input_name": "sentence_embedding", "module_output_name": "sentence_embedding"},
-        )
-    _write_json(folder / "modules.json", modules)
-    _write_json(
-        folder / "sentence_bert_config.json",
-        {
+    modules += [("2_Normalize", "base.modules.normalize.Normalize")] if normalize else []
+    versions = (sentence_transformers.__version__, transformers.__version__, torch.__version__)
+    files = {
+        "modules.json": [
+            {"idx": i, "name": str(i), "path": path, "type": f"sentence_transformers.{kind}"}
+            for i, (path, kind) in enumerate(modules)
+        ],
+        "sentence_bert_config.json": {
             **(ST_CHAT_TRANSFORMER_CONFIG if layout == CHAT_LAYOUT else ST_TRANSFORMER_CONFIG),
             **({"processor_kwargs": dict(processor_kwargs)} if processor_kwargs else {}),
         },
-    )
-    _write_json(
-        folder / "1_Pooling" / "config.json",
-        {
-            "embedding_dimension": hidden,
-            "pooling_mode": ST_POOLING[settings["pooling_mode"]],
-            "include_prompt": settings["pooling_mode"] == "eos_token",  # mean pooling leaves the prompt out
-        },
-    )
-    _write_json(
-        folder / "config_sentence_transformers.json",
-        {
-            "__version__": {
-                "sentence_transformers": sentence_transformers.__version__,
-                "transformers": transformers.__version__,
-                "pytorch": torch.__version__,
-            },
+        "1_Pooling/config.json": pooling_config(settings["pooling_mode"], hidden),
+        "config_sentence_transformers.json": {
+            "__version__": dict(zip(("sentence_transformers", "transformers", "pytorch"), versions)),
             "model_type": "SentenceTransformer",
             "prompts": {name: p.text for name, p in prompts.items()},
             "default_prompt_name": DOCUMENT_PROMPT,
             "similarity_fn_name": "cosine",
         },
-    )
-    _write_json(folder / CONFIG_NAME, dict(settings))
+        CONFIG_NAME: dict(settings),
+    }
+    if normalize:
+        files["2_Normalize/config.json"] = dict.fromkeys(
+            ("module_input_name", "module_output_name"), "sentence_embedding"
+        )
+    for name, content in files.items():
+        (folder / name).parent.mkdir(exist_ok=True)
+        (folder / name).write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
