@@ -61,6 +61,16 @@ def sentence_transformer(
     return model
 
 
+# The one private method of sentence-transformers overridden: name, the signature it was written against, and why no
+# public hook does the work. tests/test_upstream.py checks the signature against the installed sentence-transformers.
+PRIVATE_OVERRIDE = (
+    "_load_model",
+    "(self, model_name_or_path, transformer_task, config, backend, is_peft_model, **model_kwargs)",
+    "Transformer loads its model only from a folder's weights (from_pretrained takes no state_dict beside a path in "
+    "transformers 5); the Stage II model is already in memory",
+)
+
+
 @functools.cache
 def _transformer_class():
     from sentence_transformers.sentence_transformer.modules import Transformer
@@ -69,8 +79,7 @@ def _transformer_class():
         """sentence-transformers' ``Transformer`` whose model-loading step returns ``model_kwargs["llm2vec_model"]``
         (a model in memory); its config and tokenizer are read from the folder it is given."""
 
-        # the one private method overridden (6.2 has no public way in); were it no longer called, loading would fail
-        # loudly: the folder holds no weights
+        # PRIVATE_OVERRIDE; were it no longer called, loading would fail loudly: the folder holds no weights
         def _load_model(self, *args, llm2vec_model, **kwargs):
             return llm2vec_model
 

@@ -58,6 +58,21 @@ def test_every_private_override_is_listed_with_the_signature_it_was_written_agai
         )
 
 
+def test_the_sentence_transformers_private_override_meets_the_signature_it_was_written_against():
+    """``llm2vec.st_model`` builds Stage II's model in memory through ``Transformer._load_model``; a change of that
+    method's parameters fails here, and the model it returns is the one handed in (no weights read)."""
+    from sentence_transformers.sentence_transformer.modules import Transformer
+
+    from llm2vec.st_model import PRIVATE_OVERRIDE, _transformer_class
+
+    name, signature, reason = PRIVATE_OVERRIDE
+    assert hasattr(Transformer, name), f"sentence-transformers' Transformer has no {name} any more: {reason}"
+    assert plain_signature(getattr(Transformer, name)) == signature, plain_signature(getattr(Transformer, name))
+    given = object()
+    assert getattr(_transformer_class(), name)(None, "folder", "feature-extraction", None, "torch", False,
+                                               llm2vec_model=given) is given  # fmt: skip
+
+
 def test_an_unlisted_private_override_is_found():
     class Sneaky(LLM2VecTrainer):
         def _get_train_sampler(self, train_dataset=None):  # a Trainer method, not listed
