@@ -325,7 +325,7 @@ def test_null_and_missing_required_texts_name_dataset_row_and_field(tmp_path):
         ),
         (
             ['{"query": 1, "positive": "b"}', '{"query": 3, "positive": "d"}'],
-            ', row 0 (line 1): field "query" must be a string, got int64 (1)',
+            ', row 0 (line 1): field "query" must be a string, got JSON 1',
         ),
         (['{"query": "a", "positive": "b"}', '{"query": "a",'], ":2: invalid JSON"),
         (['{"query": "a", "positive": "b"}', "[1, 2]"], ":2: expected a JSON object, got list"),
