@@ -70,8 +70,7 @@ def open_sources(paths, column_map, split, cache_dir, default_instruction="", re
         sources[source.name] = source
     if not sources:
         raise DataError("dataset_file_path: no datasets given")
-    missing = [s.label for s in sources.values() if s.path is not None and not os.path.exists(s.path)]
-    if missing:
+    if missing := [s.label for s in sources.values() if s.path is not None and not os.path.exists(s.path)]:
         listed = "".join(f"\n  - {p}" for p in missing)
         where = f"relative paths are resolved from {os.getcwd()}"
         raise DataError(f"{len(missing)} of {len(sources)} datasets not found:{listed}\nCheck the paths ({where}).")
@@ -107,9 +106,8 @@ def _from_disk(folder: str, split: str):
 
 
 def _from_file(path: str, cache_dir: str | None):
-    """``(dataset, notes)``: an Arrow stream mapped as it is; another file converted once into an Arrow stream in
-    ``cache_dir`` (``datasets``' cache by default) named by the file's SHA-256, then mapped; ``notes``: the
-    conversion's of JSON lines (:func:`_jsonl_table`)."""
+    """``(dataset, notes)``: an Arrow stream mapped as it is; another file converted once into an Arrow stream named
+    by its SHA-256 in ``cache_dir`` (default: ``datasets``' cache), then mapped; ``notes``: :func:`_jsonl_table`'s."""
     if Path(path).suffix not in FILES:
         raise DataError(
             f"{path}: not a file datasets reads here; give a {', '.join(FILES)} file, a save_to_disk folder or a "
@@ -158,15 +156,12 @@ def _jsonl_table(path: str, blocks: str) -> pa.Table:
             notes["blank"].append(line)
             continue
         for key, value in record.items():
-            if isinstance(value, str):
-                try:
-                    value.encode()
-                except UnicodeEncodeError:
-                    raise DataError(
-                        f'{path}:{line}: field "{key}" holds half of a UTF-16 surrogate pair, which is not a '
-                        f"character (a broken \\uXXXX escape). {fix}"
-                    ) from None
-            elif value is not None:
+            if isinstance(value, str) and not value.isascii() and value.encode(errors="replace").decode() != value:
+                raise DataError(
+                    f'{path}:{line}: field "{key}" holds half of a UTF-16 surrogate pair, which is not a character '
+                    f"(a broken \\uXXXX escape). {fix}"
+                )
+            if not isinstance(value, str) and value is not None:
                 record[key] = json.dumps(value, ensure_ascii=False)
                 notes["not_text"].setdefault(key, (len(parts) * SCAN_ROWS + len(rows), record[key]))
         rows.append(record)
@@ -254,23 +249,19 @@ class Source:
                 self._check_type(role)
 
     def _check_type(self, role: str) -> None:
-        """The role's column holds strings (one of nulls only: no such field, unless required); else raise at its
-        first row that holds something else."""
+        """The role's column holds strings, else raise at its first row that holds something else; a column of nulls
+        only is no such field, unless required."""
         column = self.columns[role]
         feature, array = self.dataset.features[column], self.dataset.data.column(column)
-        dtype = getattr(feature, "dtype", None)
         if column in self.notes.get("not_text", {}):
             row, text = self.notes["not_text"][column]
             self.fail(row, f"{self.field(role)} must be a string, got JSON {text}")
-        if dtype == "null" and role not in self.required:
-            self.columns[role] = None
-        elif dtype not in ("string", "large_string", "null"):
-            row = pc.index(pc.is_valid(array), True).as_py()
-            if row < 0:
-                raise DataError(f"{self.label}: {self.field(role)} must hold strings, its type is {feature}")
-            self.fail(
-                row, f"{self.field(role)} must be a string, got {dtype or feature} ({repr(array[row].as_py())[:60]})"
-            )
+        if getattr(feature, "dtype", None) not in ("string", "large_string"):
+            if (row := pc.index(pc.is_valid(array), True).as_py()) >= 0:
+                got = f"{getattr(feature, 'dtype', feature)} ({repr(array[row].as_py())[:60]})"
+                self.fail(row, f"{self.field(role)} must be a string, got {got}")
+            if role not in self.required:
+                self.columns[role] = None
 
     def field(self, role: str) -> str:
         column = self.columns[role]
@@ -342,7 +333,7 @@ class Source:
             records += end
             if full:
                 break
-        kept, skipped = np.concatenate(kept), np.concatenate(skipped)
+        kept, skipped, same = np.concatenate(kept), np.concatenate(skipped), np.concatenate(same)
         if len(skipped):
             first = next(r for r in self.required if not self._text(r, int(skipped[0])))
             needed = ", ".join(self.required[:-1]) + " or " + self.required[-1]
@@ -357,8 +348,7 @@ class Source:
             )
         repeats = np.ones(len(kept), bool)
         repeats[np.unique(np.concatenate(hashes), return_index=True)[1]] = False  # all but the first row of each pair
-        report = FileReport(self.label, records, duplicates=kept[repeats].tolist())
-        report.negative_is_positive = np.concatenate(same).tolist()
+        report = FileReport(self.label, records, duplicates=kept[repeats].tolist(), negative_is_positive=same.tolist())
         warn_suspect_pairs(self.label, report, unit="row")
         return SourceStats(self.name, list(self.files), records=records, skipped_empty=len(skipped)), kept
 
@@ -399,8 +389,7 @@ class ArrowTrainDataset(TrainDataset):
             rows = np.sort(self._rows[per_example == s])
             codes, values = source.instruction_codes()
             for i in np.sort(np.unique(codes[rows], return_index=True)[1]):  # each code's first row, in table order
-                if values[codes[rows[i]]] not in found:
-                    found[values[codes[rows[i]]]] = source.example(int(rows[i]))
+                found.setdefault(values[codes[rows[i]]], source.example(int(rows[i])))
         return list(found.values())
 
 
