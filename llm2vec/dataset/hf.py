@@ -137,9 +137,8 @@ def _from_file(path: str, cache_dir: str | None):
 
 
 def _jsonl_table(path: str, blocks: str) -> pa.Table:
-    """The records of the JSON-lines file ``path`` as :func:`~llm2vec.io.iter_jsonl` reads them (a bad line named as
-    the JSON-lines loader names it), a column of text a key: another JSON value kept as its JSON text and noted in
-    the metadata (its key's first such row and text), as are the blank lines. Blocks are mapped from ``blocks``."""
+    """The JSON-lines file ``path`` as :func:`~llm2vec.io.iter_jsonl` reads it, a text column a key (another value as
+    its JSON text); the metadata notes the blank lines and each such key's first row. Blocks go through ``blocks``."""
     parts, rows, notes, fix = [], [], {"blank": [], "not_text": {}}, FIX.replace("row", "line")
 
     def write_block():
@@ -162,7 +161,7 @@ def _jsonl_table(path: str, blocks: str) -> pa.Table:
                     f"(a broken \\uXXXX escape). {fix}"
                 )
             if not isinstance(value, str) and value is not None:
-                record[key] = json.dumps(value, ensure_ascii=False)
+                record[key] = json.dumps(value)  # ASCII: a half surrogate pair in it is escaped
                 notes["not_text"].setdefault(key, (len(parts) * SCAN_ROWS + len(rows), record[key]))
         rows.append(record)
         if len(rows) == SCAN_ROWS:
@@ -249,8 +248,7 @@ class Source:
                 self._check_type(role)
 
     def _check_type(self, role: str) -> None:
-        """The role's column holds strings, else raise at its first row that holds something else; a column of nulls
-        only is no such field, unless required."""
+        """Raise at the first row of the role's column that holds no string; nulls only: no such field, if optional."""
         column = self.columns[role]
         feature, array = self.dataset.features[column], self.dataset.data.column(column)
         if column in self.notes.get("not_text", {}):
@@ -353,8 +351,7 @@ class Source:
         return SourceStats(self.name, list(self.files), records=records, skipped_empty=len(skipped)), kept
 
     def instruction_codes(self) -> tuple[np.ndarray, list[str]]:
-        """Each table row's query instruction as a code into a list of instructions (stripped; the default for
-        none), from ``pyarrow``'s dictionary encoding: integers, not texts, a row."""
+        """``(codes, instructions)``: each row's query instruction (stripped, the default for none) as an integer."""
         if self.columns["instruction"] is None:
             return np.zeros(self.dataset.num_rows, np.int32), [self.default_instruction]
         column = self.dataset.data.column(self.columns["instruction"])
