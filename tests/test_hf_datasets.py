@@ -342,6 +342,13 @@ def test_bad_json_lines_name_the_line_and_field(tmp_path, lines, message):
     assert str(error.value).startswith(str(path)) and message in str(error.value), str(error.value)
 
 
+def test_a_json_file_holding_one_array_is_refused_naming_the_json_lines_form(tmp_path):
+    path = tmp_path / "rows.json"
+    path.write_text('  [{"query": "a", "positive": "b"}]')
+    with pytest.raises(DataError, match=r"rows.json: a JSON array; a .json or .jsonl file is read as JSON lines"):
+        load_hf([path], 1, cache_dir=str(tmp_path / "cache"))
+
+
 def test_a_column_that_is_not_text_or_not_utf8_names_row_and_field(tmp_path):
     table = pa.table({"query": pa.array([None, 7, 8], pa.int64()), "positive": ["a", "b", "c"]})
     pq.write_table(table, tmp_path / "ints.parquet")

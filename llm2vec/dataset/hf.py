@@ -140,6 +140,12 @@ def _jsonl_table(path: str, blocks: str) -> pa.Table:
     """The JSON-lines file ``path`` as :func:`~llm2vec.io.iter_jsonl` reads it, a text column a key (another value as
     its JSON text); the metadata notes the blank lines and each such key's first row. Blocks go through ``blocks``."""
     parts, rows, notes, fix = [], [], {"blank": [], "not_text": {}}, FIX.replace("row", "line")
+    with open(path, "rb") as f:
+        if f.read(4096).lstrip().startswith(b"["):
+            raise DataError(
+                f"{path}: a JSON array; a .json or .jsonl file is read as JSON lines, one object a line: write it so "
+                "(datasets: Dataset.from_list(rows).to_json(path))"
+            )
 
     def write_block():
         keys = dict.fromkeys(key for row in rows for key in row)
