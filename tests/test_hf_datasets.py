@@ -325,7 +325,7 @@ def test_null_and_missing_required_texts_name_dataset_row_and_field(tmp_path):
         ),
         (
             ['{"query": 1, "positive": "b"}', '{"query": 3, "positive": "d"}'],
-            ', row 0 (line 1): field "query" must be a string, got int64 (1)',
+            ', row 0 (line 1): field "query" must be a string, got JSON 1',
         ),
         (['{"query": "a", "positive": "b"}', '{"query": "a",'], ":2: invalid JSON"),
         (['{"query": "a", "positive": "b"}', "[1, 2]"], ":2: expected a JSON object, got list"),
@@ -340,6 +340,13 @@ def test_bad_json_lines_name_the_line_and_field(tmp_path, lines, message):
     with pytest.raises(DataError) as error:
         load_hf([path], 1, cache_dir=str(tmp_path / "cache"))
     assert str(error.value).startswith(str(path)) and message in str(error.value), str(error.value)
+
+
+def test_a_json_file_holding_one_array_is_refused_naming_the_json_lines_form(tmp_path):
+    path = tmp_path / "rows.json"
+    path.write_text('  [{"query": "a", "positive": "b"}]')
+    with pytest.raises(DataError, match=r"rows.json: a JSON array; a .json or .jsonl file is read as JSON lines"):
+        load_hf([path], 1, cache_dir=str(tmp_path / "cache"))
 
 
 def test_a_column_that_is_not_text_or_not_utf8_names_row_and_field(tmp_path):

@@ -2,33 +2,30 @@
 
 Each entry of ``dataset_file_path`` is one source: a ``save_to_disk`` folder, a ``.parquet`` / ``.arrow`` /
 ``.json`` / ``.jsonl`` file, or a dataset id in the local cache (read offline). Columns are mapped to :data:`ROLES`;
-rows follow the JSON-lines loader's rules, checked in one vectorised scan that names a bad row by dataset, row and
-field. The loader keeps integers only and arranges the rows as the JSON-lines loader arranges the same rows.
+rows follow the JSON-lines loader's rules, checked in one vectorised scan that names a bad row.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import logging
 import os
+import tempfile
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import datasets
 import huggingface_hub.constants as hub
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pds
 import pyarrow.parquet as pq
 from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES as BUILDERS
 
 from ..config_values import strict_booleans
-from ..io import MAX_LINE_BYTES, iter_jsonl, sha256_file
+from ..io import MAX_LINE_BYTES, atomic_write, iter_jsonl, sha256_file
 from .base import SourceStats, TrainDataset, arrange_positions, held_out_positions, record_counts
 from .records import DataError, FileReport, TrainExample, warn_suspect_pairs
 
@@ -36,14 +33,13 @@ logger = logging.getLogger(__name__)
 
 ROLES = ("query", "positive", "negative", "instruction")
 DEFAULT_COLUMNS = {role: (role,) for role in ROLES} | {"query": ("query", "anchor")}  # anchor: sentence-transformers'
-FILE_BUILDERS = {".parquet": "parquet", ".arrow": "arrow", ".json": "json", ".jsonl": "json"}
-SCAN_ROWS = 8192  # rows per block of the checks: their memory is bounded by a block, not by the dataset
+FILES = (".parquet", ".arrow", ".json", ".jsonl")
+SCAN_ROWS = 8192  # rows per block of the checks and conversions: their memory is bounded by a block
 FIX = "Fix or remove this row."
 NO_ROWS = "the dataset has no rows; give one with (query, positive) rows"
-CONVERTED_FROM = "llm2vec-converted-from.json"  # beside a conversion: the SHA-256 of the file it was made from
 
 
-def check_column_map(column_map: Any) -> None:
+def check_column_map(column_map) -> None:
     """``column_map`` is ``{role: column}`` and/or ``{source: {role: column}}``; else ``ValueError`` naming why."""
     if column_map is not None and not isinstance(column_map, Mapping):
         raise ValueError(f"column_map must be a JSON object of role: column, got {type(column_map).__name__}")
@@ -74,8 +70,7 @@ def open_sources(paths, column_map, split, cache_dir, default_instruction="", re
         sources[source.name] = source
     if not sources:
         raise DataError("dataset_file_path: no datasets given")
-    missing = [s.label for s in sources.values() if s.path is not None and not os.path.exists(s.path)]
-    if missing:
+    if missing := [s.label for s in sources.values() if s.path is not None and not os.path.exists(s.path)]:
         listed = "".join(f"\n  - {p}" for p in missing)
         where = f"relative paths are resolved from {os.getcwd()}"
         raise DataError(f"{len(missing)} of {len(sources)} datasets not found:{listed}\nCheck the paths ({where}).")
@@ -92,30 +87,6 @@ def open_sources(paths, column_map, split, cache_dir, default_instruction="", re
     return sources
 
 
-def _has_no_rows(path: str, split: str) -> bool:
-    """Whether the local dataset ``path``, which ``datasets`` failed to read, holds no rows."""
-    with contextlib.suppress(Exception):  # unreadable: the caller's error says so
-        if os.path.isdir(path):
-            state = next(f for f in (Path(path, split, "state.json"), Path(path, "state.json")) if f.is_file())
-            return not json.loads(state.read_text()).get("_data_files")
-        if path.endswith(".parquet"):
-            return pq.ParquetFile(path).metadata.num_rows == 0
-        return os.path.getsize(path) < 1 << 20 and not Path(path).read_bytes().strip()
-    return False
-
-
-def _find_bad_line(path: str) -> None:
-    """Raise at the first line of a JSON-lines file that is not a JSON object of text (a lone surrogate is none)."""
-    fix = FIX.replace("row", "line")
-    for line_no, obj in iter_jsonl(path, error=DataError, fix=fix):
-        for key, value in (obj or {}).items():
-            if isinstance(value, str) and value.encode("utf-8", "replace").decode() != value:
-                raise DataError(
-                    f'{path}:{line_no}: field "{key}" holds half of a UTF-16 surrogate pair, which is not a '
-                    f"character (a broken \\uXXXX escape). {fix}"
-                )
-
-
 def _from_disk(folder: str, split: str):
     state, listing = datasets.config.DATASET_STATE_JSON_FILENAME, datasets.config.DATASETDICT_JSON_FILENAME
     if not any(os.path.isfile(os.path.join(folder, name)) for name in (state, listing)):
@@ -123,6 +94,11 @@ def _from_disk(folder: str, split: str):
             f"{folder} is a folder but not one written by save_to_disk (no {state} or {listing}); give its data "
             "files, joined by ','"
         )
+    saved, files = Path(folder, split if os.path.isfile(os.path.join(folder, listing)) else "", state), True
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # unreadable: load_from_disk says why
+        files = json.loads(saved.read_text()).get("_data_files")
+    if not files:  # a dataset without rows is saved without data files
+        raise DataError(f"{folder}: {NO_ROWS}")
     loaded = datasets.load_from_disk(folder, keep_in_memory=False)
     if isinstance(loaded, datasets.DatasetDict) and split not in loaded:
         raise DataError(f"{folder}: no split {split!r}; its splits are: {', '.join(loaded)} (set dataset_split)")
@@ -130,33 +106,74 @@ def _from_disk(folder: str, split: str):
 
 
 def _from_file(path: str, cache_dir: str | None):
-    """A ``datasets``-written Arrow stream mapped as it is; another file converted into the cache, again unless the
-    cached conversion was made from these bytes (``datasets`` keys it by path and modification time only)."""
-    suffix = Path(path).suffix
-    if suffix not in FILE_BUILDERS:
+    """``(dataset, notes)``: an Arrow stream mapped as it is; another file converted once into an Arrow stream named
+    by its SHA-256 in ``cache_dir`` (default: ``datasets``' cache), then mapped; ``notes``: :func:`_jsonl_table`'s."""
+    if Path(path).suffix not in FILES:
         raise DataError(
-            f"{path}: not a file datasets reads here; give a {', '.join(FILE_BUILDERS)} file, a save_to_disk "
-            "folder or a cached dataset id"
+            f"{path}: not a file datasets reads here; give a {', '.join(FILES)} file, a save_to_disk folder or a "
+            "cached dataset id"
         )
-    if suffix == ".arrow":
-        with contextlib.suppress(Exception):  # not an Arrow stream: the arrow builder converts it
-            return datasets.Dataset.from_file(path, in_memory=False)
-    options = {}
-    if suffix == ".parquet":  # pyarrow's pre-buffering would keep every row group read until the file is done
-        options["fragment_scan_options"] = pds.ParquetFragmentScanOptions(pre_buffer=False)
-    before, digest = os.stat(path), sha256_file(path)
-    builder = datasets.load_dataset_builder(FILE_BUILDERS[suffix], data_files=path, cache_dir=cache_dir, **options)
-    record = Path(builder.cache_dir) / CONVERTED_FROM
-    try:
-        same = json.loads(record.read_text()).get("sha256") == digest
-    except (OSError, ValueError, AttributeError):
-        same = False
-    builder.download_and_prepare(download_mode=None if same else datasets.DownloadMode.FORCE_REDOWNLOAD)
-    after = os.stat(path)
-    if any(getattr(before, a) != getattr(after, a) for a in ("st_size", "st_mtime_ns", "st_ctime_ns")):
-        raise DataError(f"{path}: the file changed while it was read; run again once it is written")
-    record.write_text(json.dumps({"path": os.path.realpath(path), "sha256": digest}))
-    return builder.as_dataset(split="train")
+    if path.endswith(".arrow"):
+        with contextlib.suppress(pa.ArrowInvalid):  # an Arrow file, not a stream, is converted
+            return datasets.Dataset.from_file(path, in_memory=False), {}
+    digest = sha256_file(path)
+    mapped = os.path.join(cache_dir or datasets.config.HF_DATASETS_CACHE, "llm2vec", f"{digest}.arrow")
+    if not os.path.isfile(mapped):
+        with atomic_write(mapped, "wb") as sink, tempfile.TemporaryDirectory(dir=os.path.dirname(mapped)) as blocks:
+            if path.endswith(".parquet"):  # pyarrow's pre-buffering would keep every row group read till the end
+                parquet = pq.ParquetFile(path, pre_buffer=False)
+                schema, batches = parquet.schema_arrow, parquet.iter_batches(SCAN_ROWS)
+            else:
+                arrow = path.endswith(".arrow")
+                table = pa.ipc.open_file(pa.memory_map(path)).read_all() if arrow else _jsonl_table(path, blocks)
+                schema, batches = table.schema, table.to_batches()
+            with pa.ipc.new_stream(sink, schema) as writer:
+                for batch in batches:
+                    writer.write_batch(batch)
+            if sha256_file(path) != digest:  # hashed again only if its size or times changed: then not kept
+                raise DataError(f"{path}: the file changed while it was read; run again once it is written")
+    metadata = pa.ipc.open_stream(pa.memory_map(mapped)).schema.metadata or {}
+    return datasets.Dataset.from_file(mapped, in_memory=False), json.loads(metadata.get(b"llm2vec", b"{}"))
+
+
+def _jsonl_table(path: str, blocks: str) -> pa.Table:
+    """The JSON-lines file ``path`` as :func:`~llm2vec.io.iter_jsonl` reads it, a text column a key (another value as
+    its JSON text); the metadata notes the blank lines and each such key's first row. Blocks go through ``blocks``."""
+    parts, rows, notes, fix = [], [], {"blank": [], "not_text": {}}, FIX.replace("row", "line")
+    with open(path, "rb") as f:
+        if f.read(4096).lstrip().startswith(b"["):
+            raise DataError(
+                f"{path}: a JSON array; a .json or .jsonl file is read as JSON lines, one object a line: write it so "
+                "(datasets: Dataset.from_list(rows).to_json(path))"
+            )
+
+    def write_block():
+        keys = dict.fromkeys(key for row in rows for key in row)
+        table = pa.Table.from_pylist(rows, pa.schema([(key, pa.large_string()) for key in keys]))
+        part = os.path.join(blocks, str(len(parts)))
+        with pa.OSFile(part, "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        parts.append(pa.ipc.open_stream(pa.memory_map(part)).read_all())
+        rows.clear()
+
+    for line, record in iter_jsonl(path, error=DataError, fix=fix):
+        if record is None:
+            notes["blank"].append(line)
+            continue
+        for key, value in record.items():
+            if isinstance(value, str) and not value.isascii() and value.encode(errors="replace").decode() != value:
+                raise DataError(
+                    f'{path}:{line}: field "{key}" holds half of a UTF-16 surrogate pair, which is not a character '
+                    f"(a broken \\uXXXX escape). {fix}"
+                )
+            if not isinstance(value, str) and value is not None:
+                record[key] = json.dumps(value)  # ASCII: a half surrogate pair in it is escaped
+                notes["not_text"].setdefault(key, (len(parts) * SCAN_ROWS + len(rows), record[key]))
+        rows.append(record)
+        if len(rows) == SCAN_ROWS:
+            write_block()
+    write_block()
+    return pa.concat_tables(parts, promote_options="default").replace_schema_metadata({"llm2vec": json.dumps(notes)})
 
 
 class Source:
@@ -165,7 +182,7 @@ class Source:
 
     def __init__(self, given: str):
         self.label, self.path, self.repo, self.config = given, None, None, None
-        local = Path(given).suffix in FILE_BUILDERS or given.startswith(("/", "./", "../", "~")) or given.count("/") > 1
+        local = Path(given).suffix in FILES or given.startswith(("/", "./", "../", "~")) or given.count("/") > 1
         if os.path.exists(given) or local:  # a dataset id is owner/name[:config]
             self.path, self.name = given, Path(given).name if os.path.isdir(given) else Path(given).stem
             return
@@ -174,38 +191,37 @@ class Source:
         if self.repo.lower() in BUILDERS:
             raise DataError(
                 f"dataset_file_path {given!r}: the name of a datasets builder, which would read every matching "
-                f"file under {os.getcwd()}; give the data files themselves ({', '.join(FILE_BUILDERS)}) or a "
+                f"file under {os.getcwd()}; give the data files themselves ({', '.join(FILES)}) or a "
                 "save_to_disk folder"
             )
 
     def open(self, split: str, cache_dir: str | None) -> None:
-        """Map the dataset, offline (nothing is downloaded), and note the files it reads."""
+        """Map the dataset, offline (nothing is downloaded), note the files it reads; refuse one without rows."""
         saved = datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE
         datasets.config.HF_HUB_OFFLINE = hub.HF_HUB_OFFLINE = True
+        self.notes = {}
         try:
             if self.repo is not None:
                 self.dataset = datasets.load_dataset(self.repo, self.config, split=split, cache_dir=cache_dir)
             elif os.path.isdir(self.path):
                 self.dataset = _from_disk(self.path, split)
             else:
-                self.dataset = _from_file(self.path, cache_dir)
+                self.dataset, self.notes = _from_file(self.path, cache_dir)
         except DataError:
             raise
         except Exception as e:  # noqa: BLE001 - whatever datasets raises: one line naming the source
             cause = (str(e.__cause__ or e).strip().splitlines() or [type(e).__name__])[0]
-            if self.repo is not None:
-                raise DataError(
-                    f"dataset {self.label}: no local file or folder of that name, and not readable from the local "
-                    f"datasets cache as a dataset id ({cause}). Download it once where there is network "
-                    "(datasets.load_dataset), or give a local file or save_to_disk folder"
-                ) from e
-            if _has_no_rows(self.path, split):
-                raise DataError(f"{self.label}: {NO_ROWS}") from None
-            if self.path.endswith(".jsonl"):
-                _find_bad_line(self.path)
-            raise DataError(f"{self.label}: cannot read it as a dataset ({cause})") from e
+            if self.repo is None:
+                raise DataError(f"{self.label}: cannot read it as a dataset ({cause})") from e
+            raise DataError(
+                f"dataset {self.label}: no local file or folder of that name, and not readable from the local "
+                f"datasets cache as a dataset id ({cause}). Download it once where there is network "
+                "(datasets.load_dataset), or give a local file or save_to_disk folder"
+            ) from e
         finally:
             datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE = saved
+        if not self.dataset.num_rows:
+            raise DataError(f"{self.label}: {NO_ROWS}")
         local_file = self.path is not None and os.path.isfile(self.path)
         self.files = [self.path] if local_file else [f["filename"] for f in self.dataset.cache_files]
 
@@ -238,34 +254,30 @@ class Source:
                 self._check_type(role)
 
     def _check_type(self, role: str) -> None:
-        """The role's column holds strings (one of nulls only: no such field, unless required); else raise at its
-        first row that holds no string (in a JSON file's column of mixed types: JSON text)."""
-        feature = self.dataset.features[self.columns[role]]
-        if getattr(feature, "dtype", None) == "null" and role not in self.required:
-            self.columns[role] = None
-        if getattr(feature, "dtype", None) in ("string", "large_string", "null"):
-            return
-        json_text = isinstance(feature, getattr(datasets, "Json", ()))
-        array = self.dataset.data.column(self.columns[role])
-        array = array.cast(pa.string()) if json_text else array
-        row = pc.index(pc.invert(pc.starts_with(array, '"')) if json_text else pc.is_valid(array), True).as_py()
-        if row < 0:
-            raise DataError(f"{self.label}: {self.field(role)} must hold strings, its type is {feature}")
-        value = array[row].as_py()
-        got = f"JSON {value[:60]}" if json_text else f"{getattr(feature, 'dtype', feature)} ({repr(value)[:60]})"
-        self.fail(row, f"{self.field(role)} must be a string, got {got}")
+        """Raise at the first row of the role's column that holds no string; nulls only: no such field, if optional."""
+        column = self.columns[role]
+        feature, array = self.dataset.features[column], self.dataset.data.column(column)
+        if column in self.notes.get("not_text", {}):
+            row, text = self.notes["not_text"][column]
+            self.fail(row, f"{self.field(role)} must be a string, got JSON {text}")
+        if getattr(feature, "dtype", None) not in ("string", "large_string"):
+            if (row := pc.index(pc.is_valid(array), True).as_py()) >= 0:
+                got = f"{getattr(feature, 'dtype', feature)} ({repr(array[row].as_py())[:60]})"
+                self.fail(row, f"{self.field(role)} must be a string, got {got}")
+            if role not in self.required:
+                self.columns[role] = None
 
     def field(self, role: str) -> str:
         column = self.columns[role]
         return f'field "{role}"' + (f' (column "{column}")' if column != role else "")
 
     def fail(self, row: int, problem: str):
-        """Raise :class:`DataError` naming the row (and, in a JSON-lines file, its line: blank lines hold none)."""
-        line = None
-        if self.path is not None and self.path.endswith(".jsonl") and os.path.isfile(self.path):
-            with open(self.path, "rb") as f:
-                line = next(itertools.islice((n for n, raw in enumerate(f, 1) if raw.strip()), row, None), None)
-        raise DataError(f"{self.label}, row {row}" + (f" (line {line})" if line else "") + f": {problem}. {FIX}")
+        """Raise :class:`DataError` naming the row (and, converted from JSON lines, its line)."""
+        line = row + 1
+        for blank in self.notes.get("blank", ()):  # in order: each blank line up to the row's moves it one down
+            line += blank <= line
+        where = f" (line {line})" if "blank" in self.notes else ""
+        raise DataError(f"{self.label}, row {row}{where}: {problem}. {FIX}")
 
     def example(self, row: int) -> TrainExample:
         """The training example of table row ``row``, as the JSON-lines loader builds it from the same record."""
@@ -307,55 +319,51 @@ class Source:
         warns as the JSON-lines loader does. Returns the counts and the rows kept."""
         roles = [r for r in ROLES if self.columns[r] is not None]
         table = self.dataset.data.table.select([self.columns[r] for r in roles])
-        kept, hashes, same, records, skipped, first = [], [], [np.empty(0, np.int64)], 0, 0, None
+        kept, skipped, hashes, same, records = [], [], [], [np.empty(0, np.int64)], 0
         for batch in table.to_batches(max_chunksize=SCAN_ROWS):
             texts = {role: self._stripped(role, array, records) for role, array in zip(roles, batch.columns)}
-            empty = {r: pc.equal(pc.binary_length(texts[r]), 0).to_numpy(zero_copy_only=False) for r in self.required}
-            skip = np.logical_or.reduce(list(empty.values()))
-            rows, n_kept = np.flatnonzero(~skip), sum(map(len, kept))
-            full = limit is not None and n_kept + len(rows) >= limit
-            rows = rows[: limit - n_kept] if full else rows
+            empty = [pc.equal(pc.binary_length(texts[r]), 0).to_numpy(zero_copy_only=False) for r in self.required]
+            skip, left = np.logical_or.reduce(empty), None if limit is None else limit - sum(map(len, kept))
+            rows = np.flatnonzero(~skip)[:left]
+            full = left is not None and len(rows) == left
             end = int(rows[-1]) + 1 if full else batch.num_rows
-            if first is None and skip[:end].any():
-                row = int(np.argmax(skip))
-                first = (records + row, next(r for r in self.required if empty[r][row]))
+            skipped.append(np.flatnonzero(skip[:end]) + records)
             pairs = zip(texts["query"].take(rows).to_pylist(), texts["positive"].take(rows).to_pylist())
             hashes.append(np.fromiter(map(hash, pairs), np.int64, len(rows)))
             if "negative" in texts:
                 equal = pc.fill_null(pc.equal(texts["negative"], texts["positive"]), False)
                 same.append(rows[equal.to_numpy(zero_copy_only=False)[rows]] + records)
             kept.append(rows + records)
-            skipped, records = skipped + end - len(rows), records + end
+            records += end
             if full:
                 break
-        if skipped:
+        kept, skipped, same = np.concatenate(kept), np.concatenate(skipped), np.concatenate(same)
+        if len(skipped):
+            first = next(r for r in self.required if not self._text(r, int(skipped[0])))
             needed = ", ".join(self.required[:-1]) + " or " + self.required[-1]
             logger.warning(
                 "%s: skipped %d of %d rows whose %s is empty or whitespace only (the first: row %d, %s)",
-                *(self.label, skipped, records, needed, first[0], self.field(first[1])),
+                *(self.label, len(skipped), records, needed, skipped[0], self.field(first)),
             )
-        if not records:
-            raise DataError(f"{self.label}: {NO_ROWS}")
-        if not any(map(len, kept)):
+        if not len(kept):
             raise DataError(
                 f"{self.label}: all {records} rows were skipped because a required text is empty or whitespace only. "
                 "Check the dataset's columns and column_map."
             )
-        kept, pair_hashes = np.concatenate(kept), np.concatenate(hashes)
         repeats = np.ones(len(kept), bool)
-        repeats[np.unique(pair_hashes, return_index=True)[1]] = False  # all but the first row of each pair
-        report = FileReport(self.label, records, duplicates=kept[repeats].tolist())
-        report.negative_is_positive = np.concatenate(same).tolist()
+        repeats[np.unique(np.concatenate(hashes), return_index=True)[1]] = False  # all but the first row of each pair
+        report = FileReport(self.label, records, duplicates=kept[repeats].tolist(), negative_is_positive=same.tolist())
         warn_suspect_pairs(self.label, report, unit="row")
-        return SourceStats(self.name, list(self.files), records=records, skipped_empty=skipped), kept
+        return SourceStats(self.name, list(self.files), records=records, skipped_empty=len(skipped)), kept
 
-    def instructions(self, rows: np.ndarray):
-        """``(block, instructions)`` over ``rows`` a block at a time: stripped, ``default_instruction`` for null."""
+    def instruction_codes(self) -> tuple[np.ndarray, list[str]]:
+        """``(codes, instructions)``: each row's query instruction (stripped, the default for none) as an integer."""
+        if self.columns["instruction"] is None:
+            return np.zeros(self.dataset.num_rows, np.int32), [self.default_instruction]
         column = self.dataset.data.column(self.columns["instruction"])
-        for start in range(0, len(rows), SCAN_ROWS):
-            block = rows[start : start + SCAN_ROWS]
-            values = pc.fill_null(pc.utf8_trim_whitespace(column.take(block)), self.default_instruction)
-            yield block, values.combine_chunks()
+        encoded = pc.dictionary_encode(column, null_encoding="encode")  # one dictionary for every chunk
+        values = pc.fill_null(pc.utf8_trim_whitespace(encoded.chunk(0).dictionary), self.default_instruction)
+        return pa.chunked_array([chunk.indices for chunk in encoded.chunks]).to_numpy(), values.to_pylist()
 
 
 class ArrowTrainDataset(TrainDataset):
@@ -382,14 +390,9 @@ class ArrowTrainDataset(TrainDataset):
         per_example = np.repeat(self._batch_sources, self.global_batch_size)
         for s, source in enumerate(self.tables):
             rows = np.sort(self._rows[per_example == s])
-            if source.columns["instruction"] is None and len(rows):
-                found.setdefault(source.default_instruction, source.example(int(rows[0])))
-            for block, values in source.instructions(rows) if source.columns["instruction"] else ():
-                values = values.dictionary_encode()  # codes numbered in the order the values first appear
-                _, first = np.unique(values.indices.to_numpy(zero_copy_only=False), return_index=True)
-                for value, i in zip(values.dictionary.to_pylist(), first):
-                    if value not in found:
-                        found[value] = source.example(int(block[i]))
+            codes, values = source.instruction_codes()
+            for i in np.sort(np.unique(codes[rows], return_index=True)[1]):  # each code's first row, in table order
+                found.setdefault(values[codes[rows[i]]], source.example(int(rows[i])))
         return list(found.values())
 
 
@@ -418,8 +421,8 @@ def load_hf(
         stats[name], kept[name] = source.scan(max_per_source)
     chosen = held_out_positions({n: len(k) for n, k in kept.items()}, validation_size, seed)
     held_out = [sources[name].example(int(kept[name][i])) for name, i in chosen]
-    for name in sorted(kept) if chosen else list(kept):  # the order in which hold_out leaves the sources
-        kept[name] = np.delete(kept.pop(name), [i for n, i in chosen if n == name])
+    order = sorted(kept) if chosen else list(kept)  # the order in which hold_out leaves the sources
+    kept = {name: np.delete(kept[name], [i for n, i in chosen if n == name]) for name in order}
     plan = arrange_positions({n: len(k) for n, k in kept.items()}, global_batch_size, seed)
     record_counts({n: len(k) for n, k in kept.items()}, plan.dropped, stats, global_batch_size)
     names, g = sorted(sources), global_batch_size
@@ -437,11 +440,9 @@ def instruction_counts(paths, column_map=None, split="train", default_instructio
     where a row has none): what an export reads back for its query prompt."""
     counts: Counter[str] = Counter()
     for source in open_sources(paths, column_map, split, cache_dir, default_instruction).values():
-        if source.columns["instruction"] is None:
-            counts[source.default_instruction] += source.dataset.num_rows
-            continue
-        for _, values in source.instructions(np.arange(source.dataset.num_rows)):
-            counts.update({item["values"]: item["counts"] for item in pc.value_counts(values).to_pylist()})
+        codes, values = source.instruction_codes()
+        for value, n in zip(values, np.bincount(codes, minlength=len(values)).tolist()):
+            counts[value] += n
     return counts
 
 
