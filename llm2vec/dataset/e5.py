@@ -13,89 +13,48 @@ from .records import DataError, TrainExample, check_path_kind, missing_files, re
 @dataclass(frozen=True)
 class E5Source:
     paper_name: str  # as written in Table 6
-    file: str  # file name in data_dir
     instructions: tuple[str, ...]  # one, or two that alternate by record position
 
 
-# Table 6 of the paper: "Instructions used for each of the E5 datasets during
-# fine-tuning". Keys are the file stems, which are also the source names.
+# Table 6 of the paper, "Instructions used for each of the E5 datasets during fine-tuning"; the keys are the
+# file stems (<key>.jsonl in data_dir), which are also the source names.
 E5_SOURCES: dict[str, E5Source] = {
     "allnli": E5Source(
         "NLI",
-        "allnli.jsonl",
         (
             "Given a premise, retrieve a hypothesis that is entailed by the premise",
             "Retrieve semantically similar text",
         ),
     ),
-    "dureader": E5Source(
-        "DuReader",
-        "dureader.jsonl",
-        ("Given a Chinese search query, retrieve web passages that answer the question",),
-    ),
+    "dureader": E5Source("DuReader", ("Given a Chinese search query, retrieve web passages that answer the question",)),
     "eli5_question_answer": E5Source(
-        "ELI5",
-        "eli5_question_answer.jsonl",
-        ("Provided a user question, retrieve the highest voted answers on Reddit ELI5 forum",),
+        "ELI5", ("Provided a user question, retrieve the highest voted answers on Reddit ELI5 forum",)
     ),
-    "fever": E5Source(
-        "FEVER",
-        "fever.jsonl",
-        ("Given a claim, retrieve documents that support or refute the claim",),
-    ),
+    "fever": E5Source("FEVER", ("Given a claim, retrieve documents that support or refute the claim",)),
     "hotpot_qa": E5Source(
-        "HotpotQA",
-        "hotpot_qa.jsonl",
-        ("Given a multi-hop question, retrieve documents that can help answer the question",),
+        "HotpotQA", ("Given a multi-hop question, retrieve documents that can help answer the question",)
     ),
-    "miracl": E5Source(
-        "MIRACL",
-        "miracl.jsonl",
-        ("Given a question, retrieve Wikipedia passages that answer the question",),
-    ),
-    "mrtydi": E5Source(
-        "MrTyDi",
-        "mrtydi.jsonl",
-        ("Given a question, retrieve Wikipedia passages that answer the question",),
-    ),
+    "miracl": E5Source("MIRACL", ("Given a question, retrieve Wikipedia passages that answer the question",)),
+    "mrtydi": E5Source("MrTyDi", ("Given a question, retrieve Wikipedia passages that answer the question",)),
     "msmarco_passage": E5Source(
-        "MSMARCO Passage",
-        "msmarco_passage.jsonl",
-        ("Given a web search query, retrieve relevant passages that answer the query",),
+        "MSMARCO Passage", ("Given a web search query, retrieve relevant passages that answer the query",)
     ),
     "msmarco_document": E5Source(
-        "MSMARCO Document",
-        "msmarco_document.jsonl",
-        ("Given a web search query, retrieve relevant documents that answer the query",),
+        "MSMARCO Document", ("Given a web search query, retrieve relevant documents that answer the query",)
     ),
-    "nq": E5Source(
-        "NQ",
-        "nq.jsonl",
-        ("Given a question, retrieve Wikipedia passages that answer the question",),
-    ),
+    "nq": E5Source("NQ", ("Given a question, retrieve Wikipedia passages that answer the question",)),
     "quora_duplicates": E5Source(
         "QuoraDuplicates",
-        "quora_duplicates.jsonl",
         (
             "Given a question, retrieve questions that are semantically equivalent to the given question",
             "Find questions that have the same meaning as the input question",
         ),
     ),
-    "squad": E5Source(
-        "SQuAD",
-        "squad.jsonl",
-        ("Retrieve Wikipedia passages that answer the question",),
-    ),
+    "squad": E5Source("SQuAD", ("Retrieve Wikipedia passages that answer the question",)),
     "t2ranking": E5Source(
-        "T2Ranking",
-        "t2ranking.jsonl",
-        ("Given a Chinese search query, retrieve web passages that answer the question",),
+        "T2Ranking", ("Given a Chinese search query, retrieve web passages that answer the question",)
     ),
-    "trivia_qa": E5Source(
-        "TriviaQA",
-        "trivia_qa.jsonl",
-        ("Retrieve Wikipedia passages that answer the question",),
-    ),
+    "trivia_qa": E5Source("TriviaQA", ("Retrieve Wikipedia passages that answer the question",)),
 }
 
 DOWNLOAD_HINT = (
@@ -121,21 +80,10 @@ def load_e5(
     require_negative: bool = True,
     validation_size: float = 0,
 ) -> TrainDataset:
-    """Load the E5 data and arrange it into single-source global batches.
-
-    Args:
-        data_dir: folder holding the echo-embeddings ``.jsonl`` files.
-        global_batch_size: examples per optimisation step over all devices (per-device x world x accumulation).
-        seed: seed of the shuffles (:func:`~llm2vec.dataset.base.arrange_global_batches`).
-        sources: keys of :data:`E5_SOURCES` to use; ``None``: all of Table 6.
-        max_per_source: keep at most this many (first) records of each source.
-        require_negative: a record must have a non-empty hard negative (Stage II); otherwise ``None`` when absent.
-        validation_size: examples held out for validation (:func:`llm2vec.dataset.base.hold_out`).
-
-    Raises:
-        DataError: an unknown source, a file as ``data_dir``, missing files (all in one error), a malformed line,
-            or not enough data for one global batch.
-    """
+    """The E5 files of ``data_dir`` (``sources``: keys of :data:`E5_SOURCES`, default all; at most ``max_per_source``
+    first records each) in single-source global batches (:meth:`TrainDataset.from_sources`). Raises
+    :class:`DataError` for an unknown source, a file as ``data_dir``, missing files (all in one error), a malformed
+    line, or too little data for one global batch."""
     names = list(E5_SOURCES) if sources is None else list(dict.fromkeys(sources))
     unknown = [n for n in names if n not in E5_SOURCES]
     if unknown:
@@ -146,7 +94,7 @@ def load_e5(
         raise ValueError(f"max_per_source must be positive or None, got {max_per_source}")
 
     check_path_kind(os.fspath(data_dir), "E5")
-    paths = {n: os.path.join(data_dir, E5_SOURCES[n].file) for n in names}
+    paths = {n: os.path.join(data_dir, f"{n}.jsonl") for n in names}
     missing = missing_files(paths.values())
     if missing:
         listing = "\n".join(f"  - {p}  ({E5_SOURCES[n].paper_name})" for n, p in paths.items() if p in missing)
@@ -161,11 +109,7 @@ def load_e5(
     stats: dict[str, SourceStats] = {}
     for name, path in paths.items():
         records, report = read_jsonl_pairs(
-            path,
-            require_negative=require_negative,
-            read_instruction=False,
-            limit=max_per_source,
-            fix=fix,
+            path, require_negative=require_negative, read_instruction=False, limit=max_per_source, fix=fix
         )
         stats[name] = SourceStats(name=name)
         stats[name].add_report(report)
