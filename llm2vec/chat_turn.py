@@ -8,28 +8,22 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
 
+# sentinel contents: plain letters, which no template trims or escapes and no chat format contains
 USER_TEXT = "LLM2VECUSERTEXT"
 SYSTEM_TEXT = "LLM2VECSYSTEMTEXT"
 REPLY_TEXT = "LLM2VECREPLYTEXT"
-"""Sentinel contents: plain letters, which no template trims or escapes and no chat format contains."""
 
-RENDER_LINES = 1_000_000
-"""The most template lines one rendering may execute (a one-message rendering of a published template runs a few
-hundred; a million take well under a second)."""
-
-RENDER_SECONDS = 10.0
-"""The most wall-clock seconds one rendering may take (a published template renders in milliseconds)."""
+RENDER_LINES = 1_000_000  # the most template lines one rendering may execute (a published template: a few hundred)
+RENDER_SECONDS = 10.0  # the most wall-clock seconds one rendering may take
 
 
 class ChatTemplateError(ValueError):
-    """The tokenizer's chat template gives no usable user turn; the message is one line, without the way out (the
-    caller names the model folder and ``template=``)."""
+    """The tokenizer's chat template gives no usable user turn (one line; the caller names the way out)."""
 
 
 class EndOfTurnNotEos(ChatTemplateError):
-    """The token that closes the user turn, and the assistant's reply as well (an end-of-turn token: Gemma's
-    ``<end_of_turn>``, ChatML's ``<|im_end|>``), is no EOS id of the model: the model's files leave it out of their
-    EOS ids. ``token`` and ``token_id`` name it, ``eos`` the EOS ids the files give (``'<eos>' (1), ...``)."""
+    """The token that closes both the user turn and the reply (``token``, ``token_id``) is not among the model's EOS
+    ids (``eos``, as ``'<eos>' (1), ...``)."""
 
     def __init__(self, message: str, token: str, token_id: int, eos: str):
         super().__init__(message)
@@ -38,8 +32,7 @@ class EndOfTurnNotEos(ChatTemplateError):
 
 class ChatTurn(NamedTuple):
     """The user turn of a chat template: ``opening + text + closing``; ``anchor`` is the closing's last token;
-    ``system_turn``, ``trailing`` and ``appended``: what the opening leaves out, what follows, the EOS appended.
-    """
+    ``system_turn``, ``trailing`` and ``appended``: what the opening leaves out, what follows, the EOS appended."""
 
     opening: str
     closing: str
@@ -50,15 +43,13 @@ class ChatTurn(NamedTuple):
 
 
 class _OverBudget(BaseException):
-    """Raised inside the template's frames when a budget is spent, with what ran past it (a BaseException, so that
-    no ``except Exception`` between the template and :func:`render` can swallow it)."""
+    """A budget spent (a BaseException: no ``except Exception`` inside the template can swallow it)."""
 
 
 @contextmanager
 def _budget(lines: int, seconds: float) -> Iterator[None]:
-    """Count the lines executed in compiled Jinja templates (code objects named ``<template>``) in this thread, and
-    raise :class:`_OverBudget` past ``lines`` or once ``seconds`` have passed; any trace function already set (a
-    debugger, coverage) is restored."""
+    """Raise :class:`_OverBudget` in this thread's compiled Jinja templates (code named ``<template>``) past
+    ``lines`` executed lines or ``seconds``; the trace function set before is restored."""
     count, deadline = 0, time.monotonic() + seconds
 
     def in_template(frame, event, arg):
@@ -98,8 +89,8 @@ def template_kwargs(tokenizer) -> dict[str, bool]:
 
 
 def render(tokenizer, messages: list[dict[str, str]]) -> str:
-    """The chat template's text for ``messages``, without a generation prompt and with thinking off, under the line
-    and time budgets; a template that raises or runs past a budget is a :class:`ChatTemplateError`."""
+    """The chat template's text for ``messages`` (no generation prompt, thinking off) under the line and time
+    budgets; a template that raises or runs past a budget is a :class:`ChatTemplateError`."""
     if not getattr(tokenizer, "chat_template", None):
         raise ChatTemplateError("the tokenizer has no chat template")
     kwargs = template_kwargs(tokenizer)
@@ -133,9 +124,8 @@ def _first_token_text(tokenizer, text: str) -> str:
 
 
 def _reply_end(tokenizer, closing_ids: Callable[[str], list[int]], user_turn: str) -> int | None:
-    """The id of the last token the chat format writes after an assistant's reply that follows ``user_turn`` (the
-    rendering of one user message up to its closing), trailing whitespace aside; ``None`` when it writes nothing
-    there or cannot render a reply."""
+    """The id of the last token written after an assistant's reply that follows ``user_turn`` (one user message
+    up to its closing), trailing whitespace aside; ``None`` for none, or no reply rendered."""
     try:
         text = render(tokenizer, [{"role": "user", "content": USER_TEXT}, {"role": "assistant", "content": REPLY_TEXT}])
     except ChatTemplateError:
@@ -147,16 +137,8 @@ def _reply_end(tokenizer, closing_ids: Callable[[str], list[int]], user_turn: st
     return ids[-1] if ids else None
 
 
-def _reply_eos(tokenizer, eos: Collection[int], closing_ids: Callable[[str], list[int]], user_turn: str) -> str:
-    """The text of the EOS token that ends an assistant's reply after ``user_turn``, or "" when the chat format ends
-    a reply with no EOS id (or cannot render one)."""
-    end = _reply_end(tokenizer, closing_ids, user_turn)
-    return tokenizer.decode([end]) if end is not None and end in eos else ""
-
-
 def _without_default_system_turn(tokenizer, opening: str, closing: str) -> tuple[str, str]:
-    """``(opening, system_turn)``: the one-message ``opening`` without the system turn the template writes by
-    default, and that turn ("" when there is none, or when its shape cannot be told from the rendering)."""
+    """``(opening, system_turn)``: ``opening`` without the default system turn, and that turn ("" for none)."""
     try:
         text = render(tokenizer, [{"role": "system", "content": SYSTEM_TEXT}, {"role": "user", "content": USER_TEXT}])
     except ChatTemplateError:  # no system role (Mistral v0.2, Gemma 2): no default system turn either
@@ -182,19 +164,18 @@ def _without_default_system_turn(tokenizer, opening: str, closing: str) -> tuple
 
 def derive_turn(tokenizer, eos: Collection[int], closing_ids: Callable[[str], list[int]]) -> ChatTurn:
     """The user turn of ``tokenizer``'s chat template, whose anchor is one of ``eos``; ``closing_ids`` tokenizes a
-    closing as :func:`llm2vec.templates.encode` does. Raises :class:`ChatTemplateError` (:class:`EndOfTurnNotEos`
-    when one token that is not an EOS id ends both the user turn and the reply).
-    """
+    closing as :func:`llm2vec.templates.encode` does. Raises :class:`ChatTemplateError`."""
     pre, post = _around(render(tokenizer, [{"role": "user", "content": USER_TEXT}]), USER_TEXT, "the user's text")
     closing = post.rstrip()
     trailing = post[len(closing) :]
     ids = closing_ids(closing) if closing else []
     appended = ""
     if not ids or ids[-1] not in eos:
-        appended = _reply_eos(tokenizer, eos, closing_ids, pre + USER_TEXT + closing)
+        reply_end = _reply_end(tokenizer, closing_ids, pre + USER_TEXT + closing)
+        appended = tokenizer.decode([reply_end]) if reply_end is not None and reply_end in eos else ""
         if not appended:
             names = ", ".join(f"{tokenizer.convert_ids_to_tokens(i)!r} ({i})" for i in sorted(eos)) or "none"
-            if ids and _reply_end(tokenizer, closing_ids, pre + USER_TEXT + closing) == ids[-1]:
+            if ids and reply_end == ids[-1]:
                 token = tokenizer.convert_ids_to_tokens(ids[-1])
                 raise EndOfTurnNotEos(
                     f"{token!r} (id {ids[-1]}) closes the user turn and the assistant's reply but is not among the "

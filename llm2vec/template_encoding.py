@@ -8,16 +8,8 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-TRAINING_SEPARATOR = "; "
-"""Between a query's instruction and its text in training: the authors' E5 loader (LLM2Vec's) writes
-``f"{instruction}; " + query``."""
-
-EVALUATION_SEPARATOR = ": "
-"""Between an instruction and its text at evaluation: the authors' evaluation (LLM2Vec's encoder) joins
-``instruction.strip() + " " + text`` with instructions that end in ``":"`` (LLM2Vec's
-``task_to_instructions.json``), i.e. ``"<instruction>: <text>"``; this repository's instructions file has
-no colons, so the colon is in the separator. An instruction that already ends with the separator's mark
-does not get it twice (see :func:`join_instruction`)."""
+TRAINING_SEPARATOR = "; "  # the authors' E5 loader (LLM2Vec's): f"{instruction}; " + query
+EVALUATION_SEPARATOR = ": "  # the authors' evaluation: "<instruction>: <text>" (docs/design.md)
 
 
 class UserTurn(NamedTuple):
@@ -42,12 +34,9 @@ def join_instruction(instruction: str, separator: str) -> str:
 
 @dataclass(frozen=True)
 class TemplateSpec:
-    """A registered family: its user turn, how to recognise it, and the instruction separator.
-
-    ``turn`` returns the family's :class:`UserTurn`; ``model_types`` and ``marker_tokens`` (all in the vocabulary,
-    with the anchor) recognise it; ``separator`` joins instruction and text; ``packing_exact``: packed decoder calls
-    give the same hidden states as texts run alone (``False``, the default, refuses ``packing: true``).
-    """
+    """A family: ``turn`` returns its :class:`UserTurn`; ``model_types`` and ``marker_tokens`` (all in the
+    vocabulary, with the anchor) recognise it; ``separator`` joins instruction and text; ``packing_exact``: packed
+    decoder calls give the hidden states of texts run alone (``False``, the default, refuses ``packing: true``)."""
 
     name: str
     turn: Callable[[], UserTurn]
@@ -86,9 +75,8 @@ def eos_ids(tokenizer, config=None, generation_config=None) -> set[int]:
 
 @dataclass(frozen=True)
 class EncodedText:
-    """Token ids of one (instruction, text) item: ``input_ids[:text_start]`` the prefix with the instruction,
-    ``[text_start:text_end]`` the (possibly cut) text, ``[text_end:]`` the closing, whose last id is the anchor.
-    """
+    """Token ids of one (instruction, text) item: ``[:text_start]`` the prefix with the instruction,
+    ``[text_start:text_end]`` the (possibly cut) text, ``[text_end:]`` the closing, whose last id is the anchor."""
 
     input_ids: tuple[int, ...]
     text_start: int
@@ -96,8 +84,7 @@ class EncodedText:
 
 
 def adds_leading_space(tokenizer) -> bool:
-    """Whether the tokenizer marks the start of every text as a word start (sentencepiece's dummy prefix,
-    as in Mistral and Llama-2): tokenizing ``"b"`` alone then gives the ids ``"b"`` has after a space."""
+    """Whether the tokenizer marks the start of every text as a word start (sentencepiece's dummy prefix)."""
 
     def ids(s: str) -> list[int]:
         return tokenizer(s, add_special_tokens=False)["input_ids"]
@@ -118,8 +105,7 @@ def tokenize_closing(tokenizer, closing: str, dummy_prefix: bool) -> list[int]:
 
 
 def _text_context(prefix: str, dummy_prefix: bool) -> str:
-    """What to tokenize a text after, so that it gets the ids it has after ``prefix`` in the whole user turn: the
-    prompt itself for a dummy-prefix tokenizer when the prompt ends in something else than a space, else ""."""
+    """What to tokenize a text after so that it gets the ids it has after ``prefix`` in the whole user turn."""
     return prefix if dummy_prefix and prefix and not prefix.endswith(" ") else ""
 
 
@@ -127,8 +113,7 @@ def prompt_parts(
     tokenizer, spec: TemplateSpec, instruction: str, dummy_prefix: bool | None = None
 ) -> tuple[list[int], str]:
     """``(prefix_ids, lead)``: the ids of the prompt before the text, and the spaces :func:`encode` puts before
-    the stripped text when it tokenizes it as a separate piece (the prompt's trailing spaces, less the one a
-    sentencepiece dummy prefix adds by itself)."""
+    the stripped text when it tokenizes it as a separate piece."""
     if dummy_prefix is None:
         dummy_prefix = adds_leading_space(tokenizer)
     prefix = spec.build(instruction)[0]
@@ -143,12 +128,9 @@ def encode(
     max_length: int,
     text_max_tokens: int | None = None,
 ) -> list[EncodedText]:
-    """Token ids for ``(instruction, text)`` items; the text is cut so that prefix + text + closing <= max_length.
-
-    ``text_max_tokens`` first cuts every text to that many tokens (``None``: no such cap). The text is stripped;
-    prefix, text and closing are tokenized apart so that the ids equal those of the whole user turn tokenized at
-    once (docs/design.md), and the closing is appended after truncation.
-    """
+    """Token ids for ``(instruction, text)`` items, the stripped text cut so that prefix + text + closing fit in
+    ``max_length`` (and to at most ``text_max_tokens``); the ids equal those of the whole user turn tokenized at once,
+    and the closing is appended after truncation (docs/design.md)."""
     turn = spec.turn()
     dummy_prefix = adds_leading_space(tokenizer)
     closing_ids = tokenize_closing(tokenizer, turn.closing, dummy_prefix)
@@ -196,11 +178,10 @@ def chat_template_mismatch(
     chat_ids: Callable[[str], list[int]] | None = None,
     eos: Collection[int] | None = None,
 ) -> str | None:
-    """``None`` when :func:`encode` agrees with the tokenizer's chat template for one user message, else a one-line
-    description of the difference. Allowed: a default system turn left out, whitespace after the anchor, and an EOS
-    anchor appended after an open user turn. ``chat_ids``: the chat template's ids for a content (default
-    ``apply_chat_template``); ``eos``: the ids an appended anchor may be (default the tokenizer's EOS).
-    """
+    """``None`` when :func:`encode` agrees with the tokenizer's chat template for one user message (a default
+    system turn left out, whitespace after the anchor, an EOS anchor appended after an open user turn allowed), else
+    a one-line description of the difference. ``chat_ids``: the chat template's ids for a content (default
+    ``apply_chat_template``); ``eos``: the ids an appended anchor may be (default the tokenizer's EOS)."""
     difference = chat_difference(tokenizer, spec, instruction, text, chat_ids, eos)
     if difference is None:
         return None

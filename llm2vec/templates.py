@@ -1,4 +1,4 @@
-"""Prompt templates: one function per model family, shared by training and evaluation.
+"""Prompt templates: one user turn per model family, shared by training and evaluation.
 
 Contract: an ``(instruction, text)`` input gives the token ids of one user turn of the model's own chat template
 (no default system turn), and :func:`encode` appends the closing after truncation, so the anchor (an EOS id of
@@ -29,29 +29,6 @@ from .template_encoding import (  # noqa: F401  (re-exported: the templates' pub
 logger = logging.getLogger("llm2vec")
 
 
-# --- one function per family: the user turn of its chat format ----------------------------------------
-
-
-def llama3_template() -> UserTurn:
-    """Llama-3.x Instruct: ``<|begin_of_text|><|start_header_id|>user<|end_header_id|>\\n\\n`` ... ``<|eot_id|>``."""
-    return UserTurn("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n", "<|eot_id|>", "<|eot_id|>")
-
-
-def qwen2_template() -> UserTurn:
-    """Qwen2.5 Instruct (ChatML, no BOS): ``<|im_start|>user\\n`` ... ``<|im_end|>``."""
-    return UserTurn("<|im_start|>user\n", "<|im_end|>", "<|im_end|>")
-
-
-def smollm2_template() -> UserTurn:
-    """SmolLM2 Instruct (ChatML on a Llama body): ``<|im_start|>user\\n`` ... ``<|im_end|>``."""
-    return UserTurn("<|im_start|>user\n", "<|im_end|>", "<|im_end|>")
-
-
-def mistral_template() -> UserTurn:
-    """Mistral-7B-Instruct-v0.2: ``<s>[INST] `` ... `` [/INST]`` and the EOS ``</s>`` appended as the anchor."""
-    return UserTurn("<s>[INST] ", " [/INST]</s>", "</s>")
-
-
 _REGISTRY: dict[str, TemplateSpec] = {}
 
 
@@ -63,28 +40,25 @@ def register_template(spec: TemplateSpec, overwrite: bool = False) -> TemplateSp
     return spec
 
 
-# The shipped families are Llama, Qwen2 and Mistral architectures, whose packed calls equal texts run alone
-# (tests/test_packing.py::test_packed_call_equals_each_text_run_alone).
-register_template(
-    TemplateSpec("llama3", llama3_template, ("llama",), ("<|start_header_id|>", "<|eot_id|>"), packing_exact=True)
+# The shipped families' user turns: Llama-3.x Instruct; SmolLM2 Instruct (ChatML on a Llama body) and Qwen2.5
+# Instruct (ChatML, no BOS); Mistral-7B-Instruct-v0.2, whose EOS is appended as the anchor. Their architectures'
+# packed calls equal texts run alone (tests/test_packing.py::test_packed_call_equals_each_text_run_alone).
+LLAMA3_TURN = functools.partial(
+    UserTurn, "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n", "<|eot_id|>", "<|eot_id|>"
 )
+CHATML_TURN = functools.partial(UserTurn, "<|im_start|>user\n", "<|im_end|>", "<|im_end|>")
+MISTRAL_TURN = functools.partial(UserTurn, "<s>[INST] ", " [/INST]</s>", "</s>")
+CHATML_MARKERS = ("<|im_start|>", "<|im_end|>")
 register_template(
-    TemplateSpec("smollm2", smollm2_template, ("llama",), ("<|im_start|>", "<|im_end|>"), packing_exact=True)
+    TemplateSpec("llama3", LLAMA3_TURN, ("llama",), ("<|start_header_id|>", "<|eot_id|>"), packing_exact=True)
 )
-register_template(TemplateSpec("qwen2", qwen2_template, ("qwen2",), ("<|im_start|>", "<|im_end|>"), packing_exact=True))
-register_template(TemplateSpec("mistral", mistral_template, ("mistral",), ("</s>",), packing_exact=True))
+register_template(TemplateSpec("smollm2", CHATML_TURN, ("llama",), CHATML_MARKERS, packing_exact=True))
+register_template(TemplateSpec("qwen2", CHATML_TURN, ("qwen2",), CHATML_MARKERS, packing_exact=True))
+register_template(TemplateSpec("mistral", MISTRAL_TURN, ("mistral",), ("</s>",), packing_exact=True))
 
 
-DERIVED_TEMPLATE = "chat_template"
-"""The name of the family derived from the tokenizer's own chat template (:func:`derive_template`): what
-``llm2vec_config.json`` records for such a model, and what ``template=`` names to ask for it. It is not in the
-registry: its user turn is read from each tokenizer."""
-
-
-PLAIN_TEMPLATE = "plain"
-"""The family of a base model (no chat format): the BOS where the tokenizer adds one to every text, the instruction
-and separator, the text, then the tokenizer's EOS as the anchor (Eq. 1's appended [EOS]). Read from each tokenizer
-(:func:`plain_template`); ``template="plain"`` (``"template": "plain"`` in a config) asks for it."""
+DERIVED_TEMPLATE = "chat_template"  # the family read from each tokenizer's own chat template (derive_template)
+PLAIN_TEMPLATE = "plain"  # a base model's: [the BOS it adds], instruction and separator, text, EOS (plain_template)
 
 
 def plain_template(tokenizer) -> TemplateSpec:
@@ -134,10 +108,10 @@ def _has_token(tokenizer, token: str) -> bool:
 
 
 def resolve_template(config, tokenizer, name: str | None = None, generation_config=None) -> TemplateSpec:
-    """The template for a model: by explicit ``name``, else detected from ``config`` and ``tokenizer``, else derived
-    from its chat template (:func:`derive_template`, also ``name="chat_template"``). For a registered family, an
-    anchor that is no EOS id or ids that differ from the chat template's are logged as warnings.
-    """
+    """The template for a model: by ``name``, else detected from ``config`` and ``tokenizer``, else derived from its
+    chat template (:func:`derive_template`). For a registered family, an anchor that is no EOS id or ids that
+    differ from the chat template's are logged as warnings."""
+
     if name in (DERIVED_TEMPLATE, PLAIN_TEMPLATE):
         return named_template(name, config, tokenizer, generation_config)
     if name is not None:
@@ -199,19 +173,17 @@ def anchor_mismatch(tokenizer, spec: TemplateSpec, config=None, generation_confi
 
 
 def pad_token(tokenizer, spec: TemplateSpec) -> str:
-    """The token that pads a batch: the tokenizer's pad token, else (Llama-3.x and Mistral as published have none) the
-    template's anchor. Padding is always masked out (attention mask 0, no loss), so which token pads never changes an
-    embedding or a loss; the export writes this token into its tokenizer, so sentence-transformers pads with it too."""
+    """The token that pads a batch (always masked out): the tokenizer's pad token, else the template's anchor."""
     return tokenizer.pad_token if tokenizer.pad_token is not None else spec.anchor
 
 
 # --- a family derived from the tokenizer's own chat template -------------------------------------------------------
 
+# (instruction, text) items whose ids a derived family must share with the chat template, with each separator
 DERIVATION_PROBES = (
     ("Given a question, retrieve passages that answer the question", "Paris is the capital of France."),
     ("", "0123456789 numbers, punctuation: commas, periods. Questions? (parentheses)"),
 )
-"""``(instruction, text)`` items whose ids a derived family must share with the chat template, with each separator."""
 
 
 def _model_folder(config, tokenizer) -> str:
@@ -219,8 +191,7 @@ def _model_folder(config, tokenizer) -> str:
 
 
 def template_file(folder: str) -> str:
-    """The file of a model folder that holds its chat template: ``chat_template.jinja`` where the folder has one
-    (transformers reads it first), else ``tokenizer_config.json``."""
+    """The file of a model folder that holds its chat template (transformers reads ``chat_template.jinja`` first)."""
     return (
         "chat_template.jinja"
         if os.path.isfile(os.path.join(folder, "chat_template.jinja"))
@@ -229,8 +200,7 @@ def template_file(folder: str) -> str:
 
 
 def _saved_generation_config(config, tokenizer):
-    """The generation config saved beside the model (its folder, or the hub cache), read without the network; None
-    when there is none. It may name more EOS ids than the config (Gemma 3's ``<end_of_turn>``)."""
+    """The generation config saved beside the model (its folder, or the hub cache; no network), else None."""
     from transformers import GenerationConfig
 
     for source in dict.fromkeys((getattr(config, "_name_or_path", None), getattr(tokenizer, "name_or_path", None))):
@@ -242,24 +212,9 @@ def _saved_generation_config(config, tokenizer):
     return None
 
 
-def _end_of_turn_not_eos(error, where: str, model_type: str, registered: str) -> str:
-    """One line for a chat format whose end-of-turn token is no EOS id of the model (``chat_turn.EndOfTurnNotEos``):
-    the token, where the EOS ids come from, and the fix (its id added to ``generation_config.json``)."""
-    shipped = " (as google/gemma-3-*-it ship it)" if model_type.startswith("gemma") else ""
-    return (
-        f"{error.token} (id {error.token_id}) closes the user turn of the chat template of {where} but is not among "
-        f"the EOS ids of its tokenizer, config.json and generation_config.json ({error.eos}); add {error.token_id} to "
-        f"eos_token_id in {os.path.join(where, 'generation_config.json')}{shipped}, or pass template=<name> "
-        f"(registered: {registered})"
-    )
-
-
 def derive_template(config, tokenizer, generation_config=None) -> TemplateSpec:
-    """The family :data:`DERIVED_TEMPLATE` of a model: the user turn of ``tokenizer``'s own chat template, anchored
-    at one of the model's EOS ids, checked on :data:`DERIVATION_PROBES` against the chat template
-    (:func:`chat_template_mismatch`). A template that cannot be derived is a one-line ``ValueError`` naming the
-    model folder and ``template=``; packing is off for a derived family (docs/design.md).
-    """
+    """The family :data:`DERIVED_TEMPLATE` of a model, checked on :data:`DERIVATION_PROBES` against its chat
+    template; one that cannot be derived is a one-line ``ValueError`` naming the model folder and ``template=``."""
     from . import chat_turn
 
     where = _model_folder(config, tokenizer)
@@ -276,9 +231,15 @@ def derive_template(config, tokenizer, generation_config=None) -> TemplateSpec:
     dummy_prefix = adds_leading_space(tokenizer)
     try:
         turn = chat_turn.derive_turn(tokenizer, eos, lambda closing: tokenize_closing(tokenizer, closing, dummy_prefix))
-    except chat_turn.EndOfTurnNotEos as e:
+    except chat_turn.EndOfTurnNotEos as e:  # the fix: its id added to generation_config.json
         model_type = getattr(config, "model_type", None) or ""
-        raise ValueError(_end_of_turn_not_eos(e, where, model_type, registered)) from None
+        shipped = " (as google/gemma-3-*-it ship it)" if model_type.startswith("gemma") else ""
+        raise ValueError(
+            f"{e.token} (id {e.token_id}) closes the user turn of the chat template of {where} but is not among the "
+            f"EOS ids of its tokenizer, config.json and generation_config.json ({e.eos}); add {e.token_id} to "
+            f"eos_token_id in {os.path.join(where, 'generation_config.json')}{shipped}, or pass template=<name> "
+            f"(registered: {registered})"
+        ) from None
     except chat_turn.ChatTemplateError as e:
         raise refused(str(e)) from None
     model_type = getattr(config, "model_type", None)
