@@ -10,8 +10,7 @@ from ..distributed import gather_with_grad, positive_labels
 
 
 def autocast_off(device: torch.device):
-    """A context in which autocast is off for ``device``'s type, so operations (and, on CPU, where backward runs on
-    the calling thread, the backward ops called inside it) run in their inputs' dtype."""
+    """A context in which autocast is off for ``device``'s type: operations run in their inputs' dtype."""
     return torch.autocast(device_type=device.type, enabled=False)
 
 
@@ -41,8 +40,8 @@ class InfoNCELoss(nn.Module):
     def scores(
         self, query: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor | None = None, gather: bool = True
     ) -> torch.Tensor:
-        """(B, |C|) scaled cosine similarities of the local queries to all candidates of the global batch (of the
-        given batch with ``gather=False``), in float32 (autocast off)."""
+        """(B, |C|) scaled cosine similarities (float32) of the local queries to all candidates of the global batch
+        (of the given batch with ``gather=False``)."""
         collect = gather_with_grad if gather else (lambda t: t)
         with autocast_off(query.device):
             q = F.normalize(query.float(), p=2, dim=-1)

@@ -22,9 +22,7 @@ def liger_available(device: torch.device) -> bool:
 
 
 def _liger_nll(lm_head: nn.Linear, hidden, targets):
-    """Liger's fused kernel (CUDA only: its numbers are checked against the blockwise path by
-    the project's GPU check), summing in float32 (``accum_dtype``) where the installed Liger takes it, as the
-    blockwise path does; a Liger without that argument accumulates in the inputs' dtype."""
+    """Liger's fused kernel (CUDA only), summing in float32 where the installed Liger takes ``accum_dtype``."""
     from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
     options = {"reduction": "sum"}

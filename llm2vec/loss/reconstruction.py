@@ -8,14 +8,21 @@ from torch import nn
 from ..packing import packed_call, packed_positions
 from .linear_cross_entropy import linear_cross_entropy_sum
 
+# what each direction predicts: the counterpart's text tokens (the paper's Eq. 3-4), or its whole prompt but the
+# anchor (the authors' targets, not their pass: docs/departures.md)
 RECONSTRUCTION_TARGETS = ("text", "all")
-"""What each direction predicts: ``text`` = the counterpart's text tokens (the paper's Eq. 3-4); ``all`` = every
-token of the counterpart's prompt but its anchor (BOS, chat header, a query's instruction, the text), each visible
-to attention, in the pass above. ``all`` has the authors' targets but not their pass: theirs reuses the encoder's
-mask, which hides BOS, the header and a query's instruction from attention (FlashAttention), and passes no
-position ids, so the anchor stands before the left padding (docs/departures.md)."""
 
-DIRECTIONS = ("q2d", "d2q")
+
+def pass_inputs(
+    embed: nn.Module, anchor, target_ids, target_mask, dropout: float, prefix_ids
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``(inputs_embeds, attention_mask, k)`` of one reconstruction pass: ``[Embed(prefix) ; e_X ; Embed(y_1) ; ...
+    ; Embed(y_m)]`` (B, k + 1 + M, H), its mask (B, k + 1 + M) and k, the prefix's length."""
+    target_embeds = drop_target_inputs(embed(target_ids), dropout)
+    lead = anchor_block(embed, anchor, prefix_ids).to(target_embeds.dtype)  # (B, k + 1, H)
+    k = lead.shape[1] - 1
+    ones = torch.ones_like(target_mask[:, :1])
+    return torch.cat([lead, target_embeds], dim=1), torch.cat([ones.expand(-1, k + 1), target_mask], dim=1), k
 
 
 def reconstruction_states(
@@ -26,15 +33,10 @@ def reconstruction_states(
     input_dropout: float = 0.0,
     prefix_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The padded reconstruction pass over ``[Embed(prefix) ; e_X ; Embed(y_1) ; ... ; Embed(y_m)]``: (B, M, H)
-    final-layer states, row t predicting ``target_ids[:, t]``. Arguments as in :func:`reconstruction_nll`.
-    """
+    """The padded reconstruction pass (:func:`pass_inputs`): (B, M, H) final-layer states, row t predicting
+    ``target_ids[:, t]``. Arguments as in :func:`reconstruction_nll`."""
     embed = decoder.get_input_embeddings()
-    target_embeds = drop_target_inputs(embed(target_ids), input_dropout)
-    lead = anchor_block(embed, anchor, prefix_ids).to(target_embeds.dtype)  # (B, k + 1, H)
-    k = lead.shape[1] - 1
-    inputs_embeds = torch.cat([lead, target_embeds], dim=1)
-    attention_mask = torch.cat([torch.ones_like(target_mask[:, :1]).expand(-1, k + 1), target_mask], dim=1)
+    inputs_embeds, attention_mask, k = pass_inputs(embed, anchor, target_ids, target_mask, input_dropout, prefix_ids)
     batch, width = attention_mask.shape
     position_ids = torch.arange(width, device=attention_mask.device).expand(batch, width)
     hidden = decoder(
@@ -76,8 +78,8 @@ def reconstruction_token_nll(
     target_mask: torch.Tensor,
     prefix_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """(B, M) float32 -log P(y_t | anchor, y_<t) of every target token (0 on padding): the terms whose sum is
-    :func:`reconstruction_nll`, for measurements (:mod:`llm2vec.anchor_gain`). All logits at once, no dropout."""
+    """(B, M) float32 -log P(y_t | anchor, y_<t) of every target token (0 on padding), for measurements: the
+    terms of :func:`reconstruction_nll`, without dropout."""
     hidden = reconstruction_states(decoder, anchor, target_ids, target_mask, 0.0, prefix_ids)
     logits = lm_head(hidden).float()
     nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target_ids, reduction="none")
@@ -93,22 +95,17 @@ def packed_reconstruction_nll(
     prefix_ids: torch.Tensor | None = None,
 ) -> list[torch.Tensor]:
     """:func:`reconstruction_nll` of several passes, each ``(anchor, target_ids, target_mask)``, run as one packed
-    decoder call; returns one sum per pass.
-    """
+    decoder call; returns one sum per pass."""
     embed = decoder.get_input_embeddings()
     pieces, positions, predicting, labels = [], [], [], []
     for anchor, target_ids, target_mask in passes:
-        target_embeds = drop_target_inputs(embed(target_ids), input_dropout)
-        lead = anchor_block(embed, anchor, prefix_ids).to(target_embeds.dtype)  # (B, k + 1, H)
-        k = lead.shape[1] - 1
-        sequence = torch.cat([lead, target_embeds], dim=1)  # (B, k + 1 + M, H)
-        ones = torch.ones_like(target_mask[:, :1])
-        sequence_mask = torch.cat([ones.expand(-1, k + 1), target_mask], dim=1)
+        sequence, sequence_mask, k = pass_inputs(embed, anchor, target_ids, target_mask, input_dropout, prefix_ids)
         real = sequence_mask.bool()
         pieces.append(sequence[real])
         positions.append(packed_positions(sequence_mask))
         # the anchor's column and target t < M predict y_1, y_{t+1} where real; prefix and last column nothing
-        predicts = torch.cat([torch.zeros_like(ones).expand(-1, k), target_mask, torch.zeros_like(ones)], dim=1)
+        none = torch.zeros_like(target_mask[:, :1])
+        predicts = torch.cat([none.expand(-1, k), target_mask, none], dim=1)
         predicting.append(predicts[real].bool())
         labels.append(target_ids[target_mask.bool()])
     states = packed_call(decoder, pieces, positions, embeds=True)
@@ -119,9 +116,7 @@ def packed_reconstruction_nll(
 
 
 def anchor_block(embed: nn.Module, anchor: torch.Tensor, prefix_ids: torch.Tensor | None) -> torch.Tensor:
-    """The reconstruction input before the targets, (B, k + 1, H): ``[Embed(p_1..p_k) ; e_X]``; the paper's pass has
-    no prefix (k = 0, the anchor at position 0).
-    """
+    """The reconstruction input before the targets, (B, k + 1, H): ``[Embed(p_1..p_k) ; e_X]`` (the paper's: k = 0)."""
     block = anchor[:, None, :]
     if prefix_ids is None or len(prefix_ids) == 0:
         return block
@@ -130,9 +125,8 @@ def anchor_block(embed: nn.Module, anchor: torch.Tensor, prefix_ids: torch.Tenso
 
 
 def drop_target_inputs(target_embeds: torch.Tensor, p: float) -> torch.Tensor:
-    """Word dropout on the teacher-forced inputs (an option, not the paper's pass): each Embed(y_t) becomes a zero
-    vector with probability ``p``; the targets stay the same. ``p = 0`` returns the input.
-    """
+    """Word dropout on the teacher-forced inputs (an option, not the paper's): each Embed(y_t) zeroed with
+    probability ``p``; the targets stay the same."""
     if p <= 0.0:
         return target_embeds
     keep = torch.rand(target_embeds.shape[:-1], device=target_embeds.device) >= p
@@ -140,9 +134,8 @@ def drop_target_inputs(target_embeds: torch.Tensor, p: float) -> torch.Tensor:
 
 
 class WithoutWeightGradient(nn.Module):
-    """``module`` run with its parameters detached (``torch.func.functional_call``): gradients reach its inputs, never
-    its weights (``stop_decoder_gradient``, an option). Not for FSDP-sharded modules.
-    """
+    """``module`` run with its parameters detached: gradients reach its inputs, never its weights
+    (``stop_decoder_gradient``, an option). Not for FSDP-sharded modules."""
 
     def __init__(self, module: nn.Module):
         super().__init__()
@@ -245,9 +238,8 @@ class ReconstructionLoss(nn.Module):
         query_targets: dict,
         positive_targets: dict,
     ) -> dict[str, torch.Tensor]:
-        """``{direction: (B, M) token NLLs}`` of the directions computed (:func:`reconstruction_token_nll`): q2d
-        reads ``query_anchor`` and predicts the documents, d2q reads ``document_anchor`` and predicts the queries.
-        The measurement pass: padded, no dropout, the decoder's own weights, this loss's prefix."""
+        """``{direction: (B, M) token NLLs}`` of the directions computed (:func:`reconstruction_token_nll`): padded,
+        no dropout, the decoder's own weights, this loss's prefix."""
         sides = {"q2d": (query_anchor, positive_targets), "d2q": (document_anchor, query_targets)}
         prefix = self.prefix_tensor()
         return {
@@ -258,7 +250,7 @@ class ReconstructionLoss(nn.Module):
         }
 
     def prefix_tensor(self) -> torch.Tensor | None:
-        """The prefix ids as a tensor (``None`` without a prefix: the paper's pass)."""
+        """The prefix ids as a tensor (``None`` without a prefix)."""
         return torch.tensor(self.prefix_ids, dtype=torch.long) if self.prefix_ids else None
 
     def extra_repr(self) -> str:
