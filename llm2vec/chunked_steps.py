@@ -30,7 +30,7 @@ def _per_call(lengths: Lengths) -> list[tuple[int, ...]]:
 
 
 def chunk_cost(lengths: Lengths, items: Sequence[int], packed: bool = False) -> int:
-    """Positions the decoder calls of ``items`` run together process: padded, ``|items| x sum over calls of the
+    """Positions the decoder calls of ``items`` process together: padded, ``|items| x sum over calls of the
     longest item in that call``; ``packed``, the sum of the items' real lengths."""
     if not items:
         return 0
@@ -41,12 +41,8 @@ def chunk_cost(lengths: Lengths, items: Sequence[int], packed: bool = False) -> 
 
 
 def plan_chunks(lengths: Lengths, budget: int, *, packed: bool = False, min_chunks: int = 1) -> list[list[int]]:
-    """Chunks of item indices, each costing at most ``budget`` positions (:func:`chunk_cost`).
-
-    ``lengths[i]``: item i's real length, or its lengths in each decoder call. Items go longest first, greedily; one
-    over the budget is a chunk alone; the costliest chunks are halved until there are ``min_chunks``. Every index
-    appears once.
-    """
+    """Chunks of item indices (each once), each costing at most ``budget`` positions (:func:`chunk_cost`) unless
+    one item does; at least ``min_chunks``. ``lengths[i]``: item i's real length, or its lengths in each call."""
     if budget < 1:
         raise ValueError(f"budget must be a positive number of positions, got {budget}")
     if not 1 <= min_chunks <= max(1, len(lengths)):
@@ -69,8 +65,7 @@ def plan_chunks(lengths: Lengths, budget: int, *, packed: bool = False, min_chun
 
 
 def agreed_plan(lengths: Lengths, budget: int, packed: bool, device: torch.device) -> list[list[int]]:
-    """This process's :func:`plan_chunks`, with as many chunks as the largest plan of all processes (the module
-    docstring's rule; one process: its own plan)."""
+    """This process's :func:`plan_chunks`, with as many chunks as the largest plan of all processes."""
     chunks = plan_chunks(lengths, budget, packed=packed)
     if world()[1] > 1:
         count = torch.tensor([len(chunks)], device=device)
@@ -97,16 +92,15 @@ def _run_chunks(chunks: Sequence, step: Callable, no_sync) -> list:
 
 
 def decoder_call_lengths(batch: dict, directions: Sequence[str]) -> torch.Tensor:
-    """(B, C) real positions of each pair in each decoder call: the query and document encoding passes, then
-    for each direction computed (``"q2d"``, ``"d2q"``) its reconstruction pass (the anchor + the targets)."""
+    """(B, C) real positions of each pair in each decoder call: the query and document encodings, then each
+    direction's reconstruction pass (the anchor + the targets)."""
     columns = [batch["query"]["attention_mask"].sum(1), batch["positive"]["attention_mask"].sum(1)]
     columns += [1 + batch[TARGETS_OF[d]]["attention_mask"].sum(1) for d in directions]
     return torch.stack(columns, dim=1)
 
 
 def decoder_positions(batch: dict, directions: Sequence[str], packed: bool = False) -> int:
-    """Positions the decoder calls of ``batch`` process, padding included: B times the sum of the widths
-    (packed: the real positions, there being no padding)."""
+    """Positions the decoder calls of ``batch`` process, padding included (packed: the real positions)."""
     if packed:
         return int(decoder_call_lengths(batch, directions).sum())
     widths = [batch["query"]["input_ids"].shape[1], batch["positive"]["input_ids"].shape[1]]
@@ -116,16 +110,15 @@ def decoder_positions(batch: dict, directions: Sequence[str], packed: bool = Fal
 
 def _select_rows(features: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, torch.Tensor]:
     """Rows of a padded ``{"input_ids", "attention_mask", ...}`` dict, cut to the columns where one of them
-    has a real token. That works for either padding side (the kept columns are a prefix for right padding,
-    a suffix for left padding); every tensor is new, the batch's own are not changed."""
+    has a real token (either padding side); every tensor is new."""
     mask = features["attention_mask"].index_select(0, rows)
     keep = mask.bool().any(dim=0).nonzero().squeeze(1)
     return {name: value.index_select(0, rows).index_select(1, keep) for name, value in features.items()}
 
 
 def select_pairs(batch: dict, pairs: Sequence[int]) -> dict:
-    """The sub-batch of ``pairs``, each padded tensor trimmed to the sub-batch's longest row; the step-wide
-    ``target_counts`` are kept as they are (every chunk divides by the same counts)."""
+    """The sub-batch of ``pairs``, each padded tensor trimmed to its longest row; the step-wide ``target_counts``
+    kept as they are."""
     rows = torch.tensor(list(pairs), dtype=torch.long, device=batch["query"]["input_ids"].device)
     return {name: value if name == COUNTS_KEY else _select_rows(value, rows) for name, value in batch.items()}
 
@@ -133,9 +126,8 @@ def select_pairs(batch: dict, pairs: Sequence[int]) -> dict:
 def reconstruction_step(
     model, inputs: dict, budget: int, packed: bool, directions: Sequence[str], counts: dict, backward, no_sync
 ) -> tuple[list, list[list[int]]]:
-    """Stage I's step in chunks of pairs: each chunk's sub-batch (:func:`select_pairs`, carrying the step-wide
-    ``counts``) goes through the wrapped ``model`` and its loss is back-propagated at once. Returns the chunks'
-    outputs and the chunks (pair indices) for the model to combine."""
+    """Stage I's step in chunks of pairs, each chunk's loss (over the step-wide ``counts``) back-propagated at once;
+    returns the chunks' outputs and the chunks (pair indices)."""
     chunks = agreed_plan(decoder_call_lengths(inputs, directions).tolist(), budget, packed, _device(inputs))
     batch = {**inputs, COUNTS_KEY: counts}
 
@@ -151,8 +143,7 @@ def reconstruction_step(
 
 
 def rows_of(features: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
-    """The rows of a padded batch (``pad_batch``'s keys), each cut to its real tokens (``attention_mask == 1``,
-    contiguous on either padding side): a list of dicts of 1-D tensors."""
+    """The rows of a padded batch (``pad_batch``'s keys), each cut to its real tokens: dicts of 1-D tensors."""
     mask = features["attention_mask"].bool()
     return [{k: features[k][row][mask[row]] for k in FEATURE_KEYS} for row in range(mask.shape[0])]
 
@@ -193,10 +184,9 @@ class RngState:
 def gradient_cache_step(
     model, inputs: dict, budget: int, packed: bool, loss_fn, pad_token_id: int, backward, no_sync
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Stage II's step with the gradient cache (the module docstring's three passes) over the texts of ``inputs``
-    (``query``, ``positive`` and an optional ``negative``). ``model`` is the wrapped model, whose
-    ``forward(features=...)`` embeds a chunk; ``loss_fn(e_q, e_p, e_n)`` is the InfoNCE loss. Returns the loss
-    (detached) and the embeddings of each side (detached, in the batch's order)."""
+    """Stage II's step with the gradient cache (three passes, docs/design.md) over the texts of ``inputs``;
+    ``model(features=...)`` embeds a chunk, ``loss_fn(e_q, e_p, e_n)`` is the InfoNCE loss. Returns the loss and
+    each side's embeddings, detached, in the batch's order."""
     sides = [s for s in ("query", "positive", "negative") if inputs.get(s) is not None]
     rows = [row for side in sides for row in rows_of(inputs[side])]
     device = _device(inputs)
@@ -240,10 +230,9 @@ def gradient_cache_step(
 
 
 def trainer_hooks(accelerator, model, weight: float) -> tuple[Callable, Callable]:
-    """The ``backward`` and ``no_sync`` the trainer hands a model's ``step_in_parts``: ``backward(tensor)``
-    back-propagates ``tensor * weight`` through ``accelerator``, ``backward(tensor, grad)`` back-propagates ``tensor``
-    with the gradient ``grad * weight`` (``grad`` computed by the step for the unweighted loss), and ``no_sync()``
-    defers the gradient all-reduce of the wrapped ``model``."""
+    """The ``backward`` and ``no_sync`` handed to a model's ``step_in_parts``: ``backward(tensor[, grad])``
+    back-propagates through ``accelerator`` with the loss weighted by ``weight``; ``no_sync()`` defers the gradient
+    all-reduce of the wrapped ``model``."""
 
     def backward(tensor, grad=None):
         if grad is None:

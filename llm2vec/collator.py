@@ -1,5 +1,4 @@
-"""Padded batches: :func:`pad_batch` (token ids -> tensors and masks, used by training and ``LLM2Vec.tokenize``
-alike) and the training collator (Stage I and II): examples -> explicitly built, padded tensors."""
+"""Padded batches: :func:`pad_batch` (token ids -> tensors and masks) and the training collator of both stages."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from .loss.reconstruction import RECONSTRUCTION_TARGETS, target_counts
 if TYPE_CHECKING:
     from .dataset import TrainExample
 
-COUNTS_KEY = "target_counts"  # a batch's tokens per loss direction (step 1 of the module docstring)
+COUNTS_KEY = "target_counts"  # a batch's target tokens per loss direction
 
 
 def pad_batch(
@@ -59,11 +58,8 @@ def reconstruction_targets(e: templates.EncodedText, which: str) -> tuple[int, .
 @dataclass
 class TrainCollator:
     """Collates ``TrainExample`` lists into ``{"query", "positive"[, "negative"][, "*_targets"]}`` dicts.
-
     ``reconstruction``: ``None`` (Stage II), ``"text"`` or ``"all"`` (Stage I: adds ``query_targets``,
-    ``positive_targets`` and :data:`COUNTS_KEY`, the target tokens of each direction). ``query_instructions``: give
-    queries their instruction (default) or none. ``instruction_separator``: ``None`` keeps the template's own.
-    """
+    ``positive_targets`` and :data:`COUNTS_KEY`); ``instruction_separator``: ``None`` keeps the template's own."""
 
     tokenizer: object
     template: templates.TemplateSpec
@@ -108,9 +104,8 @@ class TrainCollator:
 
 
 def check_examples(collator: TrainCollator, examples: Sequence[TrainExample]) -> int:
-    """Run ``collator`` on one example of each distinct query instruction, so that an instruction too long to fit is
-    found before step 1. Raises :class:`DataError` naming the example's ``file:line``; returns how many were checked.
-    """
+    """Run ``collator`` on one example of each distinct query instruction before step 1; a :class:`DataError`
+    names the ``file:line`` of one that cannot be collated. Returns how many were checked."""
     from .dataset import DataError
 
     first: dict[str, TrainExample] = {}
@@ -130,9 +125,8 @@ def check_examples(collator: TrainCollator, examples: Sequence[TrainExample]) ->
 def step_counts(
     batches: list[dict], device: torch.device, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
 ) -> list[dict]:
-    """The micro-batches of one optimizer step, each carrying the step's counts: every count under
-    :data:`COUNTS_KEY` summed over the micro-batches that have them and, with ``reduce`` (a sum over processes),
-    over all processes. A batch without counts is returned as it is; no batch is changed in place."""
+    """The micro-batches of one optimizer step, each with the step's :data:`COUNTS_KEY`: summed over the micro-batches
+    and, with ``reduce`` (a sum over processes), over all processes. No batch is changed in place."""
     counted = [b for b in batches if COUNTS_KEY in b]
     if not counted:
         return batches
@@ -146,8 +140,7 @@ def step_counts(
 
 def loss_weight(batch: dict, processes: int, accumulation_steps: int) -> float:
     """What a micro-batch's loss is multiplied by before backward: ``processes`` for a batch divided by the step's
-    counts (its loss is its share of the step's mean, and DDP averages the gradients over processes), else
-    ``1 / accumulation_steps`` (a per-micro-batch mean, the Trainer's usual scaling)."""
+    counts (DDP averages the gradients), else ``1 / accumulation_steps``."""
     if COUNTS_KEY in batch:
         return float(processes)
     return 1.0 / accumulation_steps

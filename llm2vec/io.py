@@ -1,5 +1,4 @@
-"""Files: JSON and JSON-lines reading with one-line errors, atomic writes, content hashes and the records of saved
-folders, and the rule that a folder's files lie inside it."""
+"""Files: strict JSON and JSON-lines reading, atomic writes, content hashes, and the records of saved folders."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-MAX_LINE_BYTES = 16 * 2**20
-"""The longest line :func:`iter_jsonl` reads, its line end included: 16 MiB, a hundred times a 32k-token text."""
+MAX_LINE_BYTES = 16 * 2**20  # the longest line iter_jsonl reads: a hundred times a 32k-token text
 
 
 def iter_jsonl(
@@ -27,11 +25,9 @@ def iter_jsonl(
     fix: str = "Fix or remove this line.",
     digests: Iterable[Any] = (),
 ) -> Iterator[tuple[int, dict[str, Any] | None]]:
-    """``(line number, object)`` for each line of a JSON-lines file; ``None`` for a blank line.
-
-    Raises ``error`` naming ``file:line``, ending with ``fix``, for a line over :data:`MAX_LINE_BYTES`, not UTF-8,
-    not a JSON object, or giving one key twice. ``digests``: ``hashlib`` objects fed every byte parsed.
-    """
+    """``(line number, object)`` for each line of a JSON-lines file (``None`` for a blank line); ``error`` naming
+    ``file:line`` and ``fix`` for a line over :data:`MAX_LINE_BYTES`, not UTF-8, not a JSON object, or giving one
+    key twice. ``digests``: ``hashlib`` objects fed every byte parsed."""
     digests = list(digests)
     limit = MAX_LINE_BYTES  # read once: a reader never sees the limit change under it
     with _open_hashing(path, digests) as handle:
@@ -64,7 +60,7 @@ def iter_jsonl(
 
 
 class _HashingReader(io.RawIOBase):
-    """A raw binary file that feeds every block it reads to ``digests`` (one call a block, not one a line)."""
+    """A raw binary file that feeds every block it reads to ``digests``."""
 
     def __init__(self, raw: IO[bytes], digests: list[Any]):
         self.raw, self.digests = raw, digests
@@ -112,18 +108,6 @@ def _guess_encoding(data: bytes) -> str:
     return "a one-byte encoding such as Latin-1 or Windows-1252"
 
 
-def decode_utf8(data: bytes, path: str | os.PathLike) -> str:
-    """``data`` as UTF-8 text (a UTF-8 byte order mark is allowed); else :class:`JsonFileError` naming ``path``,
-    the first offending byte and the encoding the bytes look like."""
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        raise JsonFileError(
-            f"{path}: not UTF-8 (byte {data[err.start]:#04x} at offset {err.start}); it looks like "
-            f"{_guess_encoding(data)}. Save it as UTF-8"
-        ) from None
-
-
 class _DuplicateKey(Exception):
     def __init__(self, key: str):
         self.key = key
@@ -139,9 +123,8 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def read_json_file(path: str | os.PathLike, what: str = "file") -> Any:
-    """The JSON value in ``path``, read strictly: :class:`JsonFileError` (one line naming ``what`` and the path)
-    for a missing file, a folder, bytes that are not UTF-8, text that is not JSON, or an object that gives
-    one key twice."""
+    """The JSON value in ``path``; :class:`JsonFileError` (one line naming ``what`` and the path) for a missing file,
+    a folder, bytes that are not UTF-8, text that is not JSON, or an object that gives one key twice."""
     path = Path(path)
     if path.is_dir():
         raise JsonFileError(f"{what} {path} is a folder; give the path of a JSON file")
@@ -151,9 +134,13 @@ def read_json_file(path: str | os.PathLike, what: str = "file") -> Any:
         data = path.read_bytes()
     except OSError as e:
         raise JsonFileError(f"{what} {path}: cannot read it ({e.strerror or e})") from None
-    text = decode_utf8(data, f"{what} {path}")
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates)
+        return json.loads(data.decode("utf-8-sig"), object_pairs_hook=_no_duplicates)
+    except UnicodeDecodeError as err:
+        raise JsonFileError(
+            f"{what} {path}: not UTF-8 (byte {data[err.start]:#04x} at offset {err.start}); it looks like "
+            f"{_guess_encoding(data)}. Save it as UTF-8"
+        ) from None
     except _DuplicateKey as e:
         raise JsonFileError(
             f"{what} {path}: the key {e.key!r} is given twice in one object; JSON keeps only the last one, so keep "
@@ -164,9 +151,8 @@ def read_json_file(path: str | os.PathLike, what: str = "file") -> Any:
 
 
 def missing_local_path(value: str | os.PathLike) -> bool:
-    """Whether ``value`` is written as a local path that does not exist: absolute, starting with ``.`` or ``~``,
-    or with more than one ``/`` (a hub id is ``name`` or ``namespace/name``), or an OS separator other than ``/``.
-    A bare ``namespace/name`` is a hub id as far as this test goes."""
+    """Whether ``value`` is written as a local path (absolute, starting with ``.`` or ``~``, with more than one
+    ``/`` or an OS separator other than ``/``; not a hub id) that does not exist."""
     text = os.fspath(value)
     pathlike = text.startswith(("/", ".", "~")) or text.count("/") > 1 or (os.sep != "/" and os.sep in text)
     return pathlike and not os.path.exists(os.path.expanduser(text))
@@ -198,8 +184,7 @@ _WHOLE_FILE_SHA256: dict[tuple, str] = {}  # one version of a file (sha256_file'
 
 def sha256_file(path: str | os.PathLike, limit: int | None = None, digest=None) -> str:
     """The SHA-256 (hex) of a file's bytes, or of its first ``limit`` bytes; ``digest``: a ``hashlib`` object to
-    continue. A whole file's hash is cached per process by real path, inode, size and times.
-    """
+    continue. A whole file's hash is cached per process by real path, inode, size and times."""
     if limit is not None or digest is not None:
         return _read_sha256(path, limit, digest or hashlib.sha256())
     stat = os.stat(path)
@@ -248,8 +233,8 @@ def file_record(folder: str | os.PathLike, names: Iterable[str]) -> dict[str, di
 
 
 def record_problem(folder: str | os.PathLike, record: Any, name: str, contents: bool = True) -> str | None:
-    """Why ``folder`` does not hold what its ``record`` (the file ``name``, :func:`file_record`) says, else ``None``:
-    an entry without its size or hash, a file missing, a link, of another size, or (``contents``) of other bytes."""
+    """Why ``folder`` does not hold what its ``record`` (the file ``name``, :func:`file_record`) says, else ``None``
+    (``contents``: the bytes compared too)."""
     files = record.get("files") if isinstance(record, dict) else None
     hashes = record.get("sha256") if isinstance(record, dict) else None
     if not isinstance(files, dict) or not isinstance(hashes, dict) or not files:
@@ -271,16 +256,15 @@ def record_problem(folder: str | os.PathLike, record: Any, name: str, contents: 
 
 
 def resolves_inside(folder: str | os.PathLike, path: str | os.PathLike) -> bool:
-    """Whether ``path``'s real path lies inside ``folder``'s, or, for a Hugging Face cache snapshot
-    (``.../snapshots/<rev>/``), in its repository's ``blobs`` folder."""
+    """Whether ``path``'s real path lies inside ``folder``'s (or a cache snapshot's ``blobs`` folder)."""
     root, real = Path(folder).resolve(), Path(path).resolve()
     return root in real.parents or (root.parent.name == "snapshots" and real.parent == root.parent.parent / "blobs")
 
 
 def saved_folder_problem(folder: str | os.PathLike) -> str | None:
     """Why the local model, adapter, run or export ``folder`` must not be read, else ``None``: a file that links
-    outside it (:func:`links_outside`), or a finished run's or an export's files that do not match the record its
-    save wrote last (:data:`COMPLETE_MARKER`, :data:`EXPORT_MARKER`: sizes and SHA-256, every byte read)."""
+    outside it, or files that do not match the record its save wrote last (:data:`COMPLETE_MARKER`,
+    :data:`EXPORT_MARKER`)."""
     if folder is None or not os.path.isdir(folder):
         return None
     links = links_outside(folder)
@@ -315,9 +299,8 @@ def links_outside(folder: str | os.PathLike) -> list[str]:
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
-    """Open a temporary file next to ``path``; on a clean exit, flush, fsync and rename it to ``path``. Text mode
-    writes ``\\n`` line ends on every platform.
-    """
+    """A temporary file next to ``path``, flushed, synced and renamed to ``path`` on a clean exit (text mode:
+    ``\\n`` line ends)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -337,9 +320,8 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
 
 @contextlib.contextmanager
 def atomic_dir(target: str | os.PathLike, replace: bool = False) -> Iterator[Path]:
-    """Yield an empty temporary folder next to ``target``; on a clean exit, rename it to ``target`` (an existing one is
-    renamed aside, then deleted, when ``replace``; else a ``FileExistsError``). On an exception it is deleted.
-    """
+    """An empty temporary folder next to ``target``, renamed to ``target`` on a clean exit (an existing one replaced
+    when ``replace``, else a ``FileExistsError``), deleted on an exception."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))

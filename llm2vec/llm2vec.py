@@ -26,8 +26,7 @@ from .model_files import CONFIG_NAME, DEFAULTS, check_model_files, read_llm2vec_
 from .packing import packed_hidden_states
 from .pooling import POOLING_MODES, pool, position_ids_from_mask
 
-DOCUMENT_PROMPT_NAMES = ("document", "passage", "corpus")
-"""The prompts ``encode_document`` uses when given none, the first one the model has (sentence-transformers')."""
+DOCUMENT_PROMPT_NAMES = ("document", "passage", "corpus")  # encode_document's default: the first the model has
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +97,7 @@ class LLM2Vec(nn.Module):
         self.pad_token_id = tokenizer.convert_tokens_to_ids(templates.pad_token(tokenizer, self.template))
 
     def _checked_truncate_dim(self, truncate_dim: int | None) -> int | None:
-        """``truncate_dim`` when None or a whole number from 1 to the embedding's dimension; else a ``ValueError``."""
+        """``truncate_dim`` if None or from 1 to the embedding's dimension; else a ``ValueError``."""
         truncate_dim = _positive_or_none("truncate_dim", truncate_dim)
         hidden = decoder_body(self.model).config.hidden_size
         if truncate_dim is not None and truncate_dim > hidden:
@@ -143,12 +142,9 @@ class LLM2Vec(nn.Module):
         accept_other_base: bool = False,
         **kwargs,
     ) -> LLM2Vec:
-        """Build the model from a checkpoint (hub id or folder), optionally with a LoRA adapter, on the CPU.
-
-        Settings in rising priority: defaults, the base's ``llm2vec_config.json``, the adapter's, the arguments;
-        ``kwargs`` go to the constructor. Custom code, a pickled or unfitting adapter, or one recorded for another base
-        is refused with :class:`llm2vec.model_files.ModelFilesError` (``trust_remote_code``, ``accept_other_base``).
-        """
+        """The model of a checkpoint (hub id or folder), optionally with a LoRA adapter, on the CPU; settings from
+        the defaults, the base's ``llm2vec_config.json``, the adapter's, then the arguments (``kwargs`` go to the
+        constructor). The files are checked first (:func:`llm2vec.model_files.check_model_files`)."""
         check_model_files(base_model_name_or_path, peft_model_name_or_path, trust_remote_code, accept_other_base)
         settings = dict(DEFAULTS)
         saved = {p: read_llm2vec_config(p) for p in (base_model_name_or_path, peft_model_name_or_path) if p}
@@ -200,9 +196,8 @@ class LLM2Vec(nn.Module):
         device: str | torch.device | None = None,
         **kwargs,
     ) -> LLM2Vec:
-        """Load a model for inference: :meth:`load` (``kwargs`` go to it), moved to ``device`` (default: the GPU when
-        there is one), in eval mode; ``dtype="auto"`` is bfloat16 on a GPU that supports it, float32 otherwise.
-        """
+        """:meth:`load` for inference: on ``device`` (default: the GPU if any), in eval mode, ``dtype`` "auto" as
+        :func:`llm2vec.devices.resolve_dtype`."""
         device = torch.device(device) if device is not None else default_device()
         model = cls.load(base_model_name_or_path, peft_model_name_or_path, dtype=resolve_dtype(dtype, device), **kwargs)
         return model.to(device).eval()
@@ -225,7 +220,7 @@ class LLM2Vec(nn.Module):
 
     def save(self, path: str | os.PathLike, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         """Weights (safetensors; a PEFT model's adapter only), tokenizer and ``llm2vec_config.json``; ``state_dict``:
-        the wrapped model's weights when they were gathered elsewhere (FSDP, DeepSpeed)."""
+        the wrapped model's weights gathered elsewhere (FSDP, DeepSpeed)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         if state_dict is not None:
@@ -241,8 +236,7 @@ class LLM2Vec(nn.Module):
         return list(getattr(self.model, "_no_split_modules", None) or [])
 
     def activation_checkpointing_enable(self, activation_checkpointing_kwargs=None, **kwargs) -> None:
-        """Gradient (activation) checkpointing of the wrapped model's layers; the Trainer calls this. ``kwargs``
-        (``every_n_layers``, ``offload``) go to transformers as they are."""
+        """Activation checkpointing of the wrapped model's layers (the Trainer calls this)."""
         enable_activation_checkpointing(self.model, activation_checkpointing_kwargs, **kwargs)
 
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None, **kwargs) -> None:
@@ -253,7 +247,7 @@ class LLM2Vec(nn.Module):
 
     @staticmethod
     def as_item(x: str | Sequence[str], index: int = 0) -> Item:
-        """A text becomes ``("", text)``; an ``[instruction, text]`` pair stays as it is (:mod:`llm2vec.encode_inputs`)."""
+        """``("", text)`` for a text, ``(instruction, text)`` for a pair (:func:`llm2vec.encode_inputs.read_item`)."""
         return read_item(x, index)
 
     def encode_ids(self, items: Sequence[Item]) -> list[templates.EncodedText]:
@@ -298,8 +292,8 @@ class LLM2Vec(nn.Module):
         return next(self.model.parameters()).device
 
     def resolve_prompt(self, prompt: str | None = None, prompt_name: str | None = None) -> str | None:
-        """The instruction of an ``encode`` call: ``prompt`` (``prompt_name`` then ignored, with a warning), else the
-        prompt named ``prompt_name``, else None; a non-string raises a one-line ``TypeError``."""
+        """The instruction of an ``encode`` call: ``prompt`` (``prompt_name`` ignored, with a warning), else the
+        prompt named ``prompt_name``, else None."""
         for keyword, value in (("prompt", prompt), ("prompt_name", prompt_name)):
             if value is not None and not isinstance(value, str):
                 raise TypeError(
@@ -322,8 +316,8 @@ class LLM2Vec(nn.Module):
     def length_sorted_batches(
         self, items: Sequence[Item], batch_size: int
     ) -> tuple[list[int], list[list[templates.EncodedText]]]:
-        """How :meth:`encode` batches ``items``: tokenized, by decreasing token count (ties in input order), cut into
-        batches of ``batch_size``; returns that order (input positions) and the batches."""
+        """How :meth:`encode` batches ``items``: ``(order, batches)``, tokenized, by decreasing token count (ties in
+        input order)."""
         encoded = self.encode_ids(items)
         order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i].input_ids))
         return order, [[encoded[i] for i in order[s : s + batch_size]] for s in range(0, len(order), batch_size)]
@@ -347,14 +341,9 @@ class LLM2Vec(nn.Module):
         device: str | torch.device | None = None,
         truncate_dim: int | None = None,
     ) -> np.ndarray | torch.Tensor:
-        """Embed texts or ``[instruction, text]`` pairs; returns float32 in the input order.
-
-        The arguments mean what they mean in sentence-transformers' ``encode``: ``prompt`` is an instruction given to
-        every text (``encode(texts, prompt=i)`` equals ``encode([[i, t] for t in texts])``), ``prompt_name`` names
-        one of :attr:`prompts`, ``truncate_dim`` keeps the first dimensions before ``normalize_embeddings``. A single
-        string gives a single vector. Inputs of another type, a non-string prompt and a true/false keyword given
-        anything but ``True`` or ``False`` raise a one-line ``TypeError``.
-        """
+        """Embed texts or ``[instruction, text]`` pairs (float32, input order), the arguments as in
+        sentence-transformers' ``encode``: ``encode(texts, prompt=i)`` equals ``encode([[i, t] for t in texts])``;
+        ``truncate_dim`` applies before ``normalize_embeddings``. Bad input is a one-line ``TypeError``."""
         items, single = read_inputs(sentences)  # what is accepted and refused: llm2vec.encode_inputs
         instruction = self.resolve_prompt(prompt, prompt_name)
         if instruction is not None:
@@ -391,8 +380,8 @@ class LLM2Vec(nn.Module):
         return embeddings if convert_to_tensor or not convert_to_numpy else embeddings.numpy()
 
     def encode_query(self, sentences, prompt_name: str | None = None, prompt: str | None = None, **kwargs):
-        """:meth:`encode` with the ``query`` prompt when neither ``prompt`` nor ``prompt_name`` is given (as in
-        sentence-transformers). Without a ``query`` prompt the texts get no instruction, with a warning (once)."""
+        """:meth:`encode` with the ``query`` prompt when given none (as in sentence-transformers); without one, no
+        instruction, with a warning (once)."""
         if prompt is None and prompt_name is None:
             if "query" in self.prompts:
                 prompt_name = "query"
@@ -405,8 +394,7 @@ class LLM2Vec(nn.Module):
         return self.encode(sentences, prompt_name, prompt, **kwargs)
 
     def encode_document(self, sentences, prompt_name: str | None = None, prompt: str | None = None, **kwargs):
-        """:meth:`encode` with the first of the ``document``, ``passage``, ``corpus`` prompts the model has when neither
-        ``prompt`` nor ``prompt_name`` is given (as in sentence-transformers)."""
+        """:meth:`encode` with the first of :data:`DOCUMENT_PROMPT_NAMES` the model has when given no prompt."""
         if prompt is None and prompt_name is None:
             prompt_name = next((n for n in DOCUMENT_PROMPT_NAMES if n in self.prompts), None)
         return self.encode(sentences, prompt_name, prompt, **kwargs)
@@ -431,8 +419,7 @@ def _positive_or_none(name: str, value: int | None) -> int | None:
 
 
 def _without_tied_copy(model, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``state_dict`` without a tied output embedding equal to the input embedding (a state gathered by FSDP holds
-    it twice, which ``save_pretrained`` would write twice)."""
+    """``state_dict`` without a tied output embedding equal to the input embedding (FSDP gathers both)."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     output, inputs = model.get_output_embeddings(), model.get_input_embeddings()
     if not getattr(config, "tie_word_embeddings", False) or output is None or inputs is None:

@@ -35,8 +35,6 @@ class LLM2VecContrastive(LLM2Vec):
         embedding_token_budget: 0 (the plain step), or the most tokens of one chunk of the gradient cache.
     """
 
-    SIDES = ("query", "positive", "negative")
-
     def __init__(self, model, tokenizer, loss_scale: float = 20.0, embedding_token_budget: int = 0, **kwargs):
         super().__init__(model, tokenizer, **kwargs)
         self.loss_fn = InfoNCELoss(scale=loss_scale)
@@ -46,9 +44,8 @@ class LLM2VecContrastive(LLM2Vec):
 
     @classmethod
     def build(cls, model_args, stage_args, dtype: torch.dtype) -> LLM2VecContrastive:
-        """The Stage II model of a run config (:class:`llm2vec.arguments.StageIIArguments`): the decoder body
-        (a hub id, or a Stage I folder whose LM head is left out), with ``peft_model_name_or_path`` merged
-        into it, and fresh trainable LoRA adapters; everything else frozen."""
+        """The Stage II model of a run config: the decoder body with ``peft_model_name_or_path`` merged into it,
+        and fresh trainable LoRA adapters; everything else frozen."""
         model = cls.load(
             model_args.model_name_or_path,
             stage_args.peft_model_name_or_path,
@@ -90,8 +87,8 @@ class LLM2VecContrastive(LLM2Vec):
         *,
         features: dict | None = None,
     ) -> ContrastiveOutput | torch.Tensor:
-        """The loss of a batch of (query, positive[, negative]) features; or, given ``features`` alone (one chunk
-        of the gradient cache), only their embeddings (B, H)."""
+        """The loss of a batch of (query, positive[, negative]) features; given ``features`` alone, their
+        embeddings (B, H)."""
         if features is not None:
             return self.embed(features)
         sides = [query, positive] + ([negative] if negative is not None else [])
@@ -101,9 +98,8 @@ class LLM2VecContrastive(LLM2Vec):
 
     def validation_metrics(self, model, triples, collate, args) -> dict[str, float]:
         """What the trainer logs at each evaluation (``model``: this model as the trainer wraps it): the validation
-        InfoNCE loss over batches of the training loss's size (per-device batch x processes) and the retrieval
-        metrics of the validation queries against all validation positives (:mod:`llm2vec.validation`). Hard
-        negatives join the loss when every validation triple has one; otherwise it uses in-batch negatives only."""
+        InfoNCE loss over batches of the training loss's size and the retrieval metrics (:mod:`llm2vec.validation`);
+        hard negatives join the loss when every validation triple has one."""
         with_negative = all(t.negative for t in triples)
         if getattr(collate, "with_negative", with_negative) != with_negative:
             collate = dataclasses.replace(collate, with_negative=with_negative)
@@ -118,9 +114,8 @@ class LLM2VecContrastive(LLM2Vec):
         )
 
     def step_in_parts(self, model, inputs: dict, backward, no_sync) -> ContrastiveOutput | None:
-        """One training step with the gradient cache (:func:`llm2vec.chunked_steps.gradient_cache_step`), or ``None``
-        (the plain step) when the budget is off; returns the loss (detached) and the embeddings.
-        """
+        """One training step with the gradient cache (:func:`llm2vec.chunked_steps.gradient_cache_step`); ``None``
+        (the plain step) when the budget is off."""
         if self.embedding_token_budget <= 0:
             return None
         loss, by_side = gradient_cache_step(
@@ -137,8 +132,7 @@ class LLM2VecContrastive(LLM2Vec):
 
 
 def lora_config(stage):
-    """The paper's LoRA from a Stage II config's fields (``lora_r``, ``lora_alpha``, ``lora_dropout``,
-    ``lora_target_modules``), for the decoder body as a feature extractor."""
+    """The paper's LoRA from a Stage II config's ``lora_*`` fields, for the decoder body as a feature extractor."""
     from peft import LoraConfig, TaskType
 
     return LoraConfig(
@@ -152,9 +146,8 @@ def lora_config(stage):
 
 
 def add_lora(model, lora):
-    """``model`` with trainable LoRA adapters of ``lora`` (a ``peft.LoraConfig``). Targets the model lacks are logged
-    as a warning (Phi-3 fuses q/k/v and gate/up); none that it has is a :class:`~llm2vec.arguments.ConfigError`; both
-    name ``lora_target_modules`` and the model's linear modules."""
+    """``model`` with trainable LoRA adapters of ``lora`` (a ``peft.LoraConfig``); targets the model lacks are a
+    warning (Phi-3 fuses q/k/v), none that it has a :class:`~llm2vec.arguments.ConfigError`."""
     from peft import get_peft_model
 
     from .arguments import ConfigError

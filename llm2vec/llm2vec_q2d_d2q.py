@@ -27,7 +27,7 @@ class StageIOutput:
 
     @property
     def loss_parts(self) -> dict[str, torch.Tensor]:
-        """The loss's parts, logged by the trainer under these names."""
+        """The loss's parts, logged under these names."""
         return {
             name: value
             for name, value in (("loss_q2d", self.loss_q2d), ("loss_d2q", self.loss_d2q))
@@ -36,15 +36,14 @@ class StageIOutput:
 
     @property
     def metrics(self) -> dict[str, torch.Tensor | float]:
-        """Logged by the trainer as means over micro-batches: the padded share of the positions the decoder
-        calls processed, and the number of chunks of the batch."""
+        """Logged as means over micro-batches: the padded share of the decoder calls' positions, and the chunks."""
         padding = 1 - self.real_positions / self.positions if self.positions else 0.0
         return {"padding_fraction": padding, "chunks": float(self.chunks)}
 
     @classmethod
     def combine(cls, parts: list[StageIOutput], chunks: list[list[int]]) -> StageIOutput:
-        """One detached output for a batch run in ``chunks`` (pair indices) whose outputs are ``parts``:
-        losses summed (each chunk's loss is its share of the step-wide mean), embeddings in batch order."""
+        """One detached output of a batch run in ``chunks`` (pair indices) with outputs ``parts``: losses summed
+        (each is its share of the step-wide mean), embeddings in batch order."""
         order = torch.tensor([i for rows in chunks for i in rows], device=parts[0].loss.device)
         inverse = torch.argsort(order)
 
@@ -111,7 +110,7 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
 
     @classmethod
     def build(cls, model_args, stage_args, dtype: torch.dtype) -> LLM2Vec_q2d_d2q:
-        """The Stage I model of a run config (:class:`llm2vec.arguments.StageIArguments`)."""
+        """The Stage I model of a run config."""
         return cls.load(
             model_args.model_name_or_path,
             pooling_mode=model_args.pooling_mode,
@@ -147,10 +146,8 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
         return text
 
     def validation_metrics(self, model, pairs, collate, args) -> dict[str, float]:
-        """What the trainer logs at each evaluation: the validation reconstruction loss and the anchor measures per
-        direction (:func:`llm2vec.anchor_gain.anchor_gain`) and their Eq. 5 combination as ``loss``; every process
-        measures all pairs (the same forward passes everywhere, as FSDP needs).
-        """
+        """What the trainer logs at each evaluation: the anchor measures per direction
+        (:func:`llm2vec.anchor_gain.anchor_gain`, every process all pairs) and their Eq. 5 combination as ``loss``."""
         size = max(2, args.per_device_eval_batch_size)
         starts = list(range(0, len(pairs), size))
         if len(starts) > 1 and len(pairs) - starts[-1] < 2:
@@ -174,12 +171,9 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
         *,
         features: dict | None = None,
     ) -> StageIOutput | dict[str, torch.Tensor] | torch.Tensor:
-        """Stage I loss of a collated batch; ``target_counts`` as in :class:`ReconstructionLoss`.
-
-        ``anchor_shifts`` (s_1..s_S) measures instead (:mod:`llm2vec.anchor_gain`): pair i is reconstructed from
-        pair (i + s) mod B's anchors, giving ``{direction: (S, B, M) token NLLs, "anchors": (2, B, H)}``. Given
-        ``features`` alone, the forward is :meth:`embed`.
-        """
+        """Stage I loss of a collated batch; ``target_counts`` as in :class:`ReconstructionLoss`. ``anchor_shifts``
+        (s_1..s_S) measures instead (:mod:`llm2vec.anchor_gain`): pair i reconstructed from pair (i + s) mod B's
+        anchors, ``{direction: (S, B, M) token NLLs, "anchors": (2, B, H)}``. Given ``features`` alone: :meth:`embed`."""
         if features is not None:
             return self.embed(features)
         e_q, e_d = self.embed_many([query, positive])
@@ -220,9 +214,8 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
         )
 
     def step_in_parts(self, model, inputs: dict, backward, no_sync) -> StageIOutput | None:
-        """Forward and backward of a batch in token-budget chunks of pairs; ``None`` (the plain step) without a budget.
-        Every chunk carries the step-wide ``target_counts``; returns the combined, detached output.
-        """
+        """Forward and backward of a batch in token-budget chunks of pairs, each with the step-wide
+        ``target_counts``; ``None`` (the plain step) without a budget."""
         if not self.token_budget:
             return None
         counts = inputs.get(COUNTS_KEY) or count_targets(inputs["query_targets"], inputs["positive_targets"])

@@ -29,8 +29,7 @@ VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k
 
 @functools.cache
 def transformers_takes_varlen_kwargs() -> bool:
-    """Whether the installed transformers declares the variable-length attention arguments
-    (``FlashAttentionKwargs``, which its decoders pass on to the attention function)."""
+    """Whether the installed transformers declares the variable-length attention arguments (``FlashAttentionKwargs``)."""
     try:
         from transformers.modeling_flash_attention_utils import FlashAttentionKwargs
     except ImportError:
@@ -39,9 +38,8 @@ def transformers_takes_varlen_kwargs() -> bool:
 
 
 def accepts_varlen_kwargs(decoder: nn.Module) -> bool:
-    """Whether :func:`packed_call` passes :func:`varlen_kwargs` to ``decoder``: the installed transformers
-    declares them and the decoder's ``forward`` takes extra keyword arguments (transformers' decoders pass
-    those on to every attention layer). A wrapper's ``inner`` module, if it has one, must take them too."""
+    """Whether :func:`packed_call` passes :func:`varlen_kwargs` to ``decoder``: transformers declares them and the
+    decoder's ``forward`` (and its ``inner`` module's, for a wrapper) takes extra keyword arguments."""
     if not transformers_takes_varlen_kwargs():
         return False
     modules = [decoder] + ([decoder.inner] if isinstance(getattr(decoder, "inner", None), nn.Module) else [])
@@ -53,9 +51,8 @@ def accepts_varlen_kwargs(decoder: nn.Module) -> bool:
 
 
 def varlen_kwargs(position_ids: torch.Tensor) -> dict[str, torch.Tensor | int]:
-    """The sequences' boundaries in a packed row from its position ids (N,) that restart at 0 at each
-    sequence: ``cu_seq_lens_q/k`` (S + 1,) int32, the cumulative lengths [0, n_1, ..., N], and
-    ``max_length_q/k`` = max n_i as a Python int (one device sync per call)."""
+    """The sequences' boundaries in a packed row from its position ids (N,), restarting at 0 at each sequence:
+    ``cu_seq_lens_q/k`` (S + 1,) int32 cumulative lengths, ``max_length_q/k`` = max n_i (an int: one device sync)."""
     starts = (position_ids == 0).nonzero().flatten()
     ends = torch.tensor([position_ids.numel()], device=position_ids.device)
     cu_seq_lens = torch.cat([starts, ends]).to(torch.int32)
@@ -69,10 +66,9 @@ def varlen_kwargs(position_ids: torch.Tensor) -> dict[str, torch.Tensor | int]:
 
 
 def packed_call(decoder, pieces: Sequence[torch.Tensor], positions: Sequence[torch.Tensor], embeds: bool):
-    """One decoder call over the concatenated ``pieces`` (token ids (n_i,) or embeddings (n_i, H) when
-    ``embeds``) with their concatenated ``positions`` (restarting at 0 at each sequence) and, where the
-    decoder takes them, the :func:`varlen_kwargs` derived from those positions; returns the final-layer
-    states split like ``pieces``."""
+    """One decoder call over the concatenated ``pieces`` (token ids (n_i,), or embeddings (n_i, H) when ``embeds``)
+    at their ``positions`` (with :func:`varlen_kwargs` where the decoder takes them); the final-layer states split
+    like ``pieces``."""
     sizes = [len(p) for p in pieces]
     inputs = torch.cat(list(pieces))[None]
     position_ids = torch.cat(list(positions))[None]
@@ -84,8 +80,7 @@ def packed_call(decoder, pieces: Sequence[torch.Tensor], positions: Sequence[tor
 
 
 def packed_hidden_states(decoder, batches: Sequence[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
-    """Final-layer states (B_i, T_i, H) of several padded batches (``input_ids``, ``attention_mask``), all
-    computed in one packed decoder call."""
+    """Final-layer states (B_i, T_i, H) of several padded batches, computed in one packed decoder call."""
     masks = [b["attention_mask"] for b in batches]
     pieces = [b["input_ids"][m.bool()] for b, m in zip(batches, masks)]
     states = packed_call(decoder, pieces, [packed_positions(m) for m in masks], embeds=False)

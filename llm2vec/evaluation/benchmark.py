@@ -9,8 +9,7 @@ from pathlib import Path
 
 from .paths import read_input_json
 
-FULL_BENCHMARK = "mteb56"
-"""Name of the benchmark of all tasks of a tasks file; a subset ``"15"`` is named ``"subset15"``."""
+FULL_BENCHMARK = "mteb56"  # the benchmark of all tasks of a tasks file; its subset "15" is "subset15"
 
 
 class BenchmarkError(ValueError):
@@ -34,8 +33,7 @@ class Task:
     split: str
     hf_subset: str
     main_score: str
-    subtasks: tuple[str, ...] = ()
-    """mteb tasks whose mean is this task's score (CQADupstackRetrieval's 12 sub-forums)."""
+    subtasks: tuple[str, ...] = ()  # mteb tasks whose mean is this task's score (CQADupstackRetrieval's)
 
 
 @dataclass(frozen=True)
@@ -90,7 +88,7 @@ class Benchmark:
 
 
 def load_benchmark(tasks_file: str | os.PathLike, subset: str | None = None) -> Benchmark:
-    """The tasks of ``tasks_file`` (see the module docstring), or its subset ``subset`` (``"15"``)."""
+    """The tasks of ``tasks_file`` (docs/design.md), or its subset ``subset`` (``"15"``)."""
     path = Path(tasks_file)
     holds = "it lists the tasks, their categories, and the split and subset each is scored on"
     config = read_input_json(path, "tasks file", holds, BenchmarkError)
@@ -122,8 +120,8 @@ def load_benchmark(tasks_file: str | os.PathLike, subset: str | None = None) -> 
 
 
 def mteb_tasks(names: Iterable[str], benchmark: Benchmark | None = None) -> list:
-    """mteb task objects for ``names``, restricted to the split and hf_subset ``benchmark`` gives (a sub-task takes its
-    parent's; an unlisted task keeps mteb's own); an unknown name raises :class:`UnknownTaskError`."""
+    """mteb task objects for ``names``, restricted to the split and hf_subset ``benchmark`` gives (a sub-task its
+    parent's); an unknown name raises :class:`UnknownTaskError`."""
     import mteb  # imported late: slow to import
 
     files = benchmark.result_files() if benchmark is not None else {}

@@ -1,7 +1,5 @@
-"""A local BEIR-style retrieval folder (``corpus.jsonl``, ``queries.jsonl``, ``qrels.jsonl``; read and checked by
-:func:`llm2vec.beir.read_beir_folder`) as an mteb 2.x retrieval task: one ``default`` subset, one ``test`` split,
-main score nDCG@10, no hub access. Queries with nothing to find are left out with a warning; whatever would make
-the score meaningless is an error naming ``file:line``."""
+"""A local BEIR-style retrieval folder (:func:`llm2vec.beir.read_beir_folder`) as an mteb 2.x retrieval task: one
+``default`` subset, one ``test`` split, main score nDCG@10, no hub access."""
 
 from __future__ import annotations
 
@@ -43,9 +41,8 @@ def _mteb_task_names() -> dict[str, str]:
 
 
 def check_local_task_name(name: str, what: str = "local task name") -> str:
-    """``name`` unless it is the name of a task mteb knows, compared without case (two result files whose names
-    differ only in case are one file on a case-insensitive file system); then :class:`TaskNameError`: a local
-    task's results would be stored, and found, as that task's."""
+    """``name`` unless it is, without case, the name of a task mteb knows (its results would be stored and found as
+    that task's): then :class:`TaskNameError`."""
     known = _mteb_task_names().get(name.lower())
     if known is not None:
         same = f"the mteb task {known!r}" if known == name else f"the mteb task {known!r} (names differ only in case)"
@@ -57,8 +54,8 @@ def check_local_task_name(name: str, what: str = "local task name") -> str:
 
 
 def read_beir_files(data_dir: str | Path) -> tuple[RetrievalSplitData, dict[str, str], str]:
-    """The split data of a BEIR-style folder, the SHA-256 of each of its three files (of the bytes parsed) and a
-    short hash of the three (:func:`llm2vec.beir.read_beir_folder`, queries with nothing to find left out)."""
+    """The split data of a BEIR-style folder (queries with nothing to find left out), the SHA-256 of each of its
+    files and a short hash of the three."""
     folder = beir.read_beir_folder(data_dir, queries_without_relevant="leave_out")
     split = RetrievalSplitData(
         corpus=Dataset.from_list(
@@ -85,8 +82,7 @@ class LocalRetrievalTask(AbsTaskRetrieval):
 
     @property
     def instruction(self) -> str | None:
-        """The query instruction: the ``"query"`` entry of the metadata's ``prompt`` (``""``: none, by choice; None:
-        not given)."""
+        """The query instruction: the metadata's ``prompt["query"]`` (``""``: none, by choice; None: not given)."""
         prompt = self.metadata.prompt
         return prompt.get("query") if isinstance(prompt, dict) else prompt
 
@@ -120,10 +116,9 @@ def local_retrieval_task(
     *,
     allow_mteb_name: bool = False,
 ) -> LocalRetrievalTask:
-    """An mteb retrieval task over ``data_dir`` (BEIR layout); the files are checked and hashed here, so a bad folder
-    fails before any model loads. ``name`` must be a plain file name (:func:`~llm2vec.evaluation.paths.check_name`)
-    and, unless ``allow_mteb_name`` (a local copy standing in for an mteb task in mteb's own tools, which take
-    prompts by task name), not an mteb task's; its results are keyed as this folder's either way."""
+    """An mteb retrieval task over ``data_dir`` (BEIR layout), checked and hashed here (before any model loads).
+    ``name``: a plain file name and, unless ``allow_mteb_name``, not an mteb task's; its results are keyed as this
+    folder's either way."""
     check_name(name, "task name")
     if not allow_mteb_name:
         check_local_task_name(name, "task name")

@@ -24,9 +24,7 @@ def register(
     **settings: Any,
 ) -> ModelMeta:
     """Register ``model`` (+ adapter) with mteb under ``name`` (default: :func:`default_model_name`) and return its
-    ``ModelMeta``. ``instructions`` default to the model's task prompts; ``settings`` are further keyword arguments of
-    ``LLM2VecMTEBEncoder.from_pretrained``, as ``loader_kwargs`` (``mteb.get_model(..., **kwargs)`` overrides them),
-    whose hash is the revision."""
+    ``ModelMeta``; ``settings`` (keywords of ``LLM2VecMTEBEncoder.from_pretrained``) become its ``loader_kwargs``."""
     from mteb.models.model_implementations import MODEL_REGISTRY
 
     base, peft = path_or_id(model), path_or_id(peft_model_name_or_path)
@@ -52,8 +50,8 @@ def register(
 
 
 def register_results(model_meta_file: str | os.PathLike) -> ModelMeta:
-    """Register the model of a ``model_meta.json`` that mteb wrote beside this package's results (its loader is
-    ``load_encoder``, its ``loader_kwargs`` the settings), so that ``mteb.get_model(<its name>)`` loads it again."""
+    """Register the model of a ``model_meta.json`` mteb wrote beside this package's results, so that
+    ``mteb.get_model(<its name>)`` loads it again."""
     from mteb.models.model_implementations import MODEL_REGISTRY
 
     data = _read_json(Path(model_meta_file))

@@ -38,8 +38,7 @@ class InstructionsFileError(ValueError):
 
 
 def load_instructions(path: str | os.PathLike) -> dict[str, str]:
-    """Read a ``task name -> instruction`` JSON object; one-line errors for a missing file, a folder, a file
-    that is not UTF-8 or not JSON, a task given twice, or values that are not strings."""
+    """Read a ``task name -> instruction`` JSON object (strictly: :func:`~llm2vec.evaluation.paths.read_input_json`)."""
     holds = "it must be a JSON object that maps mteb task names to instructions"
     data = read_input_json(path, "instructions file", holds, InstructionsFileError)
     if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
@@ -50,8 +49,7 @@ def load_instructions(path: str | os.PathLike) -> dict[str, str]:
 
 
 def task_own_instruction(task_metadata) -> str | None:
-    """The instruction a task carries itself: its metadata's ``prompt`` when a string, else that dict's ``"query"``
-    entry (``""`` when the task says it has none); None when it carries none."""
+    """The instruction a task carries itself: its metadata's ``prompt`` string or ``"query"`` entry; else None."""
     prompt = getattr(task_metadata, "prompt", None)
     if isinstance(prompt, Mapping):
         prompt = prompt.get(PromptType.query.value)
@@ -66,8 +64,8 @@ def path_or_id(name: str | os.PathLike | None) -> str | None:
 
 
 def default_model_name(base_model_name_or_path: str, peft_model_name_or_path: str | None = None) -> str:
-    """``org/model`` for mteb's results folder: a hub id as it is, a local folder as ``parent/folder``; the
-    adapter names the model when there is one."""
+    """``org/model`` for mteb's results folder (the adapter's when there is one): a hub id as it is, a local
+    folder as ``parent/folder``."""
     label = peft_model_name_or_path or base_model_name_or_path
     if os.path.exists(label):
         parts = Path(os.path.abspath(label)).parts
@@ -90,17 +88,10 @@ def model_meta(**fields: Any) -> ModelMeta:
 
 
 class LLM2VecMTEBEncoder(AbsEncoder):
-    """mteb encoder (``EncoderProtocol``) over one or more :class:`LLM2Vec` replicas.
-
-    Args:
-        model: an ``LLM2Vec``, or a list of replicas of it (one per device).
-        instructions: ``task name -> instruction``, or the path of such a JSON file.
-        model_name, revision: the results folders (defaults: from the config path; a hash of the settings),
-            plain folder names (:class:`~llm2vec.evaluation.paths.PathNameError`).
-        allow_missing_instructions: encode a task with no instruction without one (a warning) instead of raising.
-        batch_size: when mteb's ``encode_kwargs`` give none; chunk_size: inputs per work item (``4 * batch_size``).
-        identity: what defines the embeddings: hashed into the default revision, fingerprinted into result keys.
-    """
+    """mteb encoder over one :class:`LLM2Vec` or a list of replicas (one per device); ``instructions``: ``task name ->
+    instruction`` or such a JSON file; ``model_name``, ``revision``: the results folders (default: from the model's
+    path; a hash of ``identity``, what defines the embeddings); ``allow_missing_instructions``: encode a task with
+    no instruction without one instead of raising; ``chunk_size``: inputs per work item (``4 * batch_size``)."""
 
     @strict_booleans
     def __init__(
@@ -182,9 +173,9 @@ class LLM2VecMTEBEncoder(AbsEncoder):
         trust_remote_code: bool = False,
         accept_other_base: bool = False,
     ) -> LLM2VecMTEBEncoder:
-        """Load the model (LoRA adapter merged; the loading keywords are :meth:`LLM2Vec.from_pretrained`'s) and wrap
-        it. ``doc_max_length`` enters the identity (and so the revision) only when set. ``devices``: ``"auto"`` (one
-        replica per visible CUDA device, else the CPU), one device, or a list of devices (one replica each)."""
+        """Load the model (adapter merged; :meth:`LLM2Vec.from_pretrained`) on ``devices`` (one replica each;
+        :func:`~llm2vec.evaluation.replicas.resolve_devices`) and wrap it; ``doc_max_length`` enters the identity
+        only when set."""
         device_list = resolve_devices(devices)
         torch_dtype = resolve_dtype(dtype, device_list[0])
         # several replicas: load once on the CPU, then copy to each device
@@ -224,7 +215,7 @@ class LLM2VecMTEBEncoder(AbsEncoder):
     # ------------------------------------------------------------------ instructions
 
     def add_instruction(self, task_name: str, instruction: str) -> None:
-        """Register (or replace) the instruction of one task, e.g. a local task absent from the file."""
+        """Register (or replace) the instruction of one task."""
         self.instructions[task_name] = instruction
 
     def resolve_instruction(self, task_name: str, task_metadata=None) -> str | None:
@@ -235,8 +226,8 @@ class LLM2VecMTEBEncoder(AbsEncoder):
         return own if own is not None else "" if self.allow_missing_instructions else None
 
     def task_instruction(self, task_name: str, task_metadata=None) -> str:
-        """The instruction of a task's queries (and of both sides of a symmetric task): the mapping's entry, else
-        the task's own (:func:`task_own_instruction`), else :class:`MissingInstructionError` saying what to pass."""
+        """The instruction of a task's queries (both sides of a symmetric task): the mapping's entry, else the
+        task's own (:func:`task_own_instruction`), else :class:`MissingInstructionError`."""
         instruction = self.resolve_instruction(task_name, task_metadata)
         if instruction is not None and task_name not in self.instructions and task_name not in self._warned:
             self._warned.add(task_name)
@@ -257,12 +248,6 @@ class LLM2VecMTEBEncoder(AbsEncoder):
             "instruction=..., or set allow_missing_instructions=True to encode it without one"
         )
 
-    def instruction_for(self, task_metadata, prompt_type: PromptType | str | None) -> str:
-        """The routing rule: documents get no instruction, everything else the task's instruction."""
-        if prompt_type is not None and PromptType(prompt_type) == PromptType.document:
-            return ""
-        return self.task_instruction(task_metadata.name, task_metadata)
-
     # ------------------------------------------------------------------ encoding
 
     def encode(
@@ -275,8 +260,10 @@ class LLM2VecMTEBEncoder(AbsEncoder):
         prompt_type: PromptType | None = None,
         **kwargs: Any,
     ) -> np.ndarray:
-        """Embed every text of ``inputs`` (a DataLoader of mteb batches) as float32, in input order."""
-        instruction = self.instruction_for(task_metadata, prompt_type)
+        """Embed every text of ``inputs`` (a DataLoader of mteb batches) as float32, in input order; documents get
+        no instruction, everything else the task's (the paper's routing)."""
+        document = prompt_type is not None and PromptType(prompt_type) == PromptType.document
+        instruction = "" if document else self.task_instruction(task_metadata.name, task_metadata)
         items = []
         for batch in inputs:  # mteb has joined a corpus entry's title and body into its text
             if "text" not in batch:
@@ -313,10 +300,8 @@ class LLM2VecMTEBEncoder(AbsEncoder):
 def load_encoder(
     model_name: str, revision: str | None = None, device: str | None = None, **kwargs: Any
 ) -> LLM2VecMTEBEncoder:
-    """mteb's loader (``loader(name, revision=..., device=..., **loader_kwargs)``): the encoder from_pretrained of
-    ``base_model_name_or_path`` (default ``model_name``) and ``peft_model_name_or_path``; ``instructions`` default to
-    the task prompts of the model's ``llm2vec_config.json``.
-    """
+    """mteb's loader: the encoder of ``base_model_name_or_path`` (default ``model_name``) and
+    ``peft_model_name_or_path``; ``instructions`` default to the task prompts of its ``llm2vec_config.json``."""
     base = kwargs.pop("base_model_name_or_path", None) or model_name
     peft = kwargs.pop("peft_model_name_or_path", None)
     instructions = kwargs.pop("instructions", None)
@@ -330,8 +315,8 @@ def load_encoder(
 
 
 def prompt_instructions(folder: str | None) -> dict[str, str]:
-    """``task -> instruction`` of the prompts in ``folder``'s ``llm2vec_config.json`` (an export writes them): every
-    prompt but ``document``, ``query`` and the ``<task>-document`` ones; ``{}`` without any."""
+    """``task -> instruction`` of the prompts in ``folder``'s ``llm2vec_config.json`` but ``document``, ``query``
+    and the ``<task>-document`` ones."""
     prompts = read_llm2vec_config(folder).get("prompts") or {}
     return {k: v for k, v in prompts.items() if k not in ("document", "query") and not k.endswith("-document")}
 
@@ -347,12 +332,9 @@ def evaluate(
     show_progress_bar: bool = True,
     raise_error: bool = False,
 ):
-    """``mteb.evaluate`` of each task with the results cache in ``output_dir``.
-
-    A stored result is served only when it records the key of what would be computed now
-    (:mod:`llm2vec.evaluation.result_keys`); otherwise, or with ``overwrite``, it is computed again, with a warning
-    saying why. Returns mteb's ``ModelResult`` (``task_results`` in the order of ``tasks``).
-    """
+    """``mteb.evaluate`` of each task with the results cache in ``output_dir``: a stored result is served only when
+    it records the key of what would be computed now (:mod:`llm2vec.evaluation.result_keys`), else computed again
+    with a warning saying why. Returns mteb's ``ModelResult`` (``task_results`` in the order of ``tasks``)."""
     import mteb
     from mteb.results import ModelResult
     from mteb.results.task_result import TaskError

@@ -8,8 +8,7 @@ from typing import Any
 
 from ..io import JsonFileError, read_json_file
 
-MAX_NAME_BYTES = 200
-"""The longest name (UTF-8 bytes) used as one path component; leaves room for ``.json`` and temporary suffixes."""
+MAX_NAME_BYTES = 200  # the longest name (UTF-8 bytes) of one path component: room for ".json" and temporary suffixes
 
 
 class PathNameError(ValueError):
@@ -17,7 +16,7 @@ class PathNameError(ValueError):
 
 
 def check_name(name: object, what: str) -> str:
-    """``name`` if it is a plain file name (module docstring), else :class:`PathNameError` naming ``what``."""
+    """``name`` if it is a plain file name (docs/design.md), else :class:`PathNameError` naming ``what``."""
     if not isinstance(name, str):
         raise PathNameError(f"{what} {name!r}: must be a string")
     problem = None
@@ -40,9 +39,8 @@ def check_name(name: object, what: str) -> str:
 
 
 def model_folder_name(model_name: object, what: str = "--model_name") -> str:
-    """The folder mteb names a model's results after: ``org/name`` as ``org__name``, spaces as ``_``
-    (``ModelMeta.model_name_as_path``). mteb requires at least one ``/``; each part between them must be a
-    plain name and so must the escaped whole (:func:`check_name`)."""
+    """The folder mteb names a model's results after (``org/name`` as ``org__name``, spaces as ``_``), each part
+    and the whole a plain name (:func:`check_name`)."""
     if not isinstance(model_name, str) or "/" not in model_name:
         raise PathNameError(f"{what} {model_name!r}: give it as organization/name (mteb's format), e.g. local/my-model")
     for part in model_name.split("/"):
@@ -57,7 +55,7 @@ def results_folder(output_dir: str | os.PathLike, model_name: str, revision: str
 
 def read_input_json(path: str | os.PathLike, what: str, holds: str, error: type[Exception]) -> Any:
     """The JSON value of the input file ``path`` (:func:`llm2vec.io.read_json_file`); ``error`` (one line naming
-    ``what`` and the path) where it is missing, saying what it ``holds``, or unreadable."""
+    ``what`` and the path, and what it ``holds`` when missing) where it cannot be read."""
     if not Path(path).exists():
         raise error(f"{what} {str(path)!r} not found; {holds}")
     try:
@@ -67,9 +65,8 @@ def read_input_json(path: str | os.PathLike, what: str, holds: str, error: type[
 
 
 def check_output_folder(folder: str | os.PathLike, what: str | None = None) -> None:
-    """``folder`` (which need not exist yet) can be made, read and written, in no run's or export's folder: its deepest part that exists is a
-    folder this process can read, enter and write in. Creates nothing. Raises :class:`PathNameError` naming
-    ``what`` (default: the folder), the folder at fault and what to do."""
+    """``folder`` (which need not exist yet) can be made, read and written, in no run's or export's folder; creates
+    nothing. Raises :class:`PathNameError` naming ``what`` (default: the folder) and the folder at fault."""
     folder = Path(folder)
     what = what or f"output folder {folder}"
     existing = folder

@@ -48,9 +48,8 @@ def encode_on_replicas(
     chunk_size: int | None = None,
     show_progress_bar: bool = True,
 ) -> np.ndarray:
-    """Embed ``[instruction, text]`` items on all ``replicas`` at once: float32, one row per item, input order.
-    ``chunk_size``: items per work unit (``4 * batch_size``); a worker's exception is raised here.
-    """
+    """Embed ``[instruction, text]`` items on all ``replicas`` at once (float32, input order), ``chunk_size`` items
+    (default ``4 * batch_size``) a work unit; a worker's exception is raised here."""
     if not replicas:
         raise ValueError("at least one replica is needed")
     if not items:

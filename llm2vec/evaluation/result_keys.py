@@ -10,14 +10,13 @@ from typing import Any
 
 from ..io import atomic_write, json_sha256
 
-FIELD = "llm2vec_computed_from"
-"""The field of a result file (mteb's ``TaskResult`` JSON) that holds what it was computed from."""
+FIELD = "llm2vec_computed_from"  # the field of a result file (mteb's TaskResult JSON) that holds it
 
 _PATHS = ("base_model_name_or_path", "peft_model_name_or_path")
 
 
 def task_source(task) -> dict[str, Any]:
-    """The ``task`` part of the key (module docstring)."""
+    """The ``task`` part of the key (docs/design.md)."""
     from .local_task import LocalRetrievalTask, mteb_registry, read_beir_files
 
     name = task.metadata.name
@@ -52,7 +51,7 @@ def computed_from(encoder, task, batch_size: int) -> dict[str, Any]:
 
 def why_not_reused(path: str | os.PathLike, record: Mapping[str, Any]) -> str | None:
     """Why the result stored at ``path`` must not be served for ``record`` (:func:`computed_from`), in words; None
-    when nothing is stored there, or when it records the same key."""
+    when nothing is stored there or it records the same key."""
     path = Path(path)
     if not path.exists():
         return None
@@ -114,9 +113,7 @@ def _changed_files(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> 
 
 
 def write_record(path: str | os.PathLike, record: Mapping[str, Any]) -> None:
-    """Add ``record`` to the result file at ``path`` under :data:`FIELD` (written whole, then renamed into place); a
-    file that records the same key already is left as it is.
-    """
+    """Add ``record`` to the result file at ``path`` under :data:`FIELD` (atomically) unless it records that key."""
     path = Path(path)
     data = json.loads(path.read_text(encoding="utf-8"))
     stored = data.get(FIELD)

@@ -11,8 +11,7 @@ from pathlib import Path
 from .benchmark import FULL_BENCHMARK, Benchmark, Task
 from .paths import read_input_json
 
-AVERAGE = "Average"
-"""Key of the all-task mean, in the paper's tables and in :meth:`Run.averages`."""
+AVERAGE = "Average"  # the key of the all-task mean, in the paper's tables and in Run.averages
 
 # Where the paper reports numbers for a (model, row) pair, in order of preference.
 CATEGORY_TABLES = {FULL_BENCHMARK: ("table1", "table3"), "subset15": ("table10",)}
@@ -52,12 +51,10 @@ class Run:
 
     label: str
     scores: dict[str, float]
-    problems: dict[str, str] = field(default_factory=dict)
-    """mteb task name -> why a result file that exists gave no score."""
+    problems: dict[str, str] = field(default_factory=dict)  # mteb task name -> why its result file gave no score
 
     def task_score(self, task: Task) -> Average:
-        """The paper task's score; for CQADupstackRetrieval the mean over its sub-forums (mteb's aggregate
-        ``CQADupstackRetrieval.json`` only when no sub-forum file was found)."""
+        """The paper task's score; for one with subtasks their mean (the aggregate file only without any)."""
         parts = task.subtasks
         if not parts or (task.name in self.scores and not any(p in self.scores for p in parts)):
             parts = (task.name,)
@@ -76,7 +73,7 @@ class Run:
 
 def read_run(folder: str | Path, benchmark: Benchmark, label: str | None = None) -> Run:
     """The ``main_score`` of the task's split and hf_subset of every ``<TaskName>.json`` of the benchmark under
-    ``folder``, read with :meth:`mteb.TaskResult.from_disk` (which converts older mteb layouts)."""
+    ``folder`` (:meth:`mteb.TaskResult.from_disk`)."""
     folder = Path(folder)
     label = label or str(folder)
     if not folder.is_dir():
@@ -123,16 +120,13 @@ class PaperReference:
     """The paper's numbers for one model and row, restricted to one benchmark."""
 
     label: str
-    averages: dict[str, float]
-    """Category name or :data:`AVERAGE` -> the paper's number (the keys the paper reports)."""
-    tasks: dict[str, float]
-    """Paper task name -> the paper's per-task score (Tables 14/15); empty if not reported."""
-    disputed: dict[str, str]
-    """Category name -> note, for Table 1 cells that disagree with the paper's per-task tables."""
+    averages: dict[str, float]  # category name or AVERAGE -> the paper's number
+    tasks: dict[str, float]  # paper task name -> the paper's per-task score (Tables 14/15), if reported
+    disputed: dict[str, str]  # category name -> note, for Table 1 cells that disagree with the per-task tables
 
 
 def load_paper_results(paper_file: str | os.PathLike) -> dict:
-    """The paper's numbers from a paper-results JSON file (see the module docstring)."""
+    """The paper's numbers from a paper-results JSON file (docs/design.md)."""
     path = Path(paper_file)
     paper = read_input_json(path, "paper results file", "it holds the paper's numbers to compare with", TableError)
     if not isinstance(paper, dict) or not {"models", "tables", "known_inconsistencies"} <= set(paper):
@@ -144,9 +138,8 @@ def load_paper_results(paper_file: str | os.PathLike) -> dict:
 
 
 def paper_reference(paper: Mapping, model: str, row: str, benchmark: Benchmark) -> PaperReference:
-    """``row`` (``"anchor"``, ``"baseline"``, ...) of ``model`` in the paper's tables (:func:`load_paper_results`):
-    category averages from Table 1 (Table 3 for the Stage I ablations; only the overall average, Table 10, on the
-    15-task subset), per-task scores from Tables 14/15 (none for Mistral-7B)."""
+    """``row`` (``"anchor"``, ``"baseline"``, ...) of ``model`` in the paper's tables: category averages from Table 1
+    (Table 3 for the Stage I ablations, Table 10 on the 15-task subset), per-task scores from Tables 14/15."""
     tables = paper["tables"]
     models = {m.lower(): m for m in paper["models"]}
     if model.lower() not in models:
