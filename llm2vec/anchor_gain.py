@@ -49,7 +49,7 @@ class _Tally:
 
     def add(self, cross, mask, first, shift, candidates, groups):
         """One batch: ``cross`` (B, B, M) holds c_t(i, j) (NaN where not computed), ``mask`` (B, M) the targets,
-        ``first`` their first k. Each C_i(j) is summed once, over all targets and over the first k."""
+        ``first`` their first k."""
         size = mask.shape[0]
         totals = (cross * mask[:, None, :]).sum(-1).tolist()  # totals[i][j] = C_i(j)
         firsts = (cross * first[:, None, :]).sum(-1).tolist()  # the same over the first k targets
@@ -82,15 +82,9 @@ def anchor_gain(
     first_tokens: int = FIRST_TOKENS,
     rank_candidates: int = RANK_CANDIDATES,
 ) -> dict[str, float]:
-    """The validation reconstruction loss and the anchor measures (docs/design.md).
-
-    Args:
-        model: a Stage I model (:class:`llm2vec.llm2vec_q2d_d2q.LLM2Vec_q2d_d2q`), possibly wrapped (DDP, FSDP).
-        batches: collated Stage I batches of held-out pairs, each of at least 2 pairs.
-        device: where the batches go (default: the device of the model's first parameter).
-        sources: each batch's pairs' sources; given, the measures within a source are added.
-        first_tokens: k of the gain over the first k target tokens.
-        rank_candidates: R, the anchors each pair's own anchor is ranked among (at most the batch size).
+    """The validation reconstruction loss and the anchor measures (docs/design.md) of ``model`` (a Stage I model,
+    possibly wrapped) on ``batches`` (collated held-out pairs, at least 2 a batch); ``sources``: each batch's pairs'
+    sources, for the measures within a source; ``first_tokens``: k of the gain@k; ``rank_candidates``: R.
 
     Returns per computed direction ``d``: ``loss_d``, ``rolled_d``, ``anchor_gain_d``, ``anchor_gain_first{k}_d``,
     ``rank_accuracy_d``; ``rank_chance``, ``pairs``; with ``sources`` the ``*_in_source*`` measures; ``geometry_*``.
@@ -133,16 +127,13 @@ def pair_terms(
     rank_candidates: int = RANK_CANDIDATES,
 ) -> dict[str, list[dict[str, float]]]:
     """Each pair's part of :func:`anchor_gain`'s sums per direction, in the batches' order (``loss``, ``rolled``,
-    ``tokens``, their ``first_*`` over the first k targets, ``hit``, ``chance``): what a standard error over groups
-    of pairs is computed from.
-    """
+    ``tokens``, their ``first_*``, ``hit``, ``chance``), for standard errors over groups of pairs."""
     tallies, _ = _tally(model, batches, device, None, first_tokens, rank_candidates)
     return {direction: t.terms for direction, t in tallies.items()}
 
 
 def _tally(model, batches, device, sources, first_tokens, rank_candidates) -> tuple[dict[str, _Tally], list]:
-    """One :class:`_Tally` per direction over ``batches`` (the loop of :func:`anchor_gain`), and each batch's
-    anchors (2, B, H) when the model returns them."""
+    """One :class:`_Tally` per direction over ``batches``, and each batch's anchors (2, B, H)."""
     if first_tokens < 1 or rank_candidates < 2:
         raise ValueError(f"first_tokens must be >= 1 and rank_candidates >= 2, got {first_tokens}, {rank_candidates}")
     device = device or next(model.parameters()).device

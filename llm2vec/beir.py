@@ -22,8 +22,7 @@ UNJUDGED = ("leave_out", "refuse")
 @dataclass(frozen=True)
 class BeirFolder:
     """One BEIR-layout folder, every dict in file order: ``corpus`` (id -> ``(title, text)``), the scored ``queries``
-    (id -> text) and their ``relevant`` documents (id -> grade); ``file_sha256`` of the very bytes parsed and a
-    12-digit ``digest`` of the three."""
+    and their ``relevant`` documents (id -> grade); ``file_sha256`` of the bytes parsed, a ``digest`` of the three."""
 
     path: Path
     corpus: dict[str, tuple[str, str]]
@@ -38,15 +37,13 @@ class BeirFolder:
         return Path(os.path.abspath(self.path)).name
 
     def document_text(self, doc_id: str) -> str:
-        """The text a model reads for a document, as mteb 2 joins it: ``"{title} {text}"`` stripped, or the text
-        stripped when the title is empty."""
+        """The text a model reads for a document, as mteb 2 joins it: ``"{title} {text}"`` stripped."""
         title, text = self.corpus[doc_id]
         return f"{title} {text}".strip() if title else text.strip()
 
 
 def _read_jsonl(path: Path, required: tuple[str, ...], digests=()) -> list[tuple[int, dict[str, Any]]]:
-    """``(line number, record)`` of each non-blank line; every record must have the ``required`` fields.
-    ``digests``: ``hashlib`` objects fed the file's bytes as they are read (:func:`llm2vec.io.iter_jsonl`)."""
+    """``(line number, record)`` of each non-blank line, each with the ``required`` fields (:func:`~llm2vec.io.iter_jsonl`)."""
     fix = f"Each line needs a JSON object with {list(required)}."
     rows = []
     for line_no, row in iter_jsonl(path, fix=fix, digests=digests):
@@ -133,8 +130,8 @@ def _check_files(data_dir: Path) -> None:
 
 
 def read_beir_folder(data_dir: str | os.PathLike, queries_without_relevant: str = "leave_out") -> BeirFolder:
-    """The folder ``data_dir`` read and checked (module docstring); ``queries_without_relevant``: ``"leave_out"``
-    (with a warning that counts them) or ``"refuse"`` (a ``ValueError`` naming the query's line)."""
+    """The folder ``data_dir`` read and checked (docs/design.md); ``queries_without_relevant``: ``"leave_out"``
+    (with a warning) or ``"refuse"`` (a ``ValueError`` naming the query's line)."""
     if queries_without_relevant not in UNJUDGED:
         raise ValueError(f"queries_without_relevant must be one of {UNJUDGED}, got {queries_without_relevant!r}")
     data_dir = Path(data_dir)

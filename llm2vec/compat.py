@@ -39,10 +39,8 @@ def _training_compat() -> dict[str, Any]:
 def _with_activation_checkpointing() -> type:
     @dataclass
     class TrainingArguments(transformers.TrainingArguments):
-        """transformers' ``TrainingArguments`` with the two fields that 5.23 introduced, mapped onto the names the
-        installed release reads: ``activation_checkpointing`` onto ``gradient_checkpointing`` and
-        ``activation_checkpointing_kwargs`` onto ``gradient_checkpointing_kwargs`` (given names win over the old
-        ones; afterwards both pairs hold the same values, as in 5.23)."""
+        """transformers' ``TrainingArguments`` with 5.23's ``activation_checkpointing[_kwargs]``, mapped onto the
+        ``gradient_checkpointing[_kwargs]`` the installed release reads (afterwards both pairs hold the same)."""
 
         activation_checkpointing: bool = field(
             default=False,
@@ -74,8 +72,7 @@ def enable_activation_checkpointing(
     model: nn.Module, activation_checkpointing_kwargs: dict[str, Any] | None = None, **kwargs
 ) -> None:
     """Turn on activation checkpointing of a transformers model (or a PEFT model around one) by the method its
-    release has: ``activation_checkpointing_enable`` (>= 5.23) or ``gradient_checkpointing_enable``. ``kwargs``
-    (``every_n_layers``, ``offload``) go through unchanged."""
+    release has (``activation_checkpointing_enable`` from 5.23)."""
     if hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=activation_checkpointing_kwargs, **kwargs)
     else:
@@ -83,7 +80,7 @@ def enable_activation_checkpointing(
 
 
 def disable_activation_checkpointing(model: nn.Module) -> None:
-    """Turn it off again, by ``activation_checkpointing_disable`` (>= 5.23) or ``gradient_checkpointing_disable``."""
+    """Turn it off again, by the method the release has."""
     if hasattr(model, "activation_checkpointing_disable"):
         model.activation_checkpointing_disable()
     else:
@@ -92,10 +89,8 @@ def disable_activation_checkpointing(model: nn.Module) -> None:
 
 @contextlib.contextmanager
 def peft_reads_deprecated_property():
-    """Hide the one FutureWarning that peft (0.21) causes whenever it wraps a model, in training and in
-    :meth:`llm2vec.LLM2Vec.load` of an adapter: ``PeftModel.__init__`` reads the model's
-    ``is_gradient_checkpointing``, which transformers 5.23 deprecates for ``is_activation_checkpointing``. The read
-    is peft's, not this project's; every other warning passes (tests/test_upstream.py)."""
+    """Hide the one FutureWarning peft causes whenever it wraps a model (its read of ``is_gradient_checkpointing``,
+    deprecated in transformers 5.23); every other warning passes."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
         yield

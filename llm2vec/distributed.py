@@ -32,7 +32,7 @@ class _GatherWithGrad(torch.autograd.Function):
 
 
 def gather_with_grad(local: torch.Tensor) -> torch.Tensor:
-    """(B, ...) on each of W processes -> (W * B, ...) in rank order, differentiable (see the module doc)."""
+    """(B, ...) on each of W processes -> (W * B, ...) in rank order, differentiable (docs/design.md)."""
     _, size = world()
     if size == 1:
         return local
@@ -56,9 +56,8 @@ def positive_labels(local_batch_size: int, device: torch.device | None = None) -
 
 
 def release_process_group() -> None:
-    """Destroy the default process group, after collecting the unreferenced DDP wrappers that still hold it (left to
-    the interpreter's exit, their threads can abort a finished run). No collective call.
-    """
+    """Destroy the default process group (no collective call), after collecting the unreferenced DDP wrappers that
+    still hold it (left to the interpreter's exit, their threads can abort a finished run)."""
     if not (dist.is_available() and dist.is_initialized()):
         return
     import gc

@@ -1,6 +1,4 @@
-"""Fingerprints of files and model folders: what a run records of its inputs (:mod:`llm2vec.run.plan`), what
-an adapter's load compares with the base it was trained on (:func:`llm2vec.model_files.check_adapter`) and what a
-stored evaluation result records of its model (:mod:`llm2vec.evaluation.result_keys`)."""
+"""Fingerprints of files and model folders: what runs, adapter checks and stored results record of their inputs."""
 
 from __future__ import annotations
 
@@ -34,9 +32,8 @@ def model_folder(name: str) -> Path | None:
 
 @strict_booleans
 def fingerprint_model(name: str | None, content: bool = True) -> dict[str, Any] | None:
-    """``{"name", "files": {file: fingerprint}}`` of a model folder or cached hub snapshot (top-level files;
-    the model card aside, which a save may rewrite); ``{"name"}`` alone when it cannot be found locally. With
-    ``content`` each file's fingerprint holds its whole contents' ``sha256`` too."""
+    """``{"name", "files": {file: fingerprint}}`` of a model folder or cached hub snapshot (top-level files but the
+    model card; with ``content``, each file's whole ``sha256`` too); ``{"name"}`` alone when it is not here."""
     if not name:
         return None
     folder = model_folder(str(name))
@@ -51,9 +48,8 @@ def fingerprint_model(name: str | None, content: bool = True) -> dict[str, Any] 
 
 
 def model_content(name: str | None) -> dict[str, Any] | None:
-    """What a model folder holds: ``{"files": {file: {"size", "sha256"}}}`` (whole contents, :func:`llm2vec.io.sha256_file`;
-    no modification times, so a copy of the folder gives the same value); ``{"hub_id": name}`` for a hub id that is
-    not in the local cache; ``None`` for no model."""
+    """What a model folder holds, ``{"files": {file: {"size", "sha256"}}}`` (a copy gives the same value);
+    ``{"hub_id": name}`` for a hub id not in the local cache; ``None`` for no model."""
     fingerprint = fingerprint_model(name, content=True)
     if fingerprint is None:
         return None

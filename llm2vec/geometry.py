@@ -1,6 +1,4 @@
-"""The geometry of anchor embeddings (cosine, top share, effective rank, and per-query InfoNCE, accuracy@1 and
-MRR), raw and centred: a diagnostic, not part of the method; the equations are in docs/design.md.
-"""
+"""The geometry of anchor embeddings, raw and centred: a diagnostic, not part of the method (docs/design.md)."""
 
 from __future__ import annotations
 
@@ -26,8 +24,8 @@ def variants(queries: torch.Tensor, documents: torch.Tensor) -> dict[str, tuple[
 
 
 def side_measures(rows: torch.Tensor) -> dict[str, float]:
-    """``cosine``, ``top_share`` and ``effective_rank`` of one side's rows (n, H) (module docstring); NaN for fewer
-    than 2 rows or all rows zero. The s_k^2 are the eigenvalues of the smaller Gram matrix of U."""
+    """``cosine``, ``top_share`` and ``effective_rank`` of one side's rows (n, H); NaN for fewer than 2 rows or all
+    rows zero. The s_k^2 are the eigenvalues of the smaller Gram matrix of U."""
     n = rows.shape[0]
     u = F.normalize(_float64(rows), dim=-1)
     power = torch.linalg.eigvalsh(u @ u.T if n <= u.shape[1] else u.T @ u).clamp(min=0)
@@ -50,8 +48,8 @@ def _harmonic(n: torch.Tensor) -> torch.Tensor:
 def query_terms(
     queries: torch.Tensor, documents: torch.Tensor, relevant: Sequence[Sequence[int]], scale: float, rows: int = 256
 ) -> dict[str, torch.Tensor]:
-    """Each query's ``infonce``, ``accuracy_at_1`` and ``mrr`` (module docstring; float64, shape (Nq,)) against
-    all ``documents``; ``relevant[i]``: the indices of query i's relevant documents (at least one)."""
+    """Each query's ``infonce``, ``accuracy_at_1`` and ``mrr`` (float64, (Nq,)) against all ``documents``;
+    ``relevant[i]``: the indices of query i's relevant documents (at least one)."""
     if len(relevant) != len(queries) or any(len(r) == 0 for r in relevant):
         raise ValueError(f"relevant: one non-empty list of document indices per query ({len(queries)}) is needed")
     q, d = (F.normalize(_float64(x), dim=-1) for x in (queries, documents))
@@ -73,10 +71,9 @@ def query_terms(
 def anchor_geometry(
     queries: torch.Tensor, documents: torch.Tensor, relevant: Sequence[Sequence[int]], scale: float = 20.0
 ) -> dict[str, float]:
-    """Every measure of the module docstring, raw and centred, of ``queries`` (Nq, H) against ``documents``
-    (Nd, H): ``geometry_<measure>_<side>[_centred]`` for the side measures, ``geometry_<measure>[_centred]`` for
-    the query means, ``geometry_infonce_chance`` (ln N) and ``geometry_accuracy_at_1_chance`` (the mean |R| / N).
-    ``scale`` = 1 / tau (20: the paper's tau = 0.05)."""
+    """Every measure, raw and centred, of ``queries`` (Nq, H) against ``documents`` (Nd, H) at ``scale`` = 1 / tau:
+    ``geometry_<measure>_<side>[_centred]``, ``geometry_<measure>[_centred]`` (the query means), and the chances
+    ``geometry_infonce_chance`` (ln N) and ``geometry_accuracy_at_1_chance`` (the mean |R| / N)."""
     out: dict[str, float] = {}
     for suffix, (q, d) in variants(queries, documents).items():
         for side, rows in zip(SIDES, (q, d)):

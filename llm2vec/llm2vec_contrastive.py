@@ -119,14 +119,7 @@ class LLM2VecContrastive(LLM2Vec):
         if self.embedding_token_budget <= 0:
             return None
         loss, by_side = gradient_cache_step(
-            model,
-            inputs,
-            self.embedding_token_budget,
-            self.packing,
-            self.loss_fn,
-            self.pad_token_id,
-            backward,
-            no_sync,
+            model, inputs, self.embedding_token_budget, self.packing, self.loss_fn, self.pad_token_id, backward, no_sync
         )
         return ContrastiveOutput(loss, by_side["query"], by_side["positive"], by_side.get("negative"))
 

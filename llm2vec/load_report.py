@@ -7,11 +7,8 @@ import os
 import re
 from typing import Any
 
-REPORT_LOGGER = "transformers.modeling_utils"
-"""The logger transformers' load report goes to (``transformers.utils.loading_report.log_state_dict_report``)."""
-
-LM_HEAD = re.compile(r"^lm_head\.")
-"""The keys of a causal LM's head, which a decoder body does not have."""
+REPORT_LOGGER = "transformers.modeling_utils"  # where transformers' load report goes (log_state_dict_report)
+LM_HEAD = re.compile(r"^lm_head\.")  # the keys of a causal LM's head, which a decoder body does not have
 
 
 class _HeldReports(logging.Filter):
@@ -44,7 +41,7 @@ def only_the_lm_head(info: dict[str, Any]) -> bool:
 
 def load_backbone(model_class, name_or_path: str | os.PathLike, **kwargs):
     """``model_class.from_pretrained(name_or_path, **kwargs)`` without transformers' load report when the report is
-    only the LM head of a causal-LM checkpoint left out of a decoder body (module docstring)."""
+    only the LM head of a causal-LM checkpoint left out of a decoder body."""
     logger = logging.getLogger(REPORT_LOGGER)
     held = _HeldReports(os.fspath(name_or_path))
     expected = False

@@ -1,5 +1,4 @@
-"""What a model or adapter folder is checked for before it loads: its ``llm2vec_config.json``, code it would run, and
-pickled adapter weights."""
+"""What a model or adapter folder is checked for before it loads (docs/design.md)."""
 
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ logger = logging.getLogger("llm2vec")
 
 
 CONFIG_NAME = "llm2vec_config.json"
-DEFAULTS = {"pooling_mode": "eos_token", "max_length": 512, "template": None, "prompts": None}
-"""The settings ``llm2vec_config.json`` holds (the only fields it may hold), with their defaults."""
+DEFAULTS = {"pooling_mode": "eos_token", "max_length": 512, "template": None, "prompts": None}  # its only fields
 
 
 def read_llm2vec_config(path: str | os.PathLike | None) -> dict[str, Any]:
@@ -38,8 +36,7 @@ def read_llm2vec_config(path: str | os.PathLike | None) -> dict[str, Any]:
     return config
 
 
-CODE_FILES = ("config.json", "tokenizer_config.json")
-"""The files whose ``auto_map`` names code that ``AutoConfig`` / ``AutoModel*`` / ``AutoTokenizer`` would run."""
+CODE_FILES = ("config.json", "tokenizer_config.json")  # whose auto_map names code transformers would run
 
 PICKLED_ADAPTER = "adapter_model.bin"
 SAFE_ADAPTER = "adapter_model.safetensors"
@@ -199,10 +196,8 @@ def _weights(fingerprint: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
 
 
 def _content_problem(recorded: dict[str, Any], base: Path) -> str | None:
-    """How the weights files of the base model folder ``base`` differ from a recorded base (``recorded``: a
-    :func:`~llm2vec.fingerprints.fingerprint_model` record), names and modification times aside, else ``None``.
-    Contents are compared by their SHA-256 (a record written before whole-file hashes were kept: by size and
-    first-MiB hash)."""
+    """How the weights files of the base model folder ``base`` differ (by SHA-256, else the first MiB's) from a
+    recorded base (a :func:`~llm2vec.fingerprints.fingerprint_model` record), else ``None``."""
     old, new = _weights(recorded), _weights(fingerprint_model(str(base)))
     if set(old) != set(new):
         return f"its weights files are {', '.join(sorted(new)) or 'none'}, the recorded base's {', '.join(sorted(old))}"
@@ -217,9 +212,8 @@ def _content_problem(recorded: dict[str, Any], base: Path) -> str | None:
 
 
 def _recorded_base(folder: Path) -> tuple[str | None, dict[str, Any] | None, str]:
-    """What the adapter folder says of its base model: ``(name, fingerprint, source)``. The fingerprint its
-    ``run_config.json`` recorded (``inputs.base_model``), else that of the folder its ``adapter_config.json`` names
-    (``base_model_name_or_path``, where it is a local folder or a cached hub snapshot), else ``None``."""
+    """What the adapter folder says of its base model: ``(name, fingerprint, source)``, the fingerprint its
+    ``run_config.json`` recorded, else that of the folder its ``adapter_config.json`` names (if here), else ``None``."""
     recorded = ((_json_file(os.fspath(folder), RUN_CONFIG) or {}).get("inputs") or {}).get("base_model") or {}
     if _weights(recorded):
         return recorded.get("name"), recorded, f"its {RUN_CONFIG} records the base's SHA-256"
@@ -239,11 +233,8 @@ def check_adapter(
     accept_other_base: bool = False,
     trust_remote_code: bool = False,
 ) -> None:
-    """Refuse (:class:`ModelFilesError`, one line) a local adapter folder that is no LoRA adapter, whose tensors are not
-    those peft creates on the base, or that was trained on another base than ``base_model_name_or_path`` (by the
-    weights' SHA-256 in its ``run_config.json``, else the folder its config names); ``accept_other_base`` loads the
-    last with a warning. A hub id is left to peft.
-    """
+    """Refuse (:class:`ModelFilesError`, one line) a local adapter folder that is no LoRA adapter, whose tensors are
+    not those peft creates on the base, or that was trained on another base (``accept_other_base``: a warning)."""
     if peft_model_name_or_path is None:
         return
     folder = Path(peft_model_name_or_path)
@@ -307,8 +298,7 @@ _WARNED: set[tuple[str, str]] = set()  # an accepted mismatch is logged once per
 
 def check_not_in_use(name_or_path: str | os.PathLike | None, what: str = "model") -> None:
     """Refuse (:class:`ModelFilesError`, one line naming the holder) a local folder that is, or lies inside, the
-    folder of a live run (its run lock is held: :mod:`llm2vec.run.lock`): the run may rewrite or delete what would
-    be read (a checkpoint it rotates away, a final save half-written)."""
+    folder of a live run (its lock held: :mod:`llm2vec.run.lock`)."""
     if name_or_path is None or not os.path.isdir(name_or_path):
         return
     from .run.lock import LOCK_NAME, describe_holder, is_held
@@ -324,7 +314,7 @@ def check_not_in_use(name_or_path: str | os.PathLike | None, what: str = "model"
 
 
 def check_exists(name_or_path: str | os.PathLike | None, what: str = "model") -> None:
-    """Refuse (:class:`ModelFilesError`, one line) a name that is a local path (module docstring) to no folder."""
+    """Refuse (:class:`ModelFilesError`, one line) a name that is a local path (docs/design.md) to no folder."""
     if name_or_path is None or os.path.exists(name_or_path):
         return  # a file where a folder belongs is the other checks' and the loader's to report
     text = os.fspath(name_or_path)
@@ -353,10 +343,7 @@ def check_model_files(
     trust_remote_code: bool = False,
     accept_other_base: bool = False,
 ) -> None:
-    """Every check of this module on a base model and its adapter (if any), before anything loads: first that a name
-    written as a local path names a folder (:func:`check_exists`), that no live run holds their folders, that their local folders hold no link out of them and, when a run or export saved
-    them, still hold what it wrote (:func:`llm2vec.io.saved_folder_problem`), and that a model folder holds a
-    ``config.json``."""
+    """Every check of this module on a base model and its adapter (if any), before anything loads."""
     check_exists(base_model_name_or_path, "model")
     check_exists(peft_model_name_or_path, "adapter")
     check_not_in_use(base_model_name_or_path, "model")

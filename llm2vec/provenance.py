@@ -1,5 +1,4 @@
-"""What a saved model's run configs say about where it came from: the hub id of its base weights
-(:func:`base_model_hub_id`) and the query instructions it was trained with (:func:`trained_query_instructions`)."""
+"""What a saved model's run configs say about where it came from: its base's hub id and its query instructions."""
 
 from __future__ import annotations
 
@@ -22,8 +21,8 @@ def is_hub_id(name: str | None) -> bool:
 
 
 def hub_id_of(name: str | os.PathLike | None) -> str | None:
-    """The hub id ``name`` stands for: itself when it is one, ``org/name`` for a snapshot folder of the Hugging
-    Face cache, else None (a local folder says nothing about where its weights came from)."""
+    """The hub id ``name`` stands for: itself, ``org/name`` for a snapshot folder of the Hugging Face cache, else
+    None."""
     if not name:
         return None
     name = os.fspath(name)
@@ -35,8 +34,7 @@ def hub_id_of(name: str | os.PathLike | None) -> str | None:
 
 def base_model_hub_id(first_run_config: Mapping[str, Any] | None, fallback: str | None = None) -> str | None:
     """The hub id of the weights a chain of runs started from: the first run's ``base_model_hub_id``, else the hub
-    id its ``model_name_or_path`` stands for (:func:`hub_id_of`); ``fallback`` (the model being exported or
-    loaded) when no run config is known."""
+    id its ``model_name_or_path`` stands for; ``fallback``'s when no run config is known."""
     if first_run_config:
         recorded = first_run_config.get("base_model_hub_id")
         if recorded:
@@ -59,7 +57,7 @@ def _data_files(run_config: Mapping[str, Any]) -> list[str]:
 
 def _check_recorded_data(run_config: Mapping[str, Any]) -> None:
     """The data files read here are those the run fingerprinted (``inputs.data``), unchanged; else
-    :class:`UnknownInstructions`. A relative ``dataset_file_path`` must lead from here to a recorded file."""
+    :class:`UnknownInstructions`."""
     from .fingerprints import fingerprint_file
 
     recorded = (run_config.get("inputs") or {}).get("data") or {}
@@ -74,14 +72,9 @@ def _check_recorded_data(run_config: Mapping[str, Any]) -> None:
 
 
 def trained_query_instructions(run_config: Mapping[str, Any]) -> Counter[str]:
-    """``instruction -> number of training queries`` of the run, as its training loader put them before the queries
-    (``""``: queries without one). ``query_instructions: false``: none; ``E5``: the Table 6 instructions of the sources
-    used (one count per source); ``jsonl``: each line's ``instruction``, else ``default_instruction``, read from the
-    data files the run recorded (``inputs.data``, else ``dataset_file_path``); ``hf``: the same from the instruction
-    column of its datasets, read with its ``column_map``. Raises :class:`UnknownInstructions` when the data cannot be
-    read back. A run records the distinct instructions it trained with (``inputs.query_instructions``), which are
-    used as they are; for a run without that record the data is read back only while its files are the ones
-    ``inputs.data`` fingerprints (:func:`_check_recorded_data`)."""
+    """``instruction -> number of training queries`` of the run (``""``: none): the distinct instructions it recorded
+    (``inputs.query_instructions``), else read back from its data while its files are the ones it fingerprinted
+    (docs/design.md); :class:`UnknownInstructions` when they cannot be read back."""
     recorded = (run_config.get("inputs") or {}).get("query_instructions")
     if isinstance(recorded, list) and all(isinstance(i, str) for i in recorded):
         return Counter(recorded)

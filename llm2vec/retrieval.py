@@ -18,13 +18,10 @@ from .distributed import world
 
 logger = logging.getLogger(__name__)
 
-LOGGED = ("ndcg_at_10", "mrr_at_10", "recall_at_100")
-"""What a training run logs per folder, and the means over the folders."""
-MEAN = "beir_mean"
-"""The name under which the means over the folders are logged (``beir_mean_ndcg_at_10``); no folder may have it."""
+LOGGED = ("ndcg_at_10", "mrr_at_10", "recall_at_100")  # what a run logs per folder, and the means over the folders
+MEAN = "beir_mean"  # the means' name (beir_mean_ndcg_at_10); no folder may have it
 RECALL_AT = (1, 10, 100)
-PROGRESS_BATCHES = 100
-"""An embedding of this many batches or more logs its progress, about every tenth of its batches."""
+PROGRESS_BATCHES = 100  # an embedding of this many batches or more logs its progress about every tenth of them
 
 
 @contextlib.contextmanager
@@ -41,12 +38,9 @@ def measuring(model: torch.nn.Module, device: torch.device) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class Judgments:
-    """The qrels of ``Nq`` queries over ``Nd`` documents (both by index) as tensors, for :func:`ranking_metrics`.
-
-    ``keys``: ``query * Nd + document`` of every pair graded > 0, sorted, with its ``grades`` (float64);
-    ``ideal_dcg``: each query's DCG@10 of its grades in decreasing order; ``relevant``: each query's count of
-    documents graded > 0; ``tie_order``: the documents by decreasing id, the order that breaks equal scores.
-    """
+    """The qrels of ``Nq`` queries over ``Nd`` documents (both by index) as tensors, for :func:`ranking_metrics`:
+    ``keys`` (``query * Nd + document``, sorted) and ``grades`` of every pair graded > 0, each query's ``ideal_dcg``
+    (DCG@10) and count of ``relevant`` documents, and ``tie_order``, the documents by decreasing id."""
 
     keys: torch.Tensor
     grades: torch.Tensor
@@ -80,8 +74,8 @@ class Judgments:
 
 
 def ranking_metrics(scores: torch.Tensor, judgments: Judgments, first_query: int = 0) -> dict[str, torch.Tensor]:
-    """Per-query nDCG@10, MRR@10 and Recall@1/10/100 (module docstring; float64, shape ``(n,)``) of the score rows
-    ``scores`` (n, Nd), which are the queries ``first_query .. first_query + n - 1`` of ``judgments``."""
+    """Per-query nDCG@10, MRR@10 and Recall@1/10/100 (docs/design.md; float64, ``(n,)``) of the score rows
+    ``scores`` (n, Nd) of the queries ``first_query .. first_query + n - 1`` of ``judgments``."""
     n, nd = scores.shape
     depth = min(100, nd)
     tie = judgments.tie_order.to(scores.device)
@@ -108,7 +102,7 @@ def cosine_metrics(
     queries: torch.Tensor, documents: torch.Tensor, judgments: Judgments, rows: int = 256
 ) -> dict[str, float]:
     """The means over the queries of :func:`ranking_metrics` of the cosine scores of ``queries`` (Nq, H) against
-    ``documents`` (Nd, H), ``rows`` queries at a time (a (rows, Nd) score matrix at once)."""
+    ``documents`` (Nd, H), ``rows`` queries at a time."""
     q, d = F.normalize(queries.float(), dim=-1), F.normalize(documents.float(), dim=-1)
     parts: dict[str, list[torch.Tensor]] = {}
     for start in range(0, len(q), rows):
@@ -122,9 +116,8 @@ def embed_items(
     model, encoder, items: Sequence[tuple[str, str]], batch_size: int, device, what: str = "texts"
 ) -> torch.Tensor:
     """(N, H) float32 embeddings of ``(instruction, text)`` items in input order, in ``encoder.encode``'s batches,
-    each embedded by ``model(features=...)`` (``model``: ``encoder`` or the trainer's wrapper of it); shared among
-    the processes as the module docstring says. Every process returns all N rows. From :data:`PROGRESS_BATCHES`
-    batches on, the progress is logged (``what``: what they are) about every tenth of the batches."""
+    each by ``model(features=...)`` (``encoder`` or the trainer's wrapper of it), shared among the processes
+    (docs/design.md); every process returns all N rows."""
     order, batches = encoder.length_sorted_batches(items, batch_size)
     rank, size = world()
     mine = list(range(rank, len(batches), size))
@@ -146,8 +139,8 @@ def embed_items(
 
 
 def gather_batches(local: torch.Tensor, sizes: list[int], width: int) -> torch.Tensor:
-    """Every rank's rows (its batches r, r + W, ... of ``sizes`` rows, concatenated; at most ``width`` rows) back in
-    batch order, on every rank."""
+    """Every rank's rows (its batches r, r + W, ... of ``sizes`` rows; at most ``width``) in batch order, on every
+    rank."""
     _, size = world()
     padded = local.new_zeros((width, local.shape[1]))
     padded[: len(local)] = local
@@ -163,8 +156,8 @@ def gather_batches(local: torch.Tensor, sizes: list[int], width: int) -> torch.T
 
 
 def folder_metrics(model, encoder, folder: BeirFolder, instruction: str, batch_size: int, device) -> dict[str, float]:
-    """nDCG@10, MRR@10 and Recall@1/10/100 of ``folder`` (module docstring), with its ``queries`` and ``documents``
-    counts; ``model`` embeds (``encoder`` or the trainer's wrapper of it), in the mode it is in."""
+    """nDCG@10, MRR@10 and Recall@1/10/100 of ``folder``, with its ``queries`` and ``documents`` counts; ``model``
+    embeds (``encoder`` or the trainer's wrapper of it), in the mode it is in."""
     judgments = Judgments.of_folder(folder)
     queries = [(instruction, t) for t in folder.queries.values()]
     q = embed_items(model, encoder, queries, batch_size, device, f"queries of {folder.name}")
@@ -184,7 +177,7 @@ class RetrievalFolder:
 
 
 class RetrievalEvaluation:
-    """The retrieval evaluation of a training run (module docstring): called with the model at every evaluation."""
+    """The retrieval evaluation of a training run, called with the model at every evaluation."""
 
     def __init__(self, folders: Sequence[RetrievalFolder]):
         names = [f.name for f in folders]
@@ -195,29 +188,27 @@ class RetrievalEvaluation:
     @classmethod
     def read(cls, folders: Sequence[tuple[str, str]]) -> RetrievalEvaluation:
         """``(folder, instruction)`` pairs read and checked (:func:`llm2vec.beir.read_beir_folder`; a query without
-        a relevant document is refused): a ``ValueError`` or ``FileNotFoundError`` naming the file and line."""
+        a relevant document refused)."""
         read = [read_beir_folder(path, queries_without_relevant="refuse") for path, _ in folders]
         return cls([RetrievalFolder(data.name, data, instruction) for data, (_, instruction) in zip(read, folders)])
 
     def describe(self, hidden_size: int | None = None) -> list[str]:
         """One line per folder: its size, the texts one evaluation embeds and, given the model's ``hidden_size``,
-        the memory of its document embeddings (documents x hidden size x 4 bytes, float32, on every process)."""
+        the memory of its document embeddings (float32, on every process)."""
         lines = []
         for f in self.folders:
             nq, nd = len(f.data.queries), len(f.data.corpus)
             held = nd * hidden_size * 4 if hidden_size else 0
-            memory = f", document embeddings {nd:,} x {hidden_size} x 4 = {held:,} bytes ({held / 1e9:.2f} GB)" * bool(
-                held
-            )
+            memory = f", document embeddings {nd:,} x {hidden_size} x 4 = {held:,} bytes ({held / 1e9:.2f} GB)"
             lines.append(
-                f"{f.name}: {nq:,} queries, {nd:,} documents; each evaluation embeds {nq + nd:,} texts{memory}; "
-                f"instruction {f.instruction!r}"
+                f"{f.name}: {nq:,} queries, {nd:,} documents; each evaluation embeds {nq + nd:,} texts"
+                f"{memory if held else ''}; instruction {f.instruction!r}"
             )
         return lines
 
     def __call__(self, model, encoder, batch_size: int, device) -> dict[str, float]:
-        """``<folder>_<metric>`` for each folder and metric of :data:`LOGGED`, and ``beir_mean_<metric>``: ``model``
-        (``encoder`` or the trainer's wrapper of it) put in eval mode for the measurement, autocast off."""
+        """``<folder>_<metric>`` for each folder and metric of :data:`LOGGED`, and ``beir_mean_<metric>``, measured
+        with ``model`` (``encoder`` or the trainer's wrapper of it) in eval mode, autocast off."""
         start = time.perf_counter()
         device = torch.device(device)
         with measuring(model, device):

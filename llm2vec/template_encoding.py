@@ -122,11 +122,7 @@ def prompt_parts(
 
 
 def encode(
-    tokenizer,
-    spec: TemplateSpec,
-    items: Sequence[tuple[str, str]],
-    max_length: int,
-    text_max_tokens: int | None = None,
+    tokenizer, spec: TemplateSpec, items: Sequence[tuple[str, str]], max_length: int, text_max_tokens: int | None = None
 ) -> list[EncodedText]:
     """Token ids for ``(instruction, text)`` items, the stripped text cut so that prefix + text + closing fit in
     ``max_length`` (and to at most ``text_max_tokens``); the ids equal those of the whole user turn tokenized at once,

@@ -54,9 +54,7 @@ def _add_bos(tok, bos) -> None:
 
 def _word_start_bpe(specials, bos, vocab_size, style):
     """A BPE over "▁"-marked words, laid out as ``sentencepiece`` (Mistral-7B-Instruct-v0.2: Prepend("▁") on every
-    segment), ``llama`` (Metaspace marking the input's start only) or ``gemma`` (nothing prepended); a
-    "<bos> $A" post-processor when ``bos``.
-    """
+    segment), ``llama`` (Metaspace marking the input's start only) or ``gemma`` (nothing prepended)."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE(unk_token="<unk>" if "<unk>" in map(str, specials) else None, fuse_unk=True))
@@ -94,9 +92,8 @@ def build_chat_tokenizer(
     vocab_size: int = 320,
     add_bos: bool = True,
 ):
-    """A tokenizer of one of :data:`TOKENIZER_STYLES` with these special tokens (strings, or ``tokenizers.AddedToken``
-    for one that strips the whitespace beside it, as Phi-3's do) and ``chat_template``, trained offline; it adds
-    ``bos`` to every text when ``add_bos``."""
+    """A tokenizer of one of :data:`TOKENIZER_STYLES` with these special tokens (strings or
+    ``tokenizers.AddedToken``) and ``chat_template``, trained offline; it adds ``bos`` to every text when ``add_bos``."""
     from transformers import PreTrainedTokenizerFast
 
     added_bos = bos if add_bos else None
@@ -113,14 +110,11 @@ def build_chat_tokenizer(
     return tokenizer
 
 
-PUBLISHED = Path(__file__).resolve().parent / "published"
-"""The published facts (``models.json``), chat templates (``*.jinja``) and their sources (``SOURCES.md``)."""
+PUBLISHED = Path(__file__).resolve().parent / "published"  # models.json, the chat templates and their SOURCES.md
 PUBLISHED_MODELS: dict[str, dict] = {
     k: v for k, v in json.loads((PUBLISHED / "models.json").read_text()).items() if not k.startswith("_")
 }
-FAMILIES = ("llama3", "smollm2", "qwen2", "mistral")
-"""The models of the registered template families (:mod:`llm2vec.templates`): the paper's Llama-3.2-Instruct,
-Qwen2.5-Instruct and Mistral-7B-Instruct-v0.2, and the demo's SmolLM2-Instruct."""
+FAMILIES = ("llama3", "smollm2", "qwen2", "mistral")  # the models of the registered template families
 
 
 def published_chat_template(name: str) -> str | None:
@@ -159,8 +153,8 @@ def _ids(tokenizer, tokens):
 
 
 def tiny_config(name: str, tokenizer, hidden_size: int = 32, num_layers: int = 2, **kwargs):
-    """A config of model ``name``'s architecture, ``hidden_size`` wide and ``num_layers`` deep, whose bos, eos and
-    pad ids are the published config's (as ids of ``tokenizer``); ``kwargs`` set other fields, or override these."""
+    """A config of model ``name``'s architecture, ``hidden_size`` wide and ``num_layers`` deep, with the published
+    config's bos, eos and pad ids (of ``tokenizer``); ``kwargs`` set other fields."""
     from transformers import AutoConfig
 
     facts = PUBLISHED_MODELS[name]

@@ -16,8 +16,8 @@ SIDES = ("query", "positive", "negative")
 
 
 def retrieval_metrics(queries: torch.Tensor, documents: torch.Tensor, relevant: torch.Tensor) -> dict[str, float]:
-    """nDCG@10, Recall@1, Recall@10 and MRR@10 of ``queries`` (Nq, H) against ``documents`` (Nd, H), the relevant
-    document of query i being ``documents[relevant[i]]`` (:func:`llm2vec.retrieval.cosine_metrics`)."""
+    """nDCG@10, Recall@1, Recall@10 and MRR@10 of ``queries`` (Nq, H) against ``documents`` (Nd, H), query i's
+    relevant document being ``documents[relevant[i]]``."""
     judgments = Judgments.build([{int(d): 1} for d in relevant], [f"{d:09d}" for d in range(len(documents))])
     metrics = cosine_metrics(queries, documents, judgments)
     return {name: metrics[name] for name in ("ndcg_at_10", "recall_at_1", "recall_at_10", "mrr_at_10")}
@@ -31,8 +31,8 @@ def embed_triples(
     batch_size: int,
     device: torch.device,
 ) -> dict[str, torch.Tensor]:
-    """Embeddings (N, H) of each side of ``triples`` (``collate`` makes a training batch of them), each process
-    embedding its shard with ``model(features=...)``, gathered in the triples' order (module docstring)."""
+    """Embeddings (N, H) of each side of ``triples`` (``collate``: a training batch of them), each process
+    embedding its shard with ``model(features=...)``, gathered in the triples' order (docs/design.md)."""
     rank, size = world()
     shard = list(triples[rank::size])
     batches = max(1, math.ceil(math.ceil(len(triples) / size) / batch_size))  # the same count on every process
@@ -63,8 +63,8 @@ def contrastive_validation(
     scale: float,
     device: torch.device,
 ) -> dict[str, float]:
-    """The validation InfoNCE loss and the retrieval metrics of ``triples`` (module docstring); ``model`` is the
-    Stage II model as the trainer wraps it, put in eval mode (and autocast off) for the measurement."""
+    """The validation InfoNCE loss and the retrieval metrics of ``triples``, measured with ``model`` (the Stage II
+    model as the trainer wraps it) in eval mode, autocast off."""
     with measuring(model, device):
         e = embed_triples(model, triples, collate, batch_size, device)
     n = len(triples)

@@ -38,9 +38,8 @@ class SourceStats:
 
 @dataclass
 class Arrangement:
-    """Where each example of each source goes, by position: ``order[name]`` the shuffled positions (chunk ``k`` is
-    ``order[name][k * g : (k + 1) * g]``), ``chunks`` the ``(name, k)`` in training order, ``dropped[name]`` the tail.
-    """
+    """Where each example of each source goes, by position: ``order[name]`` the shuffled positions (chunk ``k``:
+    :meth:`positions`), ``chunks`` the ``(name, k)`` in training order, ``dropped[name]`` the tail."""
 
     order: dict[str, array]
     chunks: list[tuple[str, int]]
@@ -54,9 +53,8 @@ class Arrangement:
 
 
 def arrange_positions(sizes: dict[str, int], global_batch_size: int, seed: int) -> Arrangement:
-    """Arrange ``sizes[name]`` examples of each source into single-source chunks of ``global_batch_size``: seeded,
-    depending only on the sizes (the same for a list or a table's rows).
-    """
+    """Arrange ``sizes[name]`` examples of each source into single-source chunks of ``global_batch_size``, depending
+    only on the sizes and ``seed``."""
     if not isinstance(global_batch_size, int) or global_batch_size < 1:
         raise ValueError(f"global_batch_size must be a positive integer, got {global_batch_size!r}")
     rng = random.Random(seed)
@@ -86,9 +84,8 @@ def _arrange(
 def arrange_global_batches(
     examples_by_source: dict[str, list[TrainExample]], global_batch_size: int, seed: int
 ) -> list[TrainExample]:
-    """Order examples so that each consecutive block of ``global_batch_size`` is single-source: each source shuffled and
-    cut into full chunks (the tail dropped and logged), the chunks shuffled together; to be read in order.
-    """
+    """The examples ordered so that each consecutive block of ``global_batch_size`` is single-source (docs/design.md);
+    the tails that fill no block are dropped and logged."""
     arranged, dropped = _arrange(examples_by_source, global_batch_size, seed)
     _log_dropped(dropped, global_batch_size)
     return arranged
@@ -98,20 +95,14 @@ def _log_dropped(dropped: dict[str, int], global_batch_size: int) -> None:
     total = sum(dropped.values())
     if total:
         detail = ", ".join(f"{name}: {n}" for name, n in dropped.items() if n)
-        logger.info(
-            "dropped %d examples that do not fill a global batch of %d (%s)",
-            total,
-            global_batch_size,
-            detail,
-        )
+        logger.info("dropped %d examples that do not fill a global batch of %d (%s)", total, global_batch_size, detail)
 
 
 def record_counts(
     sizes: dict[str, int], dropped: dict[str, int], stats: dict[str, SourceStats], global_batch_size: int
 ):
-    """Log the dropped tails and fill each source's ``loaded`` / ``dropped_tail`` / ``kept`` counts; a
-    :class:`DataError` when no source has enough examples for one global batch.
-    """
+    """Log the dropped tails and fill each source's counts; a :class:`DataError` when no source has enough examples
+    for one global batch."""
     _log_dropped(dropped, global_batch_size)
     for name, n in sizes.items():
         s = stats.setdefault(name, SourceStats(name=name))
@@ -134,9 +125,7 @@ def record_counts(
 
 
 class TrainDataset(torch.utils.data.Dataset):
-    """The arranged training examples (item ``i`` a :class:`TrainExample`), to be read with a sequential sampler;
-    build it with :meth:`from_sources`.
-    """
+    """The arranged training examples, to be read with a sequential sampler; build it with :meth:`from_sources`."""
 
     def __init__(
         self,
@@ -161,9 +150,8 @@ class TrainDataset(torch.utils.data.Dataset):
         stats: dict[str, SourceStats] | None = None,
         validation_size: float = 0,
     ) -> TrainDataset:
-        """Arrange ``examples_by_source`` into single-source global batches after carving out the validation slice
-        (``held_out``); a :class:`DataError` when no source fills one global batch.
-        """
+        """``examples_by_source`` in single-source global batches after the validation slice (``held_out``,
+        :func:`hold_out`) is carved out; a :class:`DataError` when no source fills one global batch."""
         stats = dict(stats or {})
         examples_by_source, held_out = hold_out(examples_by_source, validation_size, seed)
         arranged, dropped = _arrange(examples_by_source, global_batch_size, seed)
@@ -181,9 +169,7 @@ class TrainDataset(torch.utils.data.Dataset):
         return len(self.examples) // self.global_batch_size
 
     def instruction_examples(self) -> list[TrainExample]:
-        """One training example of each distinct query instruction, the first in training order (what
-        :func:`llm2vec.collator.check_examples` runs through the collator before step 1); the first is the first
-        training example."""
+        """The first training example of each distinct query instruction, in training order."""
         first: dict[str, TrainExample] = {}
         for example in self.examples:
             first.setdefault(example.query_instruction, example)
@@ -196,14 +182,7 @@ class TrainDataset(torch.utils.data.Dataset):
             (s.name, s.records, s.skipped_empty, s.dropped_tail, s.kept)
             for s in (self.sources[n] for n in sorted(self.sources))
         ]
-        total = (
-            "total",
-            sum(r[1] for r in rows),
-            sum(r[2] for r in rows),
-            sum(r[3] for r in rows),
-            sum(r[4] for r in rows),
-        )
-        table = [header, *rows, total]
+        table = [header, *rows, ("total", *(sum(r[i] for r in rows) for i in range(1, len(header))))]
         widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]
         lines = [
             "  ".join(str(v).ljust(w) if i == 0 else str(v).rjust(w) for i, (v, w) in enumerate(zip(row, widths)))
@@ -229,10 +208,8 @@ def validation_count(size: float, available: int) -> int:
 
 
 def held_out_positions(sizes: dict[str, int], size: float, seed: int) -> list[tuple[str, int]]:
-    """``(source, position)`` of the validation slice of sources of ``sizes[name]`` examples (:func:`hold_out`'s
-    rule, by position): ``size`` is a count (>= 1) or a fraction (0 < size < 1) of all examples; 0 holds out none.
-    The slice is drawn with its own generator seeded by ``seed``, over the sources in sorted order and each
-    source's examples in order, so it depends only on the sizes and the seed."""
+    """``(source, position)`` of the validation slice (:func:`validation_count` of all examples) of sources of
+    ``sizes[name]`` examples, drawn with its own generator: it depends only on the sizes and ``seed``."""
     names = sorted(sizes)
     ends = list(itertools.accumulate(sizes[name] for name in names))
     total = ends[-1] if ends else 0
@@ -255,9 +232,7 @@ def held_out_positions(sizes: dict[str, int], size: float, seed: int) -> list[tu
 def hold_out(
     examples_by_source: dict[str, list[TrainExample]], size: float, seed: int
 ) -> tuple[dict[str, list[TrainExample]], list[TrainExample]]:
-    """Carve a validation slice (``size``: a count >= 1, a fraction in (0, 1), or 0 for none) out of the examples
-    before anything is arranged, depending only on the data and ``seed``; returns the rest by source and the slice.
-    """
+    """The examples without a validation slice (:func:`held_out_positions`) by source, and the slice."""
     chosen = held_out_positions({n: len(e) for n, e in examples_by_source.items()}, size, seed)
     if not chosen:
         return examples_by_source, []

@@ -1,4 +1,4 @@
-"""Training examples and the one parser of JSON-lines pair files that both loaders (``e5.py``, ``jsonl.py``) use."""
+"""Training examples and the one parser of JSON-lines pair files (``e5.py``, ``jsonl.py``)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,7 @@ class DataError(ValueError):
 @dataclass(frozen=True)
 class TrainExample:
     """One training triple: ``query_instruction`` goes to the query only; ``negative`` is ``None`` without a hard
-    negative; ``source`` names the dataset (a global batch never mixes sources).
-    """
+    negative; ``source`` names the dataset (a global batch never mixes sources)."""
 
     query: str
     positive: str
@@ -33,9 +32,8 @@ class TrainExample:
 
 @dataclass(frozen=True)
 class RawRecord:
-    """A parsed, non-empty record of a JSON-lines file, before an instruction is chosen: ``index`` is its 0-based
-    position among the file's records (skipped empty ones included), ``line`` its 1-based line number.
-    """
+    """A parsed, non-empty record of a JSON-lines file: ``index`` its 0-based position among the file's records
+    (skipped empty ones included), ``line`` its line number."""
 
     index: int
     line: int
@@ -66,7 +64,7 @@ def _fail(path: str, line: int, problem: str, fix: str) -> DataError:
 
 
 def _text_field(obj: dict, name: str, path: str, line: int, fix: str, required: bool) -> str | None:
-    """Return the stripped string ``obj[name]``; ``None`` when optional and absent or null."""
+    """The stripped string ``obj[name]``; ``None`` when optional and absent or null."""
     value = obj.get(name)
     if value is None:
         if required:
@@ -74,12 +72,7 @@ def _text_field(obj: dict, name: str, path: str, line: int, fix: str, required: 
             raise _fail(path, line, f'required field "{name}" {present}', fix)
         return None
     if not isinstance(value, str):
-        raise _fail(
-            path,
-            line,
-            f'field "{name}" must be a string, got {type(value).__name__}',
-            fix,
-        )
+        raise _fail(path, line, f'field "{name}" must be a string, got {type(value).__name__}', fix)
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as err:  # a lone surrogate (JSON "\ud800"): no tokenizer can read it
@@ -102,17 +95,11 @@ def read_jsonl_pairs(
     limit: int | None = None,
     fix: str = "Fix or remove this line.",
 ) -> tuple[list[RawRecord], FileReport]:
-    """Read one JSON-lines file of ``{"query", "positive", "negative"?, "instruction"?}`` objects.
-
-    Args:
-        path: the file.
-        require_negative: ``negative`` must be non-empty; otherwise absent, null or empty mean "no negative".
-        read_instruction: take the per-line ``instruction`` (False: ``RawRecord.instruction`` is None).
-        limit: stop after this many kept records. fix: what to tell the user about a malformed line.
-
-    Returns the kept records in file order and a :class:`FileReport`; raises :class:`DataError` on a malformed
-    line, a file that is not UTF-8, or a file in which no record survives.
-    """
+    """The kept records (at most ``limit``) of a JSON-lines file of ``{"query", "positive", "negative"?,
+    "instruction"?}`` objects in file order, and a :class:`FileReport`. ``require_negative``: a record needs a
+    non-empty negative (else absent, null or empty mean none); ``read_instruction``: read each line's
+    ``instruction``. A malformed line (``fix``: what to tell the user), a file that is not UTF-8, or one in which no
+    record survives is a :class:`DataError`."""
     report = FileReport(path=path)
     records: list[RawRecord] = []
     pairs_seen: set[int] = set()
@@ -152,12 +139,9 @@ def read_jsonl_pairs(
     report.kept = len(records)
     if report.skipped_empty:
         needed = "query, positive or negative" if require_negative else "query or positive"
+        skipped = report.skipped_empty
         logger.warning(
-            "%s: skipped %d of %d records whose %s is empty or whitespace only",
-            path,
-            report.skipped_empty,
-            report.records,
-            needed,
+            "%s: skipped %d of %d records whose %s is empty or whitespace only", path, skipped, report.records, needed
         )
     if report.blank_lines:
         logger.warning("%s: ignored %d blank lines", path, report.blank_lines)
@@ -173,8 +157,8 @@ def read_jsonl_pairs(
 
 
 def warn_suspect_pairs(path: str, report, unit: str = "line") -> None:
-    """Warn about ``report``'s repeated pairs and negatives equal to their positive (kept), each with the first
-    ``unit`` (lines of a JSON-lines file, rows of a dataset) where they are; ``report.records`` is the total."""
+    """Warn about ``report``'s repeated pairs and negatives equal to their positive (kept), naming the first lines
+    (``unit``: or rows) where they are."""
     if report.duplicates:
         logger.warning(
             "%s: %d of %d records %s the query and positive of an earlier record (%s); they are kept, but two copies "
@@ -214,9 +198,8 @@ def _listing(folder: str, n: int = 2) -> str:
 
 
 def check_path_kind(path: str, dataset_name: str, what: str = "dataset_file_path") -> None:
-    """A data path that exists is of the kind its reader needs: E5's is a folder of ``<source>.jsonl`` files,
-    every other (``jsonl`` training files, ``validation_file``: ``dataset_name`` ``"jsonl"``) a file. Raises
-    :class:`DataError` naming ``what``, the path and what to give instead; a missing path is left to the reader."""
+    """A data path that exists is of the kind its reader needs (E5's a folder, every other a file); else a
+    :class:`DataError` naming ``what``, the path and what to give instead."""
     if dataset_name == "E5" and os.path.isfile(path):
         raise DataError(
             f"{what} {path} is a file; dataset_name E5 reads the folder that holds the E5 <source>.jsonl files: give "

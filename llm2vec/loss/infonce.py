@@ -51,11 +51,7 @@ class InfoNCELoss(nn.Module):
             return self.scale * q @ torch.cat(candidates, dim=0).T
 
     def forward(
-        self,
-        query: torch.Tensor,
-        positive: torch.Tensor,
-        negative: torch.Tensor | None = None,
-        gather: bool = True,
+        self, query: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor | None = None, gather: bool = True
     ) -> torch.Tensor:
         if query.shape != positive.shape or (negative is not None and negative.shape != query.shape):
             shapes = [tuple(t.shape) for t in (query, positive, negative) if t is not None]

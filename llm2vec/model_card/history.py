@@ -1,6 +1,5 @@
-"""What a model card shows (:class:`ModelCardInputs`): the stages that made a model, read from each run's
-``run_config.json`` and ``trainer_state.json`` (:func:`history_of`), and a summary of their losses (:func:`loss_curve`).
-Missing or unreadable files leave their stage (or its curve) out with a note; they never raise."""
+"""What a model card shows (:class:`ModelCardInputs`): the stages that made a model (:func:`history_of`) and their
+losses (:func:`loss_curve`). Missing or unreadable files leave their stage (or curve) out with a note, never raise."""
 
 from __future__ import annotations
 
@@ -158,7 +157,7 @@ def _upstream(record: StageRecord, notes: list[str], depth: int = 0) -> list[Sta
 
 
 def history_of(paths: Sequence[str | os.PathLike], notes: list[str] | None = None) -> list[StageRecord]:
-    """The stages that produced the models in ``paths`` (a base and an adapter), oldest first, no repeats."""
+    """The stages that made the models in ``paths`` (a base and an adapter), oldest first, no repeats."""
     notes = notes if notes is not None else []
     out: list[StageRecord] = []
     seen: set[str] = set()
@@ -181,8 +180,8 @@ def _root_model(history: Sequence[StageRecord]) -> str | None:
 
 
 def loss_curve(log_history: Sequence[Mapping[str, Any]], points: int = CURVE_POINTS) -> dict[str, Any] | None:
-    """The logged training losses (None without any): ``rows`` (evenly spaced points, first and last included) of
-    ``columns`` (step, loss, the ``loss_*`` parts, learning rate), ``min``, ``last``, ``n`` and ``train_loss``."""
+    """A summary of the logged training losses (None without any): ``rows`` (``points`` evenly spaced, first and
+    last included) of ``columns``, ``min``, ``last``, ``n`` and ``train_loss``."""
     logged = [e for e in log_history if "loss" in e and "step" in e]
     if not logged:
         return None

@@ -1,5 +1,4 @@
-"""A model card as Markdown (:func:`render_model_card`), written into a training save by :func:`write_training_card`
-(which never raises); the body names no machine path (:func:`without_machine_paths`)."""
+"""A model card as Markdown (:func:`render_model_card`), naming no machine path, and its writing into a save."""
 
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ _ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~-])/(?:[^\s/'\"`,;()\[\]<>|*]+/)*[^\s/'
 
 
 def shown_path(path: str) -> str:
-    """``path`` as a card shows it: a relative path or hub id as it is, an absolute path by its last two parts
-    (``.../stage_I/checkpoint-2``)."""
+    """``path`` as a card shows it: an absolute path by its last two parts (``.../stage_I/checkpoint-2``)."""
     if not os.path.isabs(path):
         return path
     parts = Path(path).parts[1:]
@@ -48,7 +46,7 @@ def _fmt(value: Any) -> str:
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], text_columns: int = 0) -> list[str]:
-    """A Markdown table: the first ``text_columns`` columns as they are, the others numbers (:func:`_fmt`), right-aligned."""
+    """A Markdown table: the first ``text_columns`` columns as they are, the others numbers, right-aligned."""
     shown = [[str(v) if i < text_columns else _fmt(v) for i, v in enumerate(row)] for row in rows]
     align = "|" + "---|" * text_columns + "---:|" * (len(header) - text_columns)
     return ["| " + " | ".join(header) + " |", align, *("| " + " | ".join(row) + " |" for row in shown)]
@@ -58,20 +56,18 @@ def render_loss_curve(log_history: Sequence[Mapping[str, Any]]) -> list[str]:
     curve = loss_curve(log_history)
     if curve is None:
         return ["No training loss was logged."]
-    lines = [
+    return [
         f"{curve['n']} logged points; lowest loss {_fmt(curve['min'][1])} at step {curve['min'][0]}, "
         f"last {_fmt(curve['last'][1])} at step {curve['last'][0]}"
         + (f"; mean training loss {_fmt(curve['train_loss'])}." if curve["train_loss"] is not None else "."),
         "",
         *_table(curve["columns"], [[row[c] for c in curve["columns"]] for row in curve["rows"]]),
     ]
-    return lines
 
 
 def render_validation_curve(log_history: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Every evaluation on the held-out pairs (``eval_*`` entries of the log history: Stage I's validation losses
-    and anchor gain, Stage II's validation InfoNCE and retrieval; not the ``geometry_*`` diagnostic, which stays in
-    the log), one row per evaluation; empty without any."""
+    """Every evaluation on the held-out pairs (the ``eval_*`` entries of the log history but the ``geometry_*``
+    diagnostic), one row per evaluation; empty without any."""
     skip = {"eval_pairs", "eval_queries", "eval_documents", "eval_runtime"}
 
     def shown(key: str) -> bool:
@@ -93,8 +89,7 @@ def render_validation_curve(log_history: Sequence[Mapping[str, Any]]) -> list[st
 
 
 def render_retrieval_scores(log_history: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The scores of the retrieval folders (:mod:`llm2vec.retrieval`): their means at every evaluation, and each
-    folder's at the last one; empty without any."""
+    """The retrieval folders' mean scores at every evaluation, and each folder's at the last; empty without any."""
     evals = [e for e in log_history if "step" in e and any(k.startswith(f"eval_{MEAN}_") for k in e)]
     if not evals:
         return []
