@@ -73,22 +73,14 @@ def arrange_positions(sizes: dict[str, int], global_batch_size: int, seed: int) 
     return Arrangement(order, chunks, dropped, global_batch_size)
 
 
-def _arrange(
-    examples_by_source: dict[str, list[TrainExample]], global_batch_size: int, seed: int
-) -> tuple[list[TrainExample], dict[str, int]]:
-    plan = arrange_positions({n: len(e) for n, e in examples_by_source.items()}, global_batch_size, seed)
-    arranged = [examples_by_source[name][i] for name, k in plan.chunks for i in plan.positions(name, k)]
-    return arranged, plan.dropped
-
-
 def arrange_global_batches(
     examples_by_source: dict[str, list[TrainExample]], global_batch_size: int, seed: int
 ) -> list[TrainExample]:
     """The examples ordered so that each consecutive block of ``global_batch_size`` is single-source (docs/design.md);
     the tails that fill no block are dropped and logged."""
-    arranged, dropped = _arrange(examples_by_source, global_batch_size, seed)
-    _log_dropped(dropped, global_batch_size)
-    return arranged
+    plan = arrange_positions({n: len(e) for n, e in examples_by_source.items()}, global_batch_size, seed)
+    _log_dropped(plan.dropped, global_batch_size)
+    return [examples_by_source[name][i] for name, k in plan.chunks for i in plan.positions(name, k)]
 
 
 def _log_dropped(dropped: dict[str, int], global_batch_size: int) -> None:
@@ -154,8 +146,10 @@ class TrainDataset(torch.utils.data.Dataset):
         :func:`hold_out`) is carved out; a :class:`DataError` when no source fills one global batch."""
         stats = dict(stats or {})
         examples_by_source, held_out = hold_out(examples_by_source, validation_size, seed)
-        arranged, dropped = _arrange(examples_by_source, global_batch_size, seed)
-        record_counts({n: len(e) for n, e in examples_by_source.items()}, dropped, stats, global_batch_size)
+        sizes = {n: len(e) for n, e in examples_by_source.items()}
+        plan = arrange_positions(sizes, global_batch_size, seed)
+        record_counts(sizes, plan.dropped, stats, global_batch_size)
+        arranged = [examples_by_source[name][i] for name, k in plan.chunks for i in plan.positions(name, k)]
         return cls(arranged, stats, global_batch_size, seed, held_out)
 
     def __len__(self) -> int:

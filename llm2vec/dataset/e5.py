@@ -57,12 +57,6 @@ E5_SOURCES: dict[str, E5Source] = {
     "trivia_qa": E5Source("TriviaQA", ("Retrieve Wikipedia passages that answer the question",)),
 }
 
-DOWNLOAD_HINT = (
-    "Download the public E5 training data curated by the echo-embeddings authors "
-    "(linked from https://github.com/jakespringer/echo-embeddings#training) "
-    "and put its .jsonl files in {data_dir}/"
-)
-
 
 def e5_instruction(source: str, position: int) -> str:
     """The query instruction of record number ``position`` (0-based) of ``source``."""
@@ -99,9 +93,10 @@ def load_e5(
     if missing:
         listing = "\n".join(f"  - {p}  ({E5_SOURCES[n].paper_name})" for n, p in paths.items() if p in missing)
         raise DataError(
-            f"{len(missing)} of {len(paths)} E5 training files are missing:\n{listing}\n"
-            + DOWNLOAD_HINT.format(data_dir=data_dir)
-            + ", or pass sources=[...] to train on the files you have."
+            f"{len(missing)} of {len(paths)} E5 training files are missing:\n{listing}\nDownload the public E5 "
+            "training data curated by the echo-embeddings authors (linked from "
+            f"https://github.com/jakespringer/echo-embeddings#training) and put its .jsonl files in {data_dir}/, or "
+            "pass sources=[...] to train on the files you have."
         )
 
     fix = "Fix or delete this line, or download the file again (echo-embeddings training data)."

@@ -125,17 +125,7 @@ def read_jsonl_pairs(
         pairs_seen.add(pair)
         if negative == positive:
             report.negative_is_positive.append(line_no)
-        records.append(
-            RawRecord(
-                index=index,
-                line=line_no,
-                query=query,
-                positive=positive,
-                negative=negative or None,
-                instruction=instruction,
-                path=path,
-            )
-        )
+        records.append(RawRecord(index, line_no, query, positive, negative or None, instruction, path))
     report.kept = len(records)
     if report.skipped_empty:
         needed = "query, positive or negative" if require_negative else "query or positive"
