@@ -67,28 +67,21 @@ def _json_file(name_or_path: str, filename: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def custom_code(name_or_path: str | os.PathLike) -> dict[str, list[str]]:
-    """File name -> the ``auto_map`` entries (``"AutoModel": "modeling_x.XModel"``) that name code to run."""
-    found = {}
+@strict_booleans
+def check_remote_code(name_or_path: str | os.PathLike, trust_remote_code: bool = False, what: str = "model") -> None:
+    """Refuse a model whose files' ``auto_map`` names custom code (:class:`ModelFilesError`), unless
+    ``trust_remote_code``."""
+    if trust_remote_code:
+        return
     for filename in CODE_FILES:
         config = _json_file(os.fspath(name_or_path), filename)
         auto_map = config.get("auto_map") if config else None
-        if auto_map:
-            entries = auto_map.items() if isinstance(auto_map, dict) else [("auto_map", auto_map)]
-            found[filename] = [f"{key}: {value}" for key, value in entries]
-    return found
-
-
-@strict_booleans
-def check_remote_code(name_or_path: str | os.PathLike, trust_remote_code: bool = False, what: str = "model") -> None:
-    """Refuse a model whose files name custom code (:class:`ModelFilesError`), unless ``trust_remote_code``."""
-    if trust_remote_code:
-        return
-    found = custom_code(name_or_path)
-    if found:
-        filename, entries = next(iter(found.items()))
+        if not auto_map:
+            continue
+        entries = auto_map.items() if isinstance(auto_map, dict) else [("auto_map", auto_map)]
         raise ModelFilesError(
-            f"{what} {os.fspath(name_or_path)}: its {filename} names custom code to run ({'; '.join(entries)}); "
+            f"{what} {os.fspath(name_or_path)}: its {filename} names custom code to run "
+            f"({'; '.join(f'{key}: {value}' for key, value in entries)}); "
             "this project runs no code from a model folder unless told to: pass --trust_remote_code (run config: "
             '"trust_remote_code": true) if you trust that code, or remove "auto_map" to load transformers\' own '
             "class for the model_type"
