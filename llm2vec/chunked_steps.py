@@ -128,7 +128,8 @@ def reconstruction_step(
 ) -> tuple[list, list[list[int]]]:
     """Stage I's step in chunks of pairs, each chunk's loss (over the step-wide ``counts``) back-propagated at once;
     returns the chunks' outputs and the chunks (pair indices)."""
-    chunks = agreed_plan(decoder_call_lengths(inputs, directions).tolist(), budget, packed, _device(inputs))
+    device = inputs["query"]["input_ids"].device
+    chunks = agreed_plan(decoder_call_lengths(inputs, directions).tolist(), budget, packed, device)
     batch = {**inputs, COUNTS_KEY: counts}
 
     def step(_, pairs):
@@ -189,7 +190,7 @@ def gradient_cache_step(
     each side's embeddings, detached, in the batch's order."""
     sides = [s for s in ("query", "positive", "negative") if inputs.get(s) is not None]
     rows = [row for side in sides for row in rows_of(inputs[side])]
-    device = _device(inputs)
+    device = inputs["query"]["input_ids"].device
     chunks = agreed_plan([len(r["input_ids"]) for r in rows], budget, packed, device)
     batches = [collate_rows([rows[i] for i in chunk], pad_token_id) for chunk in chunks]
     indices = [torch.tensor(chunk, device=device) for chunk in chunks]
@@ -244,7 +245,3 @@ def trainer_hooks(accelerator, model, weight: float) -> tuple[Callable, Callable
         return accelerator.no_sync(model)
 
     return backward, no_sync
-
-
-def _device(inputs: dict) -> torch.device:
-    return inputs["query"]["input_ids"].device

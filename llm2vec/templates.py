@@ -78,8 +78,7 @@ def plain_template(tokenizer) -> TemplateSpec:
 
 
 def named_template(name: str, config, tokenizer, generation_config=None) -> TemplateSpec:
-    """The template called ``name`` for this model: derived from its chat template (:data:`DERIVED_TEMPLATE`), its
-    plain text (:data:`PLAIN_TEMPLATE`) or a registered family; no checks against the chat template."""
+    """The template called ``name`` (derived, plain or registered), not checked against the chat template."""
     if name == DERIVED_TEMPLATE:
         return derive_template(config, tokenizer, generation_config)
     if name == PLAIN_TEMPLATE:
@@ -103,23 +102,19 @@ def get_template(name: str) -> TemplateSpec:
         ) from None
 
 
-def _has_token(tokenizer, token: str) -> bool:
-    return token in tokenizer.get_vocab()
-
-
 def resolve_template(config, tokenizer, name: str | None = None, generation_config=None) -> TemplateSpec:
     """The template for a model: by ``name``, else detected from ``config`` and ``tokenizer``, else derived from its
     chat template (:func:`derive_template`). For a registered family, an anchor that is no EOS id or ids that
     differ from the chat template's are logged as warnings."""
-
     if name in (DERIVED_TEMPLATE, PLAIN_TEMPLATE):
         return named_template(name, config, tokenizer, generation_config)
+    vocab = tokenizer.get_vocab()
     if name is not None:
         spec = get_template(name)
     else:
         model_type = getattr(config, "model_type", None)
         candidates = [s for s in _REGISTRY.values() if model_type in s.model_types]
-        matches = [s for s in candidates if all(_has_token(tokenizer, t) for t in s.marker_tokens)]
+        matches = [s for s in candidates if all(t in vocab for t in s.marker_tokens)]
         if not matches and getattr(tokenizer, "chat_template", None):
             return derive_template(config, tokenizer, generation_config)
         if not matches:
@@ -132,7 +127,7 @@ def resolve_template(config, tokenizer, name: str | None = None, generation_conf
                 f"known chat families: {known}"
             )
         spec = matches[0]
-    if not _has_token(tokenizer, spec.anchor):
+    if spec.anchor not in vocab:
         raise ValueError(
             f"template {spec.name!r}: the anchor token {spec.anchor!r} is not in the tokenizer's vocabulary"
         )
@@ -158,8 +153,7 @@ def resolve_template(config, tokenizer, name: str | None = None, generation_conf
 
 
 def anchor_mismatch(tokenizer, spec: TemplateSpec, config=None, generation_config=None) -> str | None:
-    """``None`` when the template's anchor is one of the model's end-of-sequence ids (:func:`eos_ids`), as Eq. 1
-    asks, else a one-line description of the problem."""
+    """``None`` when the anchor is one of the model's EOS ids (as Eq. 1 asks), else a one-line description."""
     anchor_id = tokenizer.convert_tokens_to_ids(spec.anchor)
     eos = eos_ids(tokenizer, config, generation_config)
     if anchor_id in eos:
@@ -243,12 +237,8 @@ def derive_template(config, tokenizer, generation_config=None) -> TemplateSpec:
     except chat_turn.ChatTemplateError as e:
         raise refused(str(e)) from None
     model_type = getattr(config, "model_type", None)
-    spec = TemplateSpec(
-        DERIVED_TEMPLATE,
-        functools.partial(UserTurn, turn.opening, turn.closing, turn.anchor),
-        (model_type,) if model_type else (),
-        (),
-    )
+    user_turn = functools.partial(UserTurn, turn.opening, turn.closing, turn.anchor)
+    spec = TemplateSpec(DERIVED_TEMPLATE, user_turn, (model_type,) if model_type else (), ())
 
     def chat_ids(content: str) -> list[int]:
         text = chat_turn.render(tokenizer, [{"role": "user", "content": content}])
