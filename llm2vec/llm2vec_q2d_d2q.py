@@ -28,11 +28,8 @@ class StageIOutput:
     @property
     def loss_parts(self) -> dict[str, torch.Tensor]:
         """The loss's parts, logged under these names."""
-        return {
-            name: value
-            for name, value in (("loss_q2d", self.loss_q2d), ("loss_d2q", self.loss_d2q))
-            if value is not None
-        }
+        parts = {"loss_q2d": self.loss_q2d, "loss_d2q": self.loss_d2q}
+        return {name: value for name, value in parts.items() if value is not None}
 
     @property
     def metrics(self) -> dict[str, torch.Tensor | float]:
@@ -173,12 +170,12 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
     ) -> StageIOutput | dict[str, torch.Tensor] | torch.Tensor:
         """Stage I loss of a collated batch; ``target_counts`` as in :class:`ReconstructionLoss`. ``anchor_shifts``
         (s_1..s_S) measures instead (:mod:`llm2vec.anchor_gain`): pair i reconstructed from pair (i + s) mod B's
-        anchors, ``{direction: (S, B, M) token NLLs, "anchors": (2, B, H)}``. Given ``features`` alone: :meth:`embed`."""
+        anchors, ``{direction: (S, B, M) token NLLs, "anchors": (2, B, H)}``. ``features`` alone: :meth:`embed`."""
         if features is not None:
             return self.embed(features)
         e_q, e_d = self.embed_many([query, positive])
+        decoder, lm_head = decoder_body(self.model), self.model.get_output_embeddings()
         if anchor_shifts:
-            decoder, lm_head = decoder_body(self.model), self.model.get_output_embeddings()
             per_shift = [
                 self.loss_fn.token_nll(
                     decoder, lm_head, e_q.roll(-s, dims=0), e_d.roll(-s, dims=0), query_targets, positive_targets
@@ -187,21 +184,8 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
             ]
             out = {name: torch.stack([nll[name] for nll in per_shift]) for name in per_shift[0]}
             return {**out, "anchors": torch.stack([e_q, e_d]).detach()}
-        loss, parts = self.loss_fn(
-            decoder_body(self.model),
-            self.model.get_output_embeddings(),
-            e_q,
-            e_d,
-            query_targets,
-            positive_targets,
-            target_counts,
-        )
-        batch = {
-            "query": query,
-            "positive": positive,
-            "query_targets": query_targets,
-            "positive_targets": positive_targets,
-        }
+        loss, parts = self.loss_fn(decoder, lm_head, e_q, e_d, query_targets, positive_targets, target_counts)
+        batch = dict(query=query, positive=positive, query_targets=query_targets, positive_targets=positive_targets)
         directions = self.loss_fn.directions()
         return StageIOutput(
             loss,
@@ -214,8 +198,7 @@ class LLM2Vec_q2d_d2q(LLM2Vec):
         )
 
     def step_in_parts(self, model, inputs: dict, backward, no_sync) -> StageIOutput | None:
-        """Forward and backward of a batch in token-budget chunks of pairs, each with the step-wide
-        ``target_counts``; ``None`` (the plain step) without a budget."""
+        """Forward and backward in token-budget chunks of pairs (step-wide ``target_counts``); ``None``: no budget."""
         if not self.token_budget:
             return None
         counts = inputs.get(COUNTS_KEY) or count_targets(inputs["query_targets"], inputs["positive_targets"])

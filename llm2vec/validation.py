@@ -16,8 +16,7 @@ SIDES = ("query", "positive", "negative")
 
 
 def retrieval_metrics(queries: torch.Tensor, documents: torch.Tensor, relevant: torch.Tensor) -> dict[str, float]:
-    """nDCG@10, Recall@1, Recall@10 and MRR@10 of ``queries`` (Nq, H) against ``documents`` (Nd, H), query i's
-    relevant document being ``documents[relevant[i]]``."""
+    """nDCG@10, Recall@1/10 and MRR@10 of ``queries`` against ``documents``, query i's relevant one ``relevant[i]``."""
     judgments = Judgments.build([{int(d): 1} for d in relevant], [f"{d:09d}" for d in range(len(documents))])
     metrics = cosine_metrics(queries, documents, judgments)
     return {name: metrics[name] for name in ("ndcg_at_10", "recall_at_1", "recall_at_10", "mrr_at_10")}
@@ -69,19 +68,14 @@ def contrastive_validation(
         e = embed_triples(model, triples, collate, batch_size, device)
     n = len(triples)
     infonce = InfoNCELoss(scale)  # Eq. 6-7 in float32; the embeddings are gathered already: gather=False
-    losses = [
-        infonce(
-            e["query"][i : i + contrastive_batch],
-            e["positive"][i : i + contrastive_batch],
-            e["negative"][i : i + contrastive_batch] if "negative" in e else None,
-            gather=False,
-        )
-        * len(range(i, min(n, i + contrastive_batch)))
-        for i in range(0, n, contrastive_batch)
-    ]
+    loss = 0  # the sum over batches of the training loss's size of each batch's mean times its size
+    for i in range(0, n, contrastive_batch):
+        rows = slice(i, i + contrastive_batch)
+        negative = e["negative"][rows] if "negative" in e else None
+        loss = loss + infonce(e["query"][rows], e["positive"][rows], negative, gather=False) * (min(n, rows.stop) - i)
     corpus: dict[str, int] = {}
     relevant = [corpus.setdefault(t.positive, len(corpus)) for t in triples]
     first = torch.tensor([relevant.index(j) for j in range(len(corpus))])  # a row of each distinct positive
     metrics = retrieval_metrics(e["query"], e["positive"][first], torch.tensor(relevant))
     metrics.update(anchor_geometry(e["query"], e["positive"][first], [[r] for r in relevant], scale))
-    return {"loss": float(sum(losses)) / n, **metrics, "queries": float(n), "documents": float(len(corpus))}
+    return {"loss": float(loss) / n, **metrics, "queries": float(n), "documents": float(len(corpus))}
