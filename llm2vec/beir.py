@@ -43,7 +43,7 @@ class BeirFolder:
 
 
 def _read_jsonl(path: Path, required: tuple[str, ...], digests=()) -> list[tuple[int, dict[str, Any]]]:
-    """``(line number, record)`` of each non-blank line, each with the ``required`` fields (:func:`~llm2vec.io.iter_jsonl`)."""
+    """``(line number, record)`` of each non-blank line, each with the ``required`` fields."""
     fix = f"Each line needs a JSON object with {list(required)}."
     rows = []
     for line_no, row in iter_jsonl(path, fix=fix, digests=digests):

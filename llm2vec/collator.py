@@ -75,11 +75,9 @@ class TrainCollator:
         return cls(encoder.tokenizer, encoder.template, encoder.max_length, encoder.pad_token_id, **kwargs)
 
     def _encode(self, items):
-        spec = (
-            self.template
-            if self.instruction_separator is None
-            else self.template.with_separator(self.instruction_separator)
-        )
+        spec = self.template
+        if self.instruction_separator is not None:
+            spec = spec.with_separator(self.instruction_separator)
         return templates.encode(self.tokenizer, spec, items, self.max_length)
 
     def __call__(self, examples: Sequence[TrainExample]) -> dict:

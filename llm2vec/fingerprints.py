@@ -48,8 +48,7 @@ def fingerprint_model(name: str | None, content: bool = True) -> dict[str, Any] 
 
 
 def model_content(name: str | None) -> dict[str, Any] | None:
-    """What a model folder holds, ``{"files": {file: {"size", "sha256"}}}`` (a copy gives the same value);
-    ``{"hub_id": name}`` for a hub id not in the local cache; ``None`` for no model."""
+    """``{"files": {file: {"size", "sha256"}}}`` of a model folder; ``{"hub_id": name}`` if not here; None for none."""
     fingerprint = fingerprint_model(name, content=True)
     if fingerprint is None:
         return None

@@ -380,8 +380,7 @@ class LLM2Vec(nn.Module):
         return embeddings if convert_to_tensor or not convert_to_numpy else embeddings.numpy()
 
     def encode_query(self, sentences, prompt_name: str | None = None, prompt: str | None = None, **kwargs):
-        """:meth:`encode` with the ``query`` prompt when given none (as in sentence-transformers); without one, no
-        instruction, with a warning (once)."""
+        """:meth:`encode` with the ``query`` prompt when given none (without one: no instruction, a warning once)."""
         if prompt is None and prompt_name is None:
             if "query" in self.prompts:
                 prompt_name = "query"

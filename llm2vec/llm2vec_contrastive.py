@@ -87,8 +87,7 @@ class LLM2VecContrastive(LLM2Vec):
         *,
         features: dict | None = None,
     ) -> ContrastiveOutput | torch.Tensor:
-        """The loss of a batch of (query, positive[, negative]) features; given ``features`` alone, their
-        embeddings (B, H)."""
+        """The loss of (query, positive[, negative]) features; given ``features`` alone, their embeddings (B, H)."""
         if features is not None:
             return self.embed(features)
         sides = [query, positive] + ([negative] if negative is not None else [])
@@ -114,8 +113,7 @@ class LLM2VecContrastive(LLM2Vec):
         )
 
     def step_in_parts(self, model, inputs: dict, backward, no_sync) -> ContrastiveOutput | None:
-        """One training step with the gradient cache (:func:`llm2vec.chunked_steps.gradient_cache_step`); ``None``
-        (the plain step) when the budget is off."""
+        """One step with the gradient cache (:mod:`llm2vec.chunked_steps`); ``None`` (the plain step): no budget."""
         if self.embedding_token_budget <= 0:
             return None
         loss, by_side = gradient_cache_step(

@@ -29,7 +29,7 @@ VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k
 
 @functools.cache
 def transformers_takes_varlen_kwargs() -> bool:
-    """Whether the installed transformers declares the variable-length attention arguments (``FlashAttentionKwargs``)."""
+    """Whether transformers declares the variable-length attention arguments (``FlashAttentionKwargs``)."""
     try:
         from transformers.modeling_flash_attention_utils import FlashAttentionKwargs
     except ImportError:

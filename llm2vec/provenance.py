@@ -21,8 +21,7 @@ def is_hub_id(name: str | None) -> bool:
 
 
 def hub_id_of(name: str | os.PathLike | None) -> str | None:
-    """The hub id ``name`` stands for: itself, ``org/name`` for a snapshot folder of the Hugging Face cache, else
-    None."""
+    """The hub id ``name`` stands for (itself, or ``org/name`` of a Hugging Face cache snapshot), else None."""
     if not name:
         return None
     name = os.fspath(name)

@@ -187,8 +187,7 @@ class RetrievalEvaluation:
 
     @classmethod
     def read(cls, folders: Sequence[tuple[str, str]]) -> RetrievalEvaluation:
-        """``(folder, instruction)`` pairs read and checked (:func:`llm2vec.beir.read_beir_folder`; a query without
-        a relevant document refused)."""
+        """``(folder, instruction)`` pairs, each folder read and checked (queries without a relevant one refused)."""
         read = [read_beir_folder(path, queries_without_relevant="refuse") for path, _ in folders]
         return cls([RetrievalFolder(data.name, data, instruction) for data, (_, instruction) in zip(read, folders)])
 

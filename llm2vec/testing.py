@@ -92,8 +92,8 @@ def build_chat_tokenizer(
     vocab_size: int = 320,
     add_bos: bool = True,
 ):
-    """A tokenizer of one of :data:`TOKENIZER_STYLES` with these special tokens (strings or
-    ``tokenizers.AddedToken``) and ``chat_template``, trained offline; it adds ``bos`` to every text when ``add_bos``."""
+    """A tokenizer of one of :data:`TOKENIZER_STYLES` with these special tokens (strings or ``AddedToken``) and
+    ``chat_template``, trained offline; it adds ``bos`` to every text when ``add_bos``."""
     from transformers import PreTrainedTokenizerFast
 
     added_bos = bos if add_bos else None
@@ -167,8 +167,7 @@ def tiny_config(name: str, tokenizer, hidden_size: int = 32, num_layers: int = 2
 
 
 def build_tiny_model(name: str, seed: int = 0, hidden_size: int = 32, num_layers: int = 2, vocab_size: int = 320):
-    """A random causal LM of model ``name``'s architecture (float32) with its published generation config, and its
-    tokenizer."""
+    """A random causal LM of ``name``'s architecture (float32, its published generation config) and its tokenizer."""
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     tokenizer = build_tokenizer(name, vocab_size)

@@ -64,8 +64,7 @@ def path_or_id(name: str | os.PathLike | None) -> str | None:
 
 
 def default_model_name(base_model_name_or_path: str, peft_model_name_or_path: str | None = None) -> str:
-    """``org/model`` for mteb's results folder (the adapter's when there is one): a hub id as it is, a local
-    folder as ``parent/folder``."""
+    """``org/model`` for mteb's results folder (the adapter's if any): a hub id as it is, a folder ``parent/folder``."""
     label = peft_model_name_or_path or base_model_name_or_path
     if os.path.exists(label):
         parts = Path(os.path.abspath(label)).parts
@@ -149,8 +148,6 @@ class LLM2VecMTEBEncoder(AbsEncoder):
             embed_dim=getattr(config, "hidden_size", None),
         )
 
-    # ------------------------------------------------------------------ loading
-
     @classmethod
     @strict_booleans
     def from_pretrained(
@@ -212,8 +209,6 @@ class LLM2VecMTEBEncoder(AbsEncoder):
             identity=identity,
         )
 
-    # ------------------------------------------------------------------ instructions
-
     def add_instruction(self, task_name: str, instruction: str) -> None:
         """Register (or replace) the instruction of one task."""
         self.instructions[task_name] = instruction
@@ -247,8 +242,6 @@ class LLM2VecMTEBEncoder(AbsEncoder):
             "LLM2VecMTEBEncoder, or to mteb.get_model), call add_instruction, give a local task "
             "instruction=..., or set allow_missing_instructions=True to encode it without one"
         )
-
-    # ------------------------------------------------------------------ encoding
 
     def encode(
         self,
@@ -289,8 +282,6 @@ class LLM2VecMTEBEncoder(AbsEncoder):
             self.replicas, items, batch_size=batch_size, chunk_size=self.chunk_size, show_progress_bar=show_progress_bar
         )
 
-    # ------------------------------------------------------------------ results
-
     def results_folder(self, output_dir: str | os.PathLike) -> Path:
         """Where :func:`evaluate` with ``output_dir`` writes this model's ``<Task>.json`` files."""
         meta = self.mteb_model_meta
@@ -315,8 +306,7 @@ def load_encoder(
 
 
 def prompt_instructions(folder: str | None) -> dict[str, str]:
-    """``task -> instruction`` of the prompts in ``folder``'s ``llm2vec_config.json`` but ``document``, ``query``
-    and the ``<task>-document`` ones."""
+    """``task -> instruction`` of the task prompts (not ``document``, ``query``, ``<task>-document``) of a folder."""
     prompts = read_llm2vec_config(folder).get("prompts") or {}
     return {k: v for k, v in prompts.items() if k not in ("document", "query") and not k.endswith("-document")}
 

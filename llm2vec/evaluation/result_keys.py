@@ -75,9 +75,7 @@ def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     if old_task.get("source") != new_task.get("source") or old_task.get("name") != new_task.get("name"):
         found.append(f"the task was {_describe(old_task)}, now {_describe(new_task)}")
     elif old_task.get("files") != new_task.get("files"):
-        files = sorted(set(old_task.get("files") or {}) | set(new_task.get("files") or {}))
-        changed = [f for f in files if (old_task.get("files") or {}).get(f) != (new_task.get("files") or {}).get(f)]
-        found.append(f"the local folder's {', '.join(changed)} changed")
+        found.append(f"the local folder's {', '.join(_changed(old_task.get('files'), new_task.get('files')))} changed")
     elif old_task != new_task:
         found.append(f"the task's dataset was {old_task.get('dataset')}, now {new_task.get('dataset')}")
     if old.get("instruction") != new.get("instruction"):
@@ -88,10 +86,15 @@ def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
         if a != b:
             found.append(f"{what}'s files changed" + _changed_files(a, b))
     old_settings, new_settings = old.get("settings") or {}, new.get("settings") or {}
-    for name in sorted(set(old_settings) | set(new_settings)):
-        if old_settings.get(name) != new_settings.get(name):
-            found.append(f"{name} was {old_settings.get(name)!r}, now {new_settings.get(name)!r}")
+    for name in _changed(old_settings, new_settings):
+        found.append(f"{name} was {old_settings.get(name)!r}, now {new_settings.get(name)!r}")
     return found or ["a part of the key that this version does not name"]
+
+
+def _changed(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> list[str]:
+    """The keys whose values differ between ``a`` and ``b`` (None: empty), sorted."""
+    a, b = a or {}, b or {}
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 
 
 def _describe(task: Mapping[str, Any]) -> str:
@@ -105,8 +108,7 @@ def _short(text: Any, n: int = 60) -> str:
 
 
 def _changed_files(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> str:
-    files_a, files_b = (a or {}).get("files") or {}, (b or {}).get("files") or {}
-    changed = sorted(f for f in set(files_a) | set(files_b) if files_a.get(f) != files_b.get(f))
+    changed = _changed((a or {}).get("files"), (b or {}).get("files"))
     if changed:
         return f" ({', '.join(changed[:5])}{', ...' if len(changed) > 5 else ''})"
     return f" ({'none' if a is None else a.get('hub_id', 'a folder')} -> {'none' if b is None else b.get('hub_id', 'a folder')})"

@@ -33,8 +33,7 @@ def reconstruction_states(
     input_dropout: float = 0.0,
     prefix_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The padded reconstruction pass (:func:`pass_inputs`): (B, M, H) final-layer states, row t predicting
-    ``target_ids[:, t]``. Arguments as in :func:`reconstruction_nll`."""
+    """The padded reconstruction pass: (B, M, H) final-layer states, row t predicting ``target_ids[:, t]``."""
     embed = decoder.get_input_embeddings()
     inputs_embeds, attention_mask, k = pass_inputs(embed, anchor, target_ids, target_mask, input_dropout, prefix_ids)
     batch, width = attention_mask.shape
@@ -125,8 +124,7 @@ def anchor_block(embed: nn.Module, anchor: torch.Tensor, prefix_ids: torch.Tenso
 
 
 def drop_target_inputs(target_embeds: torch.Tensor, p: float) -> torch.Tensor:
-    """Word dropout on the teacher-forced inputs (an option, not the paper's): each Embed(y_t) zeroed with
-    probability ``p``; the targets stay the same."""
+    """Word dropout on the teacher-forced inputs (an option): each Embed(y_t) zeroed with probability ``p``."""
     if p <= 0.0:
         return target_embeds
     keep = torch.rand(target_embeds.shape[:-1], device=target_embeds.device) >= p

@@ -117,8 +117,9 @@ class ModelCardInputs:
         )
 
 
-def read_stage(folder: str | os.PathLike, notes: list[str] | None = None) -> StageRecord | None:
-    """The run saved in ``folder`` (``run_config.json`` and ``trainer_state.json``), or None if there is none."""
+def read_stage(folder: str | os.PathLike, notes: list[str]) -> StageRecord | None:
+    """The run saved in ``folder`` (``run_config.json`` and ``trainer_state.json``), or None if there is none; what
+    cannot be read is added to ``notes``."""
     folder = Path(folder)
     config_path = folder / RUN_CONFIG_NAME
     if not config_path.is_file():
@@ -126,8 +127,7 @@ def read_stage(folder: str | os.PathLike, notes: list[str] | None = None) -> Sta
     try:
         run_config = json.loads(config_path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
-        if notes is not None:
-            notes.append(f"{config_path} could not be read ({e}); that stage is left out.")
+        notes.append(f"{config_path} could not be read ({e}); that stage is left out.")
         return None
     log_history, step = [], None
     state_path = folder / TRAINER_STATE_NAME
@@ -136,8 +136,7 @@ def read_stage(folder: str | os.PathLike, notes: list[str] | None = None) -> Sta
             state = json.loads(state_path.read_text(encoding="utf-8"))
             log_history, step = list(state.get("log_history", [])), state.get("global_step")
         except (OSError, json.JSONDecodeError, AttributeError) as e:
-            if notes is not None:
-                notes.append(f"{state_path} could not be read ({e}); no loss curve for that stage.")
+            notes.append(f"{state_path} could not be read ({e}); no loss curve for that stage.")
     return StageRecord(run_config, log_history, str(folder), step)
 
 
