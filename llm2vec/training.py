@@ -7,12 +7,14 @@ import logging
 import os
 import sys
 import tempfile
+import time
 import traceback
 from pathlib import Path
 
 import torch
 import transformers
 from safetensors import SafetensorError
+from transformers import TrainerCallback
 
 from .arguments import ConfigError, DataArguments, RunConfig, flag_groups, help_text, parse_config
 from .dataset import DataError, TrainDataset, load_e5, load_hf, load_jsonl
@@ -20,9 +22,9 @@ from .distributed import release_process_group_at_exit
 from .fingerprints import model_folder
 from .llm2vec import PackingRefused
 from .metrics_file import MetricsFile
-from .model_files import ModelFilesError, _adapter_problem, check_model_files
+from .model_files import ModelFilesError, adapter_problem, check_model_files
 from .run import RunLocked, RunManager, newest_checkpoint
-from .schedule import StopAfterNSteps, StopAtTimeBudget, plan_schedule
+from .schedule import SchedulePlan, plan_schedule
 
 logger = logging.getLogger("llm2vec")
 
@@ -79,7 +81,7 @@ def check_model_inputs(config: RunConfig, resume_from: str | None = None) -> Non
             raise ConfigError(f"{config.source}: {e}") from None
     elif (Path(resume_from) / "adapter_model.safetensors").is_file():
         base = model_folder(config.model.model_name_or_path)
-        if base is not None and (problem := _adapter_problem(Path(resume_from), base, trust)):
+        if base is not None and (problem := adapter_problem(Path(resume_from), base, trust)):
             raise ConfigError(f"resume_from_checkpoint {resume_from}: {problem}")
 
 
@@ -91,6 +93,42 @@ def run_callbacks(config: RunConfig) -> list:
     if config.stage.metrics_file is not None:
         callbacks.append(MetricsFile(config.stage.metrics_file))
     return callbacks
+
+
+class StopAfterNSteps(TrainerCallback):
+    """Stops training at the plan's stop step when it comes before the end of the schedule, saving a checkpoint there
+    when checkpoints are saved by steps (as the Trainer does at the end of its schedule)."""
+
+    def __init__(self, plan: SchedulePlan):
+        self.plan = plan
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.plan.stop_step < self.plan.horizon_steps and state.global_step >= self.plan.stop_step:
+            control.should_training_stop = True
+            control.should_save = control.should_save or args.save_strategy == "steps"
+        return control
+
+
+class StopAtTimeBudget(TrainerCallback):
+    """Stops training at the first optimizer step that ends ``minutes`` after ``start`` (``time.monotonic()``; default:
+    now), with an evaluation and a checkpoint there when the run has them; the stop is logged
+    (``{"step", "stopped_by": "stop_after_minutes", "minutes"}``)."""
+
+    def __init__(self, minutes: float, start: float | None = None):
+        self.seconds, self.start = 60.0 * minutes, time.monotonic() if start is None else start
+        self.stopped_at: int | None = None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        used = time.monotonic() - self.start
+        if self.stopped_at is not None or used < self.seconds or state.global_step >= state.max_steps:
+            return control
+        self.stopped_at, minutes = state.global_step, round(used / 60.0, 3)
+        control.should_training_stop = True
+        control.should_evaluate = str(args.eval_strategy) not in ("no", "IntervalStrategy.NO")
+        control.should_save = control.should_save or args.save_strategy == "steps"
+        state.log_history.append({"step": state.global_step, "stopped_by": "stop_after_minutes", "minutes": minutes})
+        logger.info(f"stopping at step {state.global_step} of {state.max_steps}: {minutes:.2f} minutes used")
+        return control
 
 
 def _train(config: RunConfig, made: list):
@@ -107,32 +145,33 @@ def _train(config: RunConfig, made: list):
         if run.finished:
             return None
         check_model_inputs(config, run.resume_from)
-        family = tokenizer, template = check_model_family(config)  # before the data and the weights load
+        tokenizer, template, hidden_size = check_model_family(config)  # before the data and the weights load
         if config.stage.num_threads:
             torch.set_num_threads(config.stage.num_threads)
         logger.info("Stage %s: %d CPU thread(s), seed %d", stage, torch.get_num_threads(), args.seed)
         transformers.set_seed(args.seed)
         dataset, validation = load_data(config, tokenizer, template)
         # the retrieval folders read and checked before the weights load
-        retrieval = retrieval_evaluation(config.data, config.model)
+        retrieval = retrieval_evaluation(config.data, hidden_size)
         schedule = plan_schedule(args, dataset.num_global_batches, config.stage.stop_after_n_steps, config.source)
         # refuses a resume whose schedule, inputs or retrieval folders changed
         run_config = run.record(schedule, _data_files(dataset), retrieval)
         run_config["inputs"]["query_instructions"] = trained_instructions(config, dataset)  # what the export writes
         logger.info("Stage %s %s", stage, schedule.describe())
+        callbacks = [StopAfterNSteps(schedule), *callbacks]  # the trainer stops where the plan says
         if with_st:
             from .st_training import build_trainer
 
-            trainer = build_trainer(config, dataset, run_config, [StopAfterNSteps(schedule), *callbacks], *family)
+            trainer = build_trainer(config, dataset, run_config, callbacks, tokenizer, template)
         else:
-            trainer = _project_trainer(config, dataset, validation, retrieval, run_config, schedule, callbacks)
+            trainer = _project_trainer(config, dataset, validation, retrieval, run_config, callbacks)
         made.append(trainer)
         run.train(trainer)  # where training ends, disk space, overwrite; train; the final model, its marker last
         logger.info("Stage %s: the model is saved in %s", stage, os.path.abspath(args.output_dir))
         return trainer
 
 
-def _project_trainer(config: RunConfig, dataset, validation, retrieval, run_config, schedule, callbacks):
+def _project_trainer(config: RunConfig, dataset, validation, retrieval, run_config, callbacks):
     """This project's trainer (``trainer: llm2vec``, the paper's path) of a run."""
     from .collator import TrainCollator
     from .trainer import LLM2VecTrainer
@@ -147,7 +186,7 @@ def _project_trainer(config: RunConfig, dataset, validation, retrieval, run_conf
         data_collator=TrainCollator.for_encoder(model, **collator_options(config)),
         run_config=run_config,
         retrieval_evaluation=retrieval,
-        callbacks=[StopAfterNSteps(schedule), *callbacks],
+        callbacks=callbacks,
     )
 
 
@@ -176,7 +215,7 @@ def model_class(stage: str):
 def check_model_family(config: RunConfig):
     """The model's config and tokenizer can be read and its family has a prompt template (the config's
     ``template``, else the one saved in the adapter's or the model's ``llm2vec_config.json``, else detected), before
-    any data or weights load; raises :class:`ConfigError`. Returns the tokenizer and the template."""
+    any data or weights load; raises :class:`ConfigError`. Returns the tokenizer, the template and the hidden size."""
     from transformers import AutoConfig, AutoTokenizer
 
     from .llm2vec import read_llm2vec_config
@@ -201,7 +240,7 @@ def check_model_family(config: RunConfig):
         spec = resolve_template(model_config, tokenizer, template)
     except ValueError as e:
         raise ConfigError(f"{where}model {path}: {e}") from None
-    return tokenizer, spec
+    return tokenizer, spec, getattr(model_config, "hidden_size", None)
 
 
 def build_model(config: RunConfig):
@@ -212,9 +251,7 @@ def build_model(config: RunConfig):
     adapter = getattr(config.stage, "peft_model_name_or_path", None)
     try:
         return model_class(stage).build(model_args, config.stage, config.dtype)
-    except PackingRefused as e:
-        raise ConfigError(f"{config.source or 'the config'}: {e}") from None
-    except ConfigError as e:
+    except (PackingRefused, ConfigError) as e:
         raise ConfigError(f"{config.source or 'the config'}: {e}") from None
     except torch.OutOfMemoryError:
         raise
@@ -242,11 +279,7 @@ def load_data(config: RunConfig, tokenizer, template) -> tuple[TrainDataset, lis
     args, stage = config.training, config.stage.stage
     dataset = load_training_data(config.data, config.global_batch_size, args.seed, config.stage.require_negative)
     logger.info(
-        "Stage %s data (%d examples, global batch %d):\n%s",
-        stage,
-        len(dataset),
-        config.global_batch_size,
-        dataset.summary(),
+        f"Stage {stage} data ({len(dataset)} examples, global batch {config.global_batch_size}):\n{dataset.summary()}"
     )
     validation = validation_pairs(config.data, dataset)
     if validation:
@@ -261,10 +294,10 @@ def load_data(config: RunConfig, tokenizer, template) -> tuple[TrainDataset, lis
     return dataset, validation
 
 
-def retrieval_evaluation(data: DataArguments, model=None):
+def retrieval_evaluation(data: DataArguments, hidden_size: int | None = None):
     """The retrieval folders of ``data`` (``retrieval_eval_dirs``) read and checked (:mod:`llm2vec.retrieval`), or
     ``None`` without any; a bad folder is a :class:`DataError` naming the file and line. What each evaluation costs
-    is logged, a line per folder (with ``model``'s arguments, the memory of the document embeddings)."""
+    is logged, a line per folder (with ``hidden_size``, the memory of the document embeddings)."""
     folders = data.retrieval_folders()
     if not folders:
         return None
@@ -274,14 +307,6 @@ def retrieval_evaluation(data: DataArguments, model=None):
         evaluation = RetrievalEvaluation.read(folders)
     except (OSError, ValueError) as e:
         raise DataError(f"retrieval_eval_dirs: {e}") from None
-    hidden_size = None
-    if model is not None:  # its config was read already (check_model_family)
-        from transformers import AutoConfig
-
-        remote = bool(getattr(model, "trust_remote_code", False))
-        hidden_size = getattr(
-            AutoConfig.from_pretrained(model.model_name_or_path, trust_remote_code=remote), "hidden_size", None
-        )
     for line in evaluation.describe(hidden_size):
         logger.info("retrieval evaluation at every eval_steps: %s", line)
     return evaluation
@@ -296,59 +321,38 @@ def load_training_data(data: DataArguments, global_batch_size: int, seed: int, r
             "hf": "your dataset(s): save_to_disk folders, data files or cached dataset ids",
         }[data.dataset_name]
         raise DataError(f"dataset_file_path is not set: give {what} in the config or as --dataset_file_path")
+    common = {"global_batch_size": global_batch_size, "seed": seed, "require_negative": require_negative}
+    common["validation_size"] = data.validation_size
     if data.dataset_name == "E5":
         return load_e5(
-            data.dataset_file_path,
-            global_batch_size=global_batch_size,
-            seed=seed,
-            sources=data.e5_sources,
-            max_per_source=data.max_examples_per_source,
-            require_negative=require_negative,
-            validation_size=data.validation_size,
+            data.dataset_file_path, sources=data.e5_sources, max_per_source=data.max_examples_per_source, **common
         )
     if data.dataset_name == "hf":
         return load_hf(
             data.dataset_file_path,
-            global_batch_size=global_batch_size,
-            seed=seed,
             column_map=data.column_map,
             split=data.dataset_split,
             default_instruction=data.default_instruction,
-            require_negative=require_negative,
-            validation_size=data.validation_size,
             max_per_source=data.max_examples_per_source,
+            **common,
         )
     paths = [p for p in data.dataset_file_path.split(",") if p]
-    return load_jsonl(
-        paths,
-        global_batch_size=global_batch_size,
-        seed=seed,
-        default_instruction=data.default_instruction,
-        require_negative=require_negative,
-        validation_size=data.validation_size,
-    )
+    return load_jsonl(paths, default_instruction=data.default_instruction, **common)
 
 
 def trained_instructions(config: RunConfig, dataset: TrainDataset) -> list[str]:
     """The distinct instructions the run's queries train with (``""``: none), in training order."""
-    if not config.data.query_instructions:
-        return [""]
-    return [e.query_instruction for e in dataset.instruction_examples()]
+    return [e.query_instruction for e in dataset.instruction_examples()] if config.data.query_instructions else [""]
 
 
 def validation_pairs(data: DataArguments, dataset: TrainDataset) -> list:
     """The held-out pairs evaluated during training: ``validation_file`` (read and checked like training data, in
     one fixed shuffled order whatever the run's seed, so that runs of different seeds are measured on the same
     batches) or the slice carved by ``validation_size``; empty without either."""
-    if data.validation_file:
-        return load_jsonl(
-            [data.validation_file],
-            global_batch_size=1,
-            seed=0,
-            default_instruction=data.default_instruction,
-            require_negative=False,  # Stage II's validation loss uses the hard negatives the file has
-        ).examples
-    return dataset.held_out
+    if not data.validation_file:
+        return dataset.held_out
+    file = load_jsonl([data.validation_file], global_batch_size=1, seed=0, default_instruction=data.default_instruction)
+    return file.examples  # negatives optional: Stage II's validation loss uses those the file has
 
 
 def _data_files(dataset: TrainDataset) -> list[str]:
@@ -436,10 +440,8 @@ def main(stage: str, argv: list[str] | None = None) -> int:
         if known is None or debug:
             raise
         message, code = known
-        if e.__cause__ is not None or isinstance(e, OSError):
-            trace = _save_traceback(e)
-            if trace:
-                message += f" (traceback: {trace}; --debug shows it)"
+        if (e.__cause__ is not None or isinstance(e, OSError)) and (trace := _save_traceback(e)):
+            message += f" (traceback: {trace}; --debug shows it)"
         print(f"error: {message}", file=sys.stderr)
         return code
     return 0

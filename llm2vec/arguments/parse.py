@@ -1,7 +1,5 @@
-"""Reading a run's configuration: a JSON file, command-line flags, or a JSON file followed by flags that override
-it, into a validated-per-field :class:`~llm2vec.arguments.run_config.RunConfig` of one stage; and the drivers'
-``--help``.
-"""
+"""Reading a run's configuration once: a JSON file, command-line flags, or a JSON file followed by flags that override
+it, into the :class:`~llm2vec.arguments.run_config.RunConfig` of one stage; and the drivers' ``--help``."""
 
 from __future__ import annotations
 
@@ -12,10 +10,11 @@ from typing import Any
 import torch
 from transformers import HfArgumentParser
 
-from ..config_values import Flag, ValueProblem, check_ranges, coerce_config
+from ..compat import TrainingArguments
+from ..config_values import ConfigError, Flag, check_ranges, coerce_config
 from ..io import JsonFileError, read_json_file
 from .run_config import RunConfig
-from .shared import STAGES, ConfigError
+from .shared import STAGES
 from .stages import STAGE_ARGUMENTS, argument_classes
 
 # Training defaults that differ from transformers' (set unless the config gives them).
@@ -24,8 +23,7 @@ TRAINING_DEFAULTS = {"remove_unused_columns": False, "report_to": "none", "ddp_f
 
 def flag_groups(argv: list[str]) -> list[tuple[str, tuple[str, ...]]]:
     """``--name value...`` (or ``--name=value``) groups of ``argv``, in order: the one reading of flags, shared by the
-    config (:func:`load_config`) and the drivers' own ``--debug`` (:func:`llm2vec.training.main`). The strings are
-    read as each field's type later (:func:`llm2vec.config_values.coerce_config`)."""
+    config (:func:`load_config`) and the drivers' own ``--debug`` (:func:`llm2vec.training.main`)."""
     groups: list[tuple[str, tuple[str, ...]]] = []
     for arg in argv:
         if arg.startswith("--") and len(arg) > 2:
@@ -38,60 +36,55 @@ def flag_groups(argv: list[str]) -> list[tuple[str, tuple[str, ...]]]:
     return groups
 
 
-def _parse_flags(argv: list[str]) -> dict[str, Flag]:
-    """:func:`flag_groups` as ``{name: Flag(values)}``; a name given twice is refused."""
-    out: dict[str, Flag] = {}
-    for name, values in flag_groups(argv):
-        if name in out:
-            raise ConfigError(f"command line: --{name} is given twice; give it once")
-        out[name] = Flag(values)
-    return out
-
-
 def load_config(argv: list[str]) -> tuple[dict[str, Any], str]:
-    """The merged raw config: a JSON file (if the first argument is one) overridden by flags."""
-    source = "command line"
-    config: dict[str, Any] = {}
+    """The merged raw config and where it came from: a JSON file (if the first argument is one) overridden by flags
+    (each a :class:`~llm2vec.config_values.Flag`; a name given twice is refused)."""
+    source, config = "command line", {}
     if argv and argv[0].endswith(".json"):
-        source = argv[0]
+        source, argv = argv[0], argv[1:]
         try:
             config = read_json_file(source, "config file")
         except JsonFileError as e:
             raise ConfigError(str(e)) from None
         if not isinstance(config, dict):
             raise ConfigError(f"{source}: the config must be a JSON object of field: value")
-        argv = argv[1:]
-    config.update(_parse_flags(argv))
-    return config, source
+    flags: dict[str, Flag] = {}
+    for name, values in flag_groups(argv):
+        if name in flags:
+            raise ConfigError(f"command line: --{name} is given twice; give it once")
+        flags[name] = Flag(values)
+    return {**config, **flags}, source
 
 
 def parse_config(stage: str, argv: list[str]) -> RunConfig:
-    """Parse a config for ``stage`` (``"I"`` or ``"II"``); field values checked, nothing run-time yet."""
+    """Parse a config for ``stage`` (``"I"`` or ``"II"``); each value read as its field's type and checked, nothing
+    run-time yet (:meth:`RunConfig.validate`)."""
     config, source = load_config(argv)
     if isinstance(config.get("stage"), Flag):
         config["stage"] = " ".join(config["stage"].values)
-    given_stage = config.get("stage", stage)
-    if given_stage != stage:
+    if (given := config.get("stage", stage)) != stage:
         raise ConfigError(
-            f"{source}: this config is for stage {given_stage!r} (field 'stage'); use run_stage_{given_stage}.py"
-            if given_stage in STAGES
-            else f"{source}: stage={given_stage!r}: choose one of {', '.join(STAGES)}"
+            f"{source}: this config is for stage {given!r} (field 'stage'); use run_stage_{given}.py"
+            if given in STAGES
+            else f"{source}: stage={given!r}: choose one of {', '.join(STAGES)}"
         )
     classes = argument_classes(stage)
-    known = {f.name for cls in classes for f in fields(cls)}
-    _refuse_unknown(config, known, stage, source)
+    _refuse_unknown(config, {f.name for cls in classes for f in fields(cls)}, stage, source)
     if "model_name_or_path" not in config or "output_dir" not in config:
         raise ConfigError(f"{source}: 'model_name_or_path' and 'output_dir' are required")
     bf16_from_flag = isinstance(config.get("bf16"), Flag)
-    try:
+    try:  # transformers' fields in their ranges before it reads them; this project's are checked by their classes
         config = coerce_config(config, classes)
-        check_ranges(config)
-    except ValueProblem as e:
+        check_ranges({f.name: config[f.name] for f in fields(TrainingArguments) if f.name in config})
+    except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
+    if (resume := config.get("resume_from_checkpoint")) is not None:  # None, True (the newest checkpoint) or a folder
+        resume = str(resume)
+        config["resume_from_checkpoint"] = (
+            None if resume in ("", "False", "false") else resume in ("True", "true") or resume
+        )
     _check_bf16(config, source, bf16_from_flag)
-    for key, value in TRAINING_DEFAULTS.items():
-        config.setdefault(key, value)
-    config.setdefault("dataloader_pin_memory", has_accelerator())  # torch warns on every CPU batch otherwise
+    config = {**TRAINING_DEFAULTS, "dataloader_pin_memory": torch.accelerator.is_available(), **config}
     if config.get("validation_file") or config.get("validation_size") or config.get("retrieval_eval_dirs"):
         config.setdefault("eval_strategy", "steps")  # held-out pairs and retrieval folders: every eval_steps
     if config.get("activation_checkpointing"):
@@ -123,33 +116,23 @@ def _check_bf16(config: dict[str, Any], source: str, from_flag: bool) -> None:
     )
 
 
-def has_accelerator() -> bool:
-    """Whether torch sees an accelerator (CUDA, XPU, MPS, ...), where pinned host memory speeds up the copies."""
-    return torch.accelerator.is_available()
-
-
 def _refuse_unknown(config: dict[str, Any], known: set[str], stage: str, source: str) -> None:
     """One line for the unknown fields: blamed on the command line when they came as flags (a JSON file may come
     first), else on the file; each with the closest known name (``difflib``) or the stage it belongs to."""
     other = next(s for s in STAGES if s != stage)
     of_other = {f.name for f in fields(STAGE_ARGUMENTS[other])}
-    flags = sorted(k for k, v in config.items() if k not in known and isinstance(v, Flag))
-    in_file = sorted(k for k, v in config.items() if k not in known and not isinstance(v, Flag))
-    for unknown, where, shown in ((flags, "command line", "--{}"), (in_file, source, "'{}'")):
-        if not unknown:
-            continue
-        hints = []
-        for name in unknown:
-            close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
-            if name in of_other:
-                hints.append(f"{name}: Stage {other} only")
-            elif close:
-                hints.append(f"{shown.format(name)}: did you mean {shown.format(close[0])}?")
-        hint = f" ({'; '.join(hints)})" if hints else ""
-        raise ConfigError(
-            f"{where}: unknown field(s) for Stage {stage}: {unknown}{hint}. "
-            f"`run_stage_{stage}.py --help` lists the fields."
-        )
+    for from_flags, where, shown in ((True, "command line", "--{}"), (False, source, "'{}'")):
+        unknown = sorted(k for k, v in config.items() if k not in known and isinstance(v, Flag) == from_flags)
+        hints = [f"{name}: Stage {other} only" for name in unknown if name in of_other]
+        for name in (name for name in unknown if name not in of_other):
+            for close in difflib.get_close_matches(name, known, n=1, cutoff=0.75):
+                hints.append(f"{shown.format(name)}: did you mean {shown.format(close)}?")
+        if unknown:
+            hint = f" ({'; '.join(hints)})" if hints else ""
+            raise ConfigError(
+                f"{where}: unknown field(s) for Stage {stage}: {unknown}{hint}. "
+                f"`run_stage_{stage}.py --help` lists the fields."
+            )
 
 
 def help_text(stage: str) -> str:

@@ -129,11 +129,10 @@ def input_changes(saved: dict[str, Any], inputs: dict[str, Any], geometry: dict[
     return changes
 
 
-def check_retrieval_folders(checkpoint: str | None, inputs: dict[str, Any]) -> None:
-    """Refuse a resume whose retrieval folder of a name (its log keys') holds other files than the run recorded for
-    that name (``inputs.retrieval``): its score curve would join two folders under one name. No
-    ``accept_changed_inputs`` here: the logged history cannot be split again."""
-    saved = read_json(Path(checkpoint) / RUN_CONFIG_NAME) if checkpoint else None
+def check_retrieval_folders(saved: dict[str, Any] | None, inputs: dict[str, Any]) -> None:
+    """Refuse a resume whose retrieval folder of a name (its log keys') holds other files than the checkpoint's run
+    config ``saved`` recorded for that name (``inputs.retrieval``): its score curve would join two folders under one
+    name. No ``accept_changed_inputs`` here: the logged history cannot be split again."""
     old = ((saved or {}).get("inputs") or {}).get("retrieval") or {}
     for name, now in (inputs.get("retrieval") or {}).items():
         if name in old and (changes := _file_changes("file", old[name].get("files", {}), now["files"])):
@@ -144,14 +143,30 @@ def check_retrieval_folders(checkpoint: str | None, inputs: dict[str, Any]) -> N
             )
 
 
+def check_schedule(saved: dict[str, Any] | None, schedule, checkpoint: str | None, extending: bool) -> None:
+    """A resume continues the learning-rate schedule its checkpoint's run config ``saved`` planned: the same
+    horizon, warm-up, scheduler and peak rate. ``extending`` (continuing a finished run further, which the user asked
+    for) turns a difference into a warning; where the checkpoint lies against the stop is :meth:`RunManager.train`'s."""
+    old = (saved or {}).get("lr_schedule") or {}
+    for key in schedule.KEPT_ON_RESUME if old else ():
+        if old.get(key) != (new := getattr(schedule, key)):
+            change = f"{checkpoint} was trained with {key} {old.get(key)!r} but this run plans {new!r}"
+            if not extending:
+                raise ConfigError(
+                    f"resume_from_checkpoint: {change}; resuming would change the learning-rate schedule. Resume "
+                    "with the same data, batch, num_train_epochs / max_steps and warm-up, or start a new run"
+                )
+            logger.warning("continuing a finished run with another learning-rate schedule: %s", change)
+
+
 def _short(value: Any) -> str:
     return text if len(text := json.dumps(value)) <= 60 else text[:57] + "..."
 
 
-def check_resume_inputs(checkpoint: str | None, inputs: dict, geometry: dict, config) -> list[dict[str, Any]]:
-    """The ``resumed_with_changes`` record: the checkpoint's, plus an entry for this resume when its training length
-    differs or (with ``accept_changed_inputs``, else refused) its inputs, batch or settings do."""
-    saved = read_json(Path(checkpoint) / RUN_CONFIG_NAME) if checkpoint else None
+def check_resume_inputs(saved: dict | None, checkpoint, inputs: dict, geometry: dict, config) -> list[dict[str, Any]]:
+    """The ``resumed_with_changes`` record: the ``checkpoint``'s (its run config ``saved``), plus an entry for this
+    resume when its training length differs or (with ``accept_changed_inputs``, else refused) its inputs, batch or
+    settings do."""
     if not saved:
         return []
     accept, step, new = config.stage.accept_changed_inputs, step_of(checkpoint), config.resolved()
@@ -182,8 +197,7 @@ def plan_run(config: RunConfig) -> RunManager:
     """What this run does with its ``output_dir``, deciding and writing nothing else; or :class:`ConfigError`."""
     args, stage = config.training, config.stage.stage
     folder, where = RunFolder.inspect(args.output_dir), f"output_dir {args.output_dir}"
-    resume, overwrite = args.resume_from_checkpoint, config.stage.overwrite_output_dir
-    resume = None if resume in (None, False, "false", "False", "") else resume in (True, "true", "True") or str(resume)
+    resume, overwrite = args.resume_from_checkpoint, config.stage.overwrite_output_dir  # None, True or a folder
     plan, saved, (foreign, clashing) = RunManager(config, folder), folder.saved_config(), folder.foreign_files()
     if foreign and not overwrite:
         raise ConfigError(
@@ -339,10 +353,9 @@ class RunManager:
         it was given; each retrieval folder of ``retrieval``, a :class:`llm2vec.retrieval.RetrievalEvaluation`, by its
         name with the SHA-256 of the files it read) and batch geometry; refuses a resume whose schedule or inputs
         changed."""
-        from ..schedule import check_resume
-
         config, args, self.schedule = self.config, self.config.training, schedule
-        check_resume(self.resume_from, schedule, extending=self.continue_past is not None)
+        saved = read_json(Path(self.resume_from) / RUN_CONFIG_NAME) if self.resume_from else None
+        check_schedule(saved, schedule, self.resume_from, extending=self.continue_past is not None)
         found = {
             "data": {p: fingerprint_file(p) for p in sorted({os.path.realpath(p) for p in data_files})},
             "base_model": fingerprint_model(config.model.model_name_or_path),
@@ -355,11 +368,11 @@ class RunManager:
                 for f in (retrieval.folders if retrieval else [])
             },
         }
-        check_retrieval_folders(self.resume_from, found)
+        check_retrieval_folders(saved, found)
         geometry = {"per_device_train_batch_size": args.per_device_train_batch_size, "processes": args.world_size}
         geometry |= {"gradient_accumulation_steps": args.gradient_accumulation_steps}
         geometry |= {"global_batch_size": config.global_batch_size}
-        resumed = check_resume_inputs(self.resume_from, found, geometry, config)
+        resumed = check_resume_inputs(saved, self.resume_from, found, geometry, config)
         extra = {"lr_schedule": schedule.as_dict(), "inputs": found, "batch_geometry": geometry}
         return {**config.resolved(), **extra, "resumed_with_changes": resumed}
 
