@@ -3,6 +3,7 @@ the step training stops at and the rate there."""
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import asdict, dataclass
 
@@ -10,6 +11,8 @@ import torch
 from transformers import get_scheduler
 
 from .config_values import ConfigError
+
+logger = logging.getLogger("llm2vec")
 
 
 @dataclass(frozen=True)
@@ -32,36 +35,18 @@ class SchedulePlan:
         return {**asdict(self), "fraction_of_peak_at_stop": None if rate is None or not peak else round(rate / peak, 6)}
 
     def describe(self) -> str:
-        text = (
-            f"learning-rate schedule: {self.scheduler}, warm-up {self.warmup_steps} steps, horizon {self.horizon_steps} "
-            f"steps ({self.global_batches_per_epoch} global batches an epoch), peak {self.peak_learning_rate:g}; "
-            f"training stops at step {self.stop_step}"
+        fraction, peak = self.as_dict()["fraction_of_peak_at_stop"], self.peak_learning_rate
+        return (
+            f"learning-rate schedule: {self.scheduler}, warm-up {self.warmup_steps} steps, horizon {self.horizon_steps}"
+            f" steps ({self.global_batches_per_epoch} global batches an epoch), peak {peak:g}; training stops at step "
+            f"{self.stop_step}" + (f", at {fraction:.1%} of the peak" if fraction is not None else "")
         )
-        fraction = self.as_dict()["fraction_of_peak_at_stop"]
-        return text + ("" if fraction is None else f", where the rate is {fraction:.1%} of its peak")
-
-
-def learning_rate_at(args, horizon: int, step: int) -> float | None:
-    """The rate of optimizer step ``step`` (1-based, so ``step - 1`` steps behind it) of a ``horizon``-step schedule
-    for ``args``: the rate function of the scheduler that the Trainer's ``get_scheduler`` call builds, evaluated
-    there (``None`` for a scheduler that has none, such as ``reduce_lr_on_plateau``)."""
-    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=args.learning_rate)
-    scheduler = get_scheduler(
-        args.lr_scheduler_type,
-        optimizer=optimizer,
-        num_warmup_steps=args.get_warmup_steps(horizon),
-        num_training_steps=horizon,
-        scheduler_specific_kwargs=args.lr_scheduler_kwargs,
-    )
-    if not isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
-        return None
-    return float(args.learning_rate * scheduler.lr_lambdas[0](step - 1))
 
 
 def plan_schedule(args, global_batches: int, stop_after_n_steps: int | None, source: str = "config") -> SchedulePlan:
-    """The plan for ``global_batches`` optimizer steps per epoch: the Trainer's horizon (``max_steps``, else
-    ``ceil(num_train_epochs x global_batches)``), the stop and the rate there; a stop beyond the horizon is a
-    :class:`ConfigError`."""
+    """The plan for ``global_batches`` optimizer steps an epoch: the Trainer's horizon (``max_steps``, else
+    ``ceil(num_train_epochs x global_batches)``), the stop and the rate of its update (``stop - 1`` steps done); a stop
+    beyond the horizon is a :class:`ConfigError`, a run mostly inside its warm-up a warning."""
     horizon = int(args.max_steps) if args.max_steps > 0 else math.ceil(args.num_train_epochs * global_batches)
     stop = horizon if stop_after_n_steps is None else int(stop_after_n_steps)
     if stop > horizon:
@@ -71,12 +56,31 @@ def plan_schedule(args, global_batches: int, stop_after_n_steps: int | None, sou
             f"{source}: stop_after_n_steps {stop} is beyond the end of the learning-rate schedule ({horizon} steps: "
             f"{where}); raise num_train_epochs, drop max_steps or lower stop_after_n_steps"
         )
+    warmup = args.get_warmup_steps(horizon)
+    scheduler = get_scheduler(  # the Trainer's call; its rate function evaluated at the stop, where it is one
+        args.lr_scheduler_type,
+        optimizer=torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=args.learning_rate),
+        num_warmup_steps=warmup,
+        num_training_steps=horizon,
+        scheduler_specific_kwargs=args.lr_scheduler_kwargs,
+    )
+    rate = scheduler.lr_lambdas[0] if isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR) else None
+    if (
+        rate is not None and 2 * warmup > horizon
+    ):  # step s (from 0) has rate(s) of the peak: at most at the warm-up's end
+        length = f"max_steps {args.max_steps}" if args.max_steps > 0 else f"a schedule of {horizon} steps"
+        logger.warning(
+            f"{source}: {length} with warmup_steps {args.warmup_steps}: "
+            + ("the whole run is warm-up" if warmup >= horizon else "warm-up takes most of the run")
+            + f", so the learning rate reaches at most {100 * rate(min(horizon - 1, warmup)):.0f} % of learning_rate "
+            f"{args.learning_rate:g}; lower warmup_steps (e.g. --warmup_steps {horizon // 10}) for a short run"
+        )
     return SchedulePlan(
         scheduler=str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)),
         horizon_steps=horizon,
-        warmup_steps=args.get_warmup_steps(horizon),
+        warmup_steps=warmup,
         stop_step=stop,
         global_batches_per_epoch=int(global_batches),
         peak_learning_rate=float(args.learning_rate),
-        learning_rate_at_stop=learning_rate_at(args, horizon, stop),
+        learning_rate_at_stop=None if rate is None else float(args.learning_rate * rate(stop - 1)),
     )
