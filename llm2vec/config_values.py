@@ -25,8 +25,7 @@ MAX_PARALLEL = 1024  # the most threads or data-loading processes a run may ask 
 
 @dataclass(frozen=True)
 class Range:
-    """The numbers a field takes: from ``low`` to ``high`` (``None``: unbounded; excluded when ``*_open``), and the
-    single values ``also`` (``max_steps = -1``)."""
+    """The numbers a field takes: ``low`` to ``high`` (``None``: unbounded; excluded when ``*_open``), or ``also``."""
 
     low: int | None = None
     high: int | None = None
@@ -68,8 +67,7 @@ RANGES: dict[str, Range] = {name: r for r, names in FIELDS_BY_RANGE.items() for 
 
 
 def check_ranges(values: dict[str, Any]) -> None:
-    """Each number of ``values`` (``None``: unset) in its field's range (:data:`RANGES`; else any number within
-    :data:`NUMBER_LIMIT`); raises :class:`ConfigError` naming the field, the value and the range."""
+    """Each number of ``values`` in its field's range (:data:`RANGES`), or :class:`ConfigError` naming them."""
     for name, value in values.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             RANGES.get(name, Range()).check(name, value)
@@ -186,8 +184,7 @@ def coerce_config(config: dict[str, Any], classes) -> dict[str, Any]:
 
 
 def check_finite(path: str, value: Any) -> None:
-    """No float in ``value`` (dicts and lists at any depth) is NaN or infinite; the error names its ``path``
-    (``lr_scheduler_kwargs.min_lr``, ``fsdp_config.limits[1]``)."""
+    """No float in ``value``, at any depth, is NaN or infinite; the error names its ``path`` (``kwargs.min_lr``)."""
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"{path}={value!r}: expected a finite number")
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()

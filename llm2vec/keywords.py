@@ -12,9 +12,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def strict_booleans(function: F) -> F:
-    """Each parameter of ``function`` annotated ``bool`` takes ``True`` or ``False`` only (``bool | None`` also
-    ``None``); anything else (``"false"``, ``0``, ``numpy.True_``) is one ``TypeError`` line naming the keyword,
-    before the function runs. The annotations are read at the first call (a method's may name its own class)."""
+    """Each ``bool`` parameter of ``function`` takes ``True`` or ``False`` only (``bool | None`` also ``None``): else
+    one ``TypeError`` line naming it, before the function runs (annotations read at the first call)."""
     parameters = inspect.signature(function).parameters
     by_position = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     position = {name: i for i, (name, p) in enumerate(parameters.items()) if p.kind in by_position}

@@ -1,5 +1,4 @@
-"""A run's learning-rate schedule, planned once before training (:func:`plan_schedule`): its horizon, its warm-up,
-the step training stops at and the rate there."""
+"""A run's learning-rate schedule, planned once (:func:`plan_schedule`): horizon, warm-up, stop and the rate there."""
 
 from __future__ import annotations
 
@@ -17,8 +16,7 @@ logger = logging.getLogger("llm2vec")
 
 @dataclass(frozen=True)
 class SchedulePlan:
-    """The schedule of one run. ``learning_rate_at_stop`` is the rate of the last update, step ``stop_step`` (what
-    the Trainer logs at that step); ``None`` for schedulers that are not functions of the step."""
+    """One run's schedule; ``learning_rate_at_stop``: the rate the Trainer logs at ``stop_step`` (or ``None``)."""
 
     scheduler: str
     horizon_steps: int

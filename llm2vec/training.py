@@ -34,8 +34,7 @@ class RunInterrupted(KeyboardInterrupt):
 
 
 def interrupted_message(config: RunConfig, trainer) -> str:
-    """What a run stopped by Ctrl-C tells: the step, what is kept (complete checkpoints only: a checkpoint or
-    final model being written is left as its staging folder, which the next run deletes) and how to continue."""
+    """What a run stopped by Ctrl-C tells: the step, what is kept (complete checkpoints only) and how to continue."""
     out, stage = config.training.output_dir, config.stage.stage
     step = trainer.state.global_step if trainer is not None else 0
     where = f"Stage {stage} run in {out} stopped by Ctrl-C" + (f" at step {step}" if step else " before training")
@@ -53,10 +52,7 @@ def interrupted_message(config: RunConfig, trainer) -> str:
 
 
 def train(config: RunConfig):
-    """Train one stage as ``config`` says; returns the trainer (its model is the trained model), or ``None`` when
-    ``output_dir`` holds this run finished already. What the run does with its ``output_dir`` (the lock, start,
-    resume or refuse, the saves) is :class:`llm2vec.run.RunManager`'s. Ctrl-C raises :class:`RunInterrupted`
-    (:func:`interrupted_message`) once the lock is released and any half-written save is removed."""
+    """Train one stage as ``config`` says: the trainer, or ``None`` if done; Ctrl-C is :class:`RunInterrupted`."""
     setup_logging(config.training)
     config.validate()
     check_model_inputs(config)
@@ -68,8 +64,7 @@ def train(config: RunConfig):
 
 
 def check_model_inputs(config: RunConfig, resume_from: str | None = None) -> None:
-    """Before anything reads them (a model's config could ask to run its code): the model and adapter of the config,
-    or, given ``resume_from``, an adapter checkpoint against the base. Refusals name the config and the folder."""
+    """The model and adapter (or an adapter checkpoint ``resume_from``) checked before anything reads them."""
     trust = config.model.trust_remote_code
     if resume_from is None:
         adapter, other_base = (
@@ -96,8 +91,7 @@ def run_callbacks(config: RunConfig) -> list:
 
 
 class StopAfterNSteps(TrainerCallback):
-    """Stops training at the plan's stop step when it comes before the end of the schedule, saving a checkpoint there
-    when checkpoints are saved by steps (as the Trainer does at the end of its schedule)."""
+    """Stops training at the plan's stop step before the schedule's end (a checkpoint there when saving by steps)."""
 
     def __init__(self, plan: SchedulePlan):
         self.plan = plan
@@ -110,9 +104,7 @@ class StopAfterNSteps(TrainerCallback):
 
 
 class StopAtTimeBudget(TrainerCallback):
-    """Stops training at the first optimizer step that ends ``minutes`` after ``start`` (``time.monotonic()``; default:
-    now), with an evaluation and a checkpoint there when the run has them; the stop is logged
-    (``{"step", "stopped_by": "stop_after_minutes", "minutes"}``)."""
+    """Stops training (evaluated, saved, logged: ``stopped_by``) at the first step ``minutes`` after ``start``."""
 
     def __init__(self, minutes: float, start: float | None = None):
         self.seconds, self.start = 60.0 * minutes, time.monotonic() if start is None else start
@@ -213,9 +205,7 @@ def model_class(stage: str):
 
 
 def check_model_family(config: RunConfig):
-    """The model's config and tokenizer can be read and its family has a prompt template (the config's
-    ``template``, else the one saved in the adapter's or the model's ``llm2vec_config.json``, else detected), before
-    any data or weights load; raises :class:`ConfigError`. Returns the tokenizer, the template and the hidden size."""
+    """The model's tokenizer, prompt template and hidden size, before data or weights load, or :class:`ConfigError`."""
     from transformers import AutoConfig, AutoTokenizer
 
     from .llm2vec import read_llm2vec_config
@@ -271,8 +261,7 @@ def collator_options(config: RunConfig) -> dict:
 
 
 def load_data(config: RunConfig, tokenizer, template) -> tuple[TrainDataset, list]:
-    """The training data and the held-out validation pairs (logged), after one example of each distinct query
-    instruction has gone through the training collator (:func:`llm2vec.collator.check_examples`)."""
+    """The training data and the validation pairs, logged, one example of each instruction through the collator."""
     from .collator import TrainCollator, check_examples
     from .templates import pad_token
 
@@ -295,9 +284,7 @@ def load_data(config: RunConfig, tokenizer, template) -> tuple[TrainDataset, lis
 
 
 def retrieval_evaluation(data: DataArguments, hidden_size: int | None = None):
-    """The retrieval folders of ``data`` (``retrieval_eval_dirs``) read and checked (:mod:`llm2vec.retrieval`), or
-    ``None`` without any; a bad folder is a :class:`DataError` naming the file and line. What each evaluation costs
-    is logged, a line per folder (with ``hidden_size``, the memory of the document embeddings)."""
+    """The ``retrieval_eval_dirs`` read, checked (:class:`DataError`) and their cost logged; ``None`` without any."""
     folders = data.retrieval_folders()
     if not folders:
         return None
@@ -346,9 +333,7 @@ def trained_instructions(config: RunConfig, dataset: TrainDataset) -> list[str]:
 
 
 def validation_pairs(data: DataArguments, dataset: TrainDataset) -> list:
-    """The held-out pairs evaluated during training: ``validation_file`` (read and checked like training data, in
-    one fixed shuffled order whatever the run's seed, so that runs of different seeds are measured on the same
-    batches) or the slice carved by ``validation_size``; empty without either."""
+    """The held-out pairs: ``validation_file`` (in one order whatever the seed) or ``validation_size``'s slice."""
     if not data.validation_file:
         return dataset.held_out
     file = load_jsonl([data.validation_file], global_batch_size=1, seed=0, default_instruction=data.default_instruction)
@@ -368,9 +353,7 @@ def run(stage: str, argv: list[str]):
 
 
 def _debug_flag(argv: list[str]) -> tuple[list[str], bool]:
-    """``argv`` without this driver's ``--debug`` (alone, or with true/false/1/0; any other value is transformers'
-    ``TrainingArguments.debug``), and whether it asks for full tracebacks (also ``LLM2VEC_DEBUG=1``). Flags are read
-    by :func:`llm2vec.arguments.flag_groups`; a leading JSON config or ``--help`` stays as it is."""
+    """``argv`` without the driver's ``--debug`` (alone or true/false/1/0), and whether it asks for tracebacks."""
     debug = os.environ.get("LLM2VEC_DEBUG", "").lower() in ("1", "true")
     head, rest = (argv[:1], argv[1:]) if argv and not argv[0].startswith("--") else ([], argv)
     try:
@@ -387,8 +370,7 @@ def _debug_flag(argv: list[str]) -> tuple[list[str], bool]:
 
 
 def user_error(error: BaseException) -> tuple[str, int] | None:
-    """The one-line message and exit code of an error whose cause is the user's (configuration, data, a
-    damaged or locked folder, a diverged run, a full disk); ``None`` for anything else (a bug: traceback)."""
+    """The message and exit code of an error whose cause is the user's; ``None`` for a bug (a traceback)."""
     from .trainer import TrainingDiverged
 
     if isinstance(error, (ConfigError, DataError, RunLocked)):
@@ -418,10 +400,9 @@ def _save_traceback(error: BaseException) -> str | None:
 
 
 def main(stage: str, argv: list[str] | None = None) -> int:
-    """The command line of a stage's driver: ``--help``; an error whose cause is the user's is one line on stderr
-    (exit 2: configuration, data or folder; 3: the run diverged; 1: disk or permissions), its traceback saved
-    to a temporary file named on that line when it came from a library; ``--debug`` raises it instead. Ctrl-C is
-    one ``interrupted:`` line saying how to continue, exit 130."""
+    """A stage's driver: ``--help``; a user's error is one line on stderr (exit 2: config, data or folder; 3: the run
+    diverged; 1: disk or permissions), a library's traceback saved to a file it names (``--debug`` raises instead);
+    Ctrl-C one ``interrupted:`` line, exit 130."""
     argv = sys.argv[1:] if argv is None else argv
     argv, debug = _debug_flag(argv)
     if not argv or argv[0] in ("-h", "--help"):

@@ -31,9 +31,8 @@ TRAINERS = ("llm2vec", "sentence_transformers")  # who trains Stage II: this pro
 
 
 class Arguments:
-    """An argument class (a dataclass): each field's help is the docstring under it and its choices are those of its
-    ``Literal`` type (the metadata that ``--help``, the checks and docs/configuration.md read); a list default is
-    copied for each instance. Made, each field is among its choices and within its range, or :class:`ConfigError`."""
+    """A dataclass whose fields' help is the docstring under each and choices its ``Literal`` (metadata); a list
+    default is copied. Made, each field is among its choices and in its range, or :class:`ConfigError`."""
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -83,8 +82,7 @@ class ModelArguments(Arguments):
 
     @property
     def use_packing(self) -> bool | str:
-        """The ``packing`` argument of :class:`llm2vec.LLM2Vec`: ``True``/``False``, or for auto with
-        flash_attention_2 ``"if_exact"`` (packed when the model family declares packing exact, else padded)."""
+        """:class:`llm2vec.LLM2Vec`'s ``packing``: ``True``, ``False`` or ``"if_exact"`` (auto, flash_attention_2)."""
         if self.packing == "auto":
             return "if_exact" if self.attn_implementation == "flash_attention_2" else False
         return self.packing == "true"
@@ -150,8 +148,7 @@ class DataArguments(Arguments):
         self.retrieval_folders()  # the folders' names and instructions (the files are read at start-up)
 
     def retrieval_folders(self) -> list[tuple[str, str]]:
-        """``(folder, query instruction)`` of each folder of ``retrieval_eval_dirs``; :class:`ConfigError` for two
-        folders of one name (their log keys'), one named ``beir_mean``, one without an instruction or one not listed."""
+        """``(folder, query instruction)`` of each ``retrieval_eval_dirs`` folder, or :class:`ConfigError`."""
         dirs, instructions = list(self.retrieval_eval_dirs or []), self.retrieval_eval_instructions or {}
         names, default = [os.path.basename(os.path.abspath(d)) for d in dirs], self.retrieval_eval_instruction
         if not isinstance(instructions, dict) or not all(isinstance(x, str) for kv in instructions.items() for x in kv):

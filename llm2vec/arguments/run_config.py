@@ -61,8 +61,7 @@ class RunConfig:
         )
 
     def apply_precision_policy(self) -> None:
-        """Check ``torch_dtype`` against ``master_weights``; with ``master_weights = bf16`` under FSDP switch the
-        Trainer's mixed precision off, so that FSDP keeps weights, gradients and AdamW states bf16."""
+        """``torch_dtype`` checked against ``master_weights``; pure bf16 under FSDP: no mixed precision (bf16 kept)."""
         model, args = self.model, self.training
         wanted = "bfloat16" if model.master_weights == "bf16" else "float32"
         if args.bf16 and model.torch_dtype not in ("auto", wanted):
@@ -166,8 +165,7 @@ class RunConfig:
 
 
 def flag_groups(argv: list[str]) -> list[tuple[str, tuple[str, ...]]]:
-    """``--name value...`` (or ``--name=value``) groups of ``argv``, in order: the one reading of flags, shared by the
-    config (:func:`load_config`) and the drivers' own ``--debug`` (:func:`llm2vec.training.main`)."""
+    """``--name value...`` (or ``--name=value``) groups of ``argv``: the flags, for the config and ``--debug``."""
     groups: list[tuple[str, tuple[str, ...]]] = []
     for arg in argv:
         if arg.startswith("--") and len(arg) > 2:
@@ -236,8 +234,7 @@ def parse_config(stage: str, argv: list[str]) -> RunConfig:
 
 
 def _check_bf16(config: dict[str, Any], source: str, from_flag: bool) -> None:
-    """``bf16: true`` where transformers' ``TrainingArguments`` refuses it (no ``use_cpu``, no GPU or XLA device with
-    bf16): one line naming the setting to change where it was given, in place of transformers' message."""
+    """``bf16: true`` on a machine without bf16: one line naming the setting to change, where it was given."""
     from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_available
 
     if config.get("bf16") is not True or config.get("use_cpu") is True or is_torch_bf16_gpu_available():
@@ -257,8 +254,7 @@ def _check_bf16(config: dict[str, Any], source: str, from_flag: bool) -> None:
 
 
 def _refuse_unknown(config: dict[str, Any], known: set[str], stage: str, source: str) -> None:
-    """One line for the unknown fields: blamed on the command line when they came as flags (a JSON file may come
-    first), else on the file; each with the closest known name (``difflib``) or the stage it belongs to."""
+    """Unknown fields, blamed on the flags or the file, with the closest known name or the stage they belong to."""
     other = next(s for s in STAGES if s != stage)
     of_other = {f.name for f in fields(STAGE_ARGUMENTS[other])}
     for from_flags, where, shown in ((True, "command line", "--{}"), (False, source, "'{}'")):
