@@ -8,6 +8,7 @@ import ast
 import inspect
 import logging
 import os
+import textwrap
 import typing
 from dataclasses import MISSING, Field, dataclass, field
 from typing import Any, Literal
@@ -36,17 +37,24 @@ class Arguments:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        hints, body = typing.get_type_hints(cls), ast.parse(inspect.getsource(cls)).body[0].body
-        for line, doc in zip(body, body[1:]):
-            if isinstance(line, ast.AnnAssign) and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant):
-                name, hint = line.target.id, hints[line.target.id]
-                choices = typing.get_args(hint) if typing.get_origin(hint) is Literal else ()
-                metadata = {"help": " ".join(doc.value.value.split()), **({"choices": choices} if choices else {})}
-                default = getattr(cls, name, MISSING)
-                if isinstance(default, list):
-                    setattr(cls, name, field(default_factory=lambda d=default: list(d), metadata=metadata))
-                elif not isinstance(default, Field):
-                    setattr(cls, name, field(default=default, metadata=metadata))
+        try:
+            body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+        except (OSError, TypeError):  # no source to read (a class typed into a console): fields without help
+            body = []
+        docs = {
+            a.target.id: d.value.value
+            for a, d in zip(body, body[1:])
+            if isinstance(a, ast.AnnAssign) and isinstance(d, ast.Expr) and isinstance(d.value, ast.Constant)
+        }
+        hints = typing.get_type_hints(cls)
+        for name in cls.__dict__.get("__annotations__", {}):
+            choices = typing.get_args(hints[name]) if typing.get_origin(hints[name]) is Literal else ()
+            metadata = {"help": " ".join(str(docs.get(name, "")).split()), **({"choices": choices} if choices else {})}
+            default = getattr(cls, name, MISSING)
+            if isinstance(default, list):
+                setattr(cls, name, field(default_factory=lambda d=default: list(d), metadata=metadata))
+            elif not isinstance(default, Field):
+                setattr(cls, name, field(default=default, metadata=metadata))
 
     def __post_init__(self):
         check_fields(self)
