@@ -1,319 +1,192 @@
-"""Strict values for config fields: each raw value is read as its field's declared type, then range-checked."""
+"""Strict config values: each raw value read as its field's declared type (:func:`coerce_config`), every number
+within its field's range (:data:`RANGES`) and every choice among its field's ``choices`` (:func:`check_fields`)."""
 
 from __future__ import annotations
 
-import functools
-import inspect
 import json
 import math
 import types
 import typing
-from collections.abc import Callable
+from collections import namedtuple
 from dataclasses import dataclass, fields
-from typing import Any, TypeVar
+from typing import Any, Literal
+
+from .keywords import strict_booleans as strict_booleans  # the Python API's, imported from here by its modules
 
 
 class ConfigError(ValueError):
     """A bad configuration: the message names the file or flag, the field, and what to do."""
 
 
-class ValueProblem(ValueError):
-    """A value that cannot be read as its field's type or lies outside its range (one line, no source)."""
-
-
-@dataclass(frozen=True)
-class Flag:
-    """The raw strings given after ``--name`` on the command line (none, one or several)."""
-
-    values: tuple[str, ...]
+Flag = namedtuple("Flag", "values")  # the raw strings given after --name on the command line (none, one or several)
+NUMBER_LIMIT = 2**31 - 1  # the largest count any field takes; its negative is the smallest number
+MAX_PARALLEL = 1024  # the most threads or data-loading processes a run may ask for
 
 
 @dataclass(frozen=True)
 class Range:
-    """Allowed values of a numeric field: ``low`` / ``high`` bounds (inclusive unless ``*_open``) and ``also``,
-    single values allowed outside them (e.g. ``max_steps = -1``)."""
+    """The numbers a field takes: ``low`` to ``high`` (``None``: unbounded; excluded when ``*_open``), or ``also``."""
 
-    low: float | None = None
-    high: float | None = None
+    low: int | None = None
+    high: int | None = None
     low_open: bool = False
     high_open: bool = False
-    also: tuple[float, ...] = ()
+    also: tuple[int, ...] = ()
 
-    def __contains__(self, value: float) -> bool:
-        if value in self.also:
-            return True
-        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
-            return False
-        return not (self.high is not None and (value >= self.high if self.high_open else value > self.high))
-
-    def describe(self) -> str:
-        parts = []
-        if self.low is not None:
-            parts.append(f"{'>' if self.low_open else '>='} {_number(self.low)}")
-        if self.high is not None:
-            parts.append(f"{'<' if self.high_open else '<='} {_number(self.high)}")
-        text = " and ".join(parts) or "any number"
-        return text + "".join(f", or {_number(v)}" for v in self.also)
-
-    def capped(self, value: float) -> Range:
-        """This range with the side that ``value`` lies beyond bounded by :data:`NUMBER_LIMIT` where it is open."""
-        if value > 0 and self.high is None:
-            return Range(self.low, NUMBER_LIMIT, self.low_open, False, self.also)
-        if value < 0 and self.low is None:
-            return Range(-NUMBER_LIMIT, self.high, False, self.high_open, self.also)
-        return self
+    def check(self, name: str, value: float) -> None:
+        """``value`` in this range, and within :data:`NUMBER_LIMIT` of zero on a side it leaves unbounded."""
+        capped = (-NUMBER_LIMIT if self.low is None else self.low, NUMBER_LIMIT if self.high is None else self.high)
+        for low, high in ((self.low, self.high), capped):
+            below = low is not None and (value <= low if self.low_open else value < low)
+            above = high is not None and (value >= high if self.high_open else value > high)
+            if (below or above) and value not in self.also:
+                bounds = [f"{'>' if self.low_open else '>='} {low}"] if low is not None else []
+                bounds += [f"{'<' if self.high_open else '<='} {high}"] if high is not None else []
+                also = "".join(f", or {v}" for v in self.also)
+                raise ConfigError(f"{name}={value!r}: must be {' and '.join(bounds)}{also}")
 
 
-def _number(value: float) -> str:
-    return str(value) if isinstance(value, int) else f"{value:g}"
-
-
-NUMBER_LIMIT = 2**31 - 1
-"""The largest count any field takes (the largest 32-bit integer), and its negative the smallest number."""
-
-MAX_PARALLEL = 1024
-"""The most threads (``num_threads``) or data-loading processes (``dataloader_num_workers``) a run may ask for."""
-
-# The numeric fields of transformers' TrainingArguments, with the values that can make a run.
-TRAINING_RANGES: dict[str, Range] = {
-    "per_device_train_batch_size": Range(1),
-    "per_device_eval_batch_size": Range(1),
-    "gradient_accumulation_steps": Range(1),
-    "num_train_epochs": Range(0, low_open=True),
-    "max_steps": Range(1, also=(-1,)),
-    "learning_rate": Range(0, low_open=True),
-    "warmup_steps": Range(0),
-    "weight_decay": Range(0),
-    "adam_beta1": Range(0, 1, high_open=True),
-    "adam_beta2": Range(0, 1, high_open=True),
-    "adam_epsilon": Range(0, low_open=True),
-    "max_grad_norm": Range(0),
-    "label_smoothing_factor": Range(0, 1, high_open=True),
-    "neftune_noise_alpha": Range(0, low_open=True),
-    "torch_empty_cache_steps": Range(1),
-    "logging_steps": Range(0, low_open=True),
-    "eval_steps": Range(0, low_open=True),
-    "eval_delay": Range(0),
-    "eval_accumulation_steps": Range(1),
-    "save_steps": Range(0, low_open=True),
-    "save_total_limit": Range(0),
-    "seed": Range(0, 2**32 - 1),
-    "data_seed": Range(0, 2**32 - 1),
-    "dataloader_num_workers": Range(0, MAX_PARALLEL),
-    "dataloader_prefetch_factor": Range(1),
-    "ddp_bucket_cap_mb": Range(1),
-    "ddp_timeout": Range(1),
+FIELDS_BY_RANGE = {  # every numeric field with a range: transformers' TrainingArguments' and this project's
+    Range(1): "per_device_train_batch_size per_device_eval_batch_size gradient_accumulation_steps total_batch_size "
+    "eval_accumulation_steps torch_empty_cache_steps dataloader_prefetch_factor ddp_bucket_cap_mb ddp_timeout lora_r "
+    "stop_after_n_steps max_examples_per_source",
+    Range(0, low_open=True): "num_train_epochs learning_rate adam_epsilon neftune_noise_alpha logging_steps eval_steps "
+    "save_steps stop_after_minutes loss_scale lora_alpha",
+    Range(0): "warmup_steps weight_decay max_grad_norm eval_delay save_total_limit token_budget logit_chunk_rows "
+    "embedding_token_budget validation_size",
+    Range(0, 1, high_open=True): "adam_beta1 adam_beta2 label_smoothing_factor lora_dropout "
+    "reconstruction_input_dropout",
+    Range(0, 1): "alpha",
+    Range(1, also=(-1,)): "max_steps",
+    Range(0, 2**32 - 1): "seed data_seed",
+    Range(0, MAX_PARALLEL): "dataloader_num_workers",
+    Range(1, MAX_PARALLEL): "num_threads",
+    Range(8): "max_seq_length",
 }
+RANGES: dict[str, Range] = {name: r for r, names in FIELDS_BY_RANGE.items() for name in names.split()}
 
-_TRUE, _FALSE = ("true", "1"), ("false", "0")
+
+def check_ranges(values: dict[str, Any]) -> None:
+    """Each number of ``values`` in its field's range (:data:`RANGES`), or :class:`ConfigError` naming them."""
+    for name, value in values.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            RANGES.get(name, Range()).check(name, value)
+
+
+def check_fields(arguments) -> None:
+    """The dataclass ``arguments``: each field among its ``choices`` (metadata) and within its range."""
+    values = {f.name: getattr(arguments, f.name) for f in fields(arguments)}
+    for f in fields(arguments):
+        if (choices := f.metadata.get("choices")) and values[f.name] not in choices:
+            raise ConfigError(f"{f.name}={values[f.name]!r}: choose one of {', '.join(map(str, choices))}")
+    check_ranges(values)
 
 
 def _shape(hint) -> tuple[str, bool]:
-    """``(kind, optional)`` of a type hint: kind is bool, int, float, str, list_str or other."""
+    """``(kind, optional)`` of a type hint: kind is bool, int, float, str (choices too), list_str or other."""
     args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
-    optional = type(None) in args
     rest = [a for a in args if a is not type(None)]
-    if len(rest) == 1:
-        only = rest[0]
-        for kind in (bool, int, float, str):
-            if only is kind:
-                return kind.__name__, optional
-        if typing.get_origin(only) is list and typing.get_args(only) == (str,):
-            return "list_str", optional
-    if len(rest) == 2 and str in rest and any(isinstance(a, type) and issubclass(a, str) for a in rest if a is not str):
-        return "str", optional  # an Enum of strings, or a string (lr_scheduler_type, save_strategy, ...)
-    return "other", optional
+    if len(rest) == 1 and rest[0] in (bool, int, float, str):
+        return rest[0].__name__, type(None) in args
+    if len(rest) == 1 and typing.get_origin(rest[0]) is list and typing.get_args(rest[0]) == (str,):
+        return "list_str", type(None) in args
+    classes = all(isinstance(a, type) and typing.get_origin(a) is None for a in rest)
+    strings = typing.get_origin(rest[0]) is Literal or (classes and all(issubclass(a, str) for a in rest))
+    return "str" if len(rest) <= 2 and strings else "other", type(None) in args
 
 
 def _as_bool(name: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
+    if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
         return bool(value)
-    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
-        return value.strip().lower() in _TRUE
-    raise ValueProblem(f"{name}={value!r}: a true/false field takes true or false (or 1 / 0)")
+    if isinstance(value, str) and value.strip().lower() in ("true", "1", "false", "0"):
+        return value.strip().lower() in ("true", "1")
+    raise ConfigError(f"{name}={value!r}: a true/false field takes true or false (or 1 / 0)")
 
 
-def _parsed(name: str, value: Any, expected: str) -> Any:
-    """A string read as an int, else as a float (:class:`ValueProblem` saying what was ``expected``); else ``value``."""
-    if not isinstance(value, str):
-        return value
-    for parse in (int, float):
+def _as_number(name: str, value: Any, whole: bool) -> int | float:
+    """A finite number (a whole number stays an int, as JSON reads it); ``whole``: an int."""
+    what = "a whole number" if whole else "a number"
+    for parse in (int, float) if isinstance(value, str) else ():
         try:
-            return parse(value.strip())
+            value = parse(value)
+            break
         except ValueError:
             pass
-    raise ValueProblem(f"{name}={value!r}: expected {expected}")
+    if isinstance(value, (str, bool)) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{name}={value!r}: expected {what}" + ", not true/false" * isinstance(value, bool))
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{name}={value!r}: expected a finite number")
+    if whole and isinstance(value, float) and not value.is_integer():
+        raise ConfigError(f"{name}={value!r}: expected a whole number")
+    return int(value) if whole else value
 
 
-def _as_int(name: str, value: Any) -> int:
-    value = _parsed(name, value, "a whole number")
-    if isinstance(value, bool):
-        raise ValueProblem(f"{name}={value!r}: expected a whole number, not true/false")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        return int(value)
-    raise ValueProblem(f"{name}={value!r}: expected a whole number")
-
-
-def _as_float(name: str, value: Any) -> float | int:
-    """A finite number; a whole number stays an int, as JSON reads it (``logging_steps 1``, not ``1.0``)."""
-    value = _parsed(name, value, "a number")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueProblem(f"{name}={value!r}: expected a number")
-    if not math.isfinite(value):
-        raise ValueProblem(f"{name}={value!r}: expected a finite number")
-    return value
-
-
-def _as_list_str(name: str, value: Any, from_flag: bool) -> list[str]:
-    if from_flag and isinstance(value, str) and value.lstrip().startswith("["):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ValueProblem(f"{name}={value!r}: not a JSON list ({e.msg})") from None
-    if from_flag and isinstance(value, str):
-        return [value]
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return value
-    raise ValueProblem(f"{name}={value!r}: expected a list of strings")
+def _from_json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
 
 
 def coerce_value(name: str, value: Any, hint, choices=()) -> Any:
-    """``value`` (a JSON value, or a :class:`Flag`) read as type ``hint``; raises :class:`ValueProblem`."""
+    """``value`` (a JSON value, or a :class:`Flag`) read as type ``hint``; raises :class:`ConfigError`."""
     kind, optional = _shape(hint)
-    from_flag = isinstance(value, Flag)
-    if from_flag:
+    if isinstance(value, Flag):
         given = value.values
+        if not given and kind == "bool":
+            return True
         if not given:
-            if kind == "bool":
-                return True
-            raise ValueProblem(f"--{name} is given without a value; give one (e.g. --{name} VALUE)")
+            raise ConfigError(f"--{name} is given without a value; give one (e.g. --{name} VALUE)")
         if len(given) > 1 and kind not in ("list_str", "other"):
-            raise ValueProblem(f"--{name} is given {len(given)} values ({' '.join(given)}); give one")
-        if kind == "list_str" and len(given) > 1:
-            return list(given)
-        value = given[0] if len(given) == 1 else list(given)
-        if optional and kind != "other" and isinstance(value, str) and value.strip().lower() in ("null", "none"):
+            raise ConfigError(f"--{name} is given {len(given)} values ({' '.join(given)}); give one")
+        if kind == "other":  # a flag's value as JSON where it parses (dicts, lists), else the string
+            return _from_json(given[0]) if len(given) == 1 else [_from_json(v) for v in given]
+        if optional and len(given) == 1 and given[0].strip().lower() in ("null", "none"):
             return None
+        value = given[0]
+        if kind == "list_str":  # several strings, one string, or a JSON list
+            value = list(given) if len(given) > 1 or not value.lstrip().startswith("[") else _from_json(value)
+    if value is None and not optional:
+        raise ConfigError(f"{name} is null; this field needs a value ({kind.replace('_str', ' of strings')})")
     if value is None:
-        if optional:
-            return None
-        raise ValueProblem(f"{name} is null; this field needs a value ({kind.replace('_str', ' of strings')})")
+        return None
     if kind == "bool":
         return _as_bool(name, value)
-    if kind == "int":
-        return _as_int(name, value)
-    if kind == "float":
-        return _as_float(name, value)
-    if kind == "str":
-        if isinstance(value, bool) and {"true", "false"} <= set(choices):
-            return str(value).lower()  # a JSON true/false for a field whose choices are the strings
-        if not isinstance(value, str):
-            raise ValueProblem(f"{name}={json.dumps(value)}: expected a string")
-        return value
-    if kind == "list_str":
-        return _as_list_str(name, value, from_flag)
-    if from_flag:  # other types: a flag's value as JSON where it parses (dicts, lists), else the string
-        values = value if isinstance(value, list) else [value]
-        parsed = []
-        for v in values:
-            try:
-                parsed.append(json.loads(v))
-            except json.JSONDecodeError:
-                parsed.append(v)
-        return parsed[0] if len(parsed) == 1 else parsed
+    if kind in ("int", "float"):
+        return _as_number(name, value, whole=kind == "int")
+    if kind == "str" and isinstance(value, bool) and {"true", "false"} <= set(choices):
+        return str(value).lower()  # a JSON true/false for a field whose choices are the strings
+    if kind == "str" and not isinstance(value, str):
+        raise ConfigError(f"{name}={json.dumps(value)}: expected a string")
+    if kind == "list_str" and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+        raise ConfigError(f"{name}={value!r}: expected a list of strings")
     return value
 
 
-# Fields read by this project in a looser way than their declared type says.
-HINT_OVERRIDES: dict[str, Any] = {
-    "resume_from_checkpoint": str | bool | None,  # true / false / a checkpoint folder (llm2vec.run.plan)
-    "fsdp": str | bool | list | None,  # declared str, but the Trainer takes true / false and a list of options
-}
+# Fields read more loosely than declared: resume_from_checkpoint takes true / false / a checkpoint folder, and fsdp
+# (declared str) true / false or a list of options, as the Trainer does.
+HINT_OVERRIDES: dict[str, Any] = {"resume_from_checkpoint": str | bool | None, "fsdp": str | bool | list | None}
 
 
 def coerce_config(config: dict[str, Any], classes) -> dict[str, Any]:
-    """Every value of ``config`` read as its field's type (see the module docstring), with no NaN or infinity at
-    any depth; unknown keys are left as they are (the caller reports them)."""
+    """Every value of ``config`` read as its field's type, with no NaN or infinity at any depth; unknown keys kept."""
     hints = {}  # name -> (type hint, choices) of every init field
     for cls in classes:
         types_of = typing.get_type_hints(cls)
         hints.update({f.name: (types_of[f.name], tuple(f.metadata.get("choices", ()))) for f in fields(cls) if f.init})
     out = {}
     for name, value in config.items():
-        if name not in hints:
-            out[name] = value
-            continue
-        hint, choices = hints[name]
-        out[name] = coerce_value(name, value, HINT_OVERRIDES.get(name, hint), choices)
-        check_finite(name, out[name])
+        if name in hints:
+            value = coerce_value(name, value, HINT_OVERRIDES.get(name, hints[name][0]), hints[name][1])
+            check_finite(name, value)
+        out[name] = value
     return out
 
 
 def check_finite(path: str, value: Any) -> None:
-    """No float in ``value`` (a JSON value: dicts and lists at any depth) is NaN or infinite; the error names its
-    ``path`` (``lr_scheduler_kwargs.min_lr``, ``fsdp_config.limits[1]``)."""
+    """No float in ``value``, at any depth, is NaN or infinite; the error names its ``path`` (``kwargs.min_lr``)."""
     if isinstance(value, float) and not math.isfinite(value):
-        raise ValueProblem(f"{path}={value!r}: expected a finite number")
-    if isinstance(value, dict):
-        for key, item in value.items():
-            check_finite(f"{path}.{key}", item)
-    elif isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            check_finite(f"{path}[{i}]", item)
-
-
-def check_ranges(values: dict[str, Any], ranges: dict[str, Range] = TRAINING_RANGES) -> None:
-    """Each numeric value lies in its range in ``ranges`` and within :data:`NUMBER_LIMIT` of zero (``None``:
-    unset, allowed); the error names the field, the value and the range."""
-    for name, value in values.items():
-        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        allowed = ranges.get(name, Range())
-        if value not in allowed:
-            raise ValueProblem(f"{name}={value!r}: must be {allowed.describe()}")
-        if abs(value) > NUMBER_LIMIT and value not in allowed.capped(value):
-            raise ValueProblem(f"{name}={value!r}: must be {allowed.capped(value).describe()}")
-
-
-# ---------------------------------------------------------------------------------------------- the Python API
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def strict_booleans(function: F) -> F:
-    """Each parameter of ``function`` annotated ``bool`` takes ``True`` or ``False`` only (``bool | None`` also
-    ``None``); anything else (``"false"``, ``0``, ``numpy.True_``) is one ``TypeError`` line naming the keyword,
-    before the function runs. The annotations are read at the first call (a method's may name its own class)."""
-    parameters = inspect.signature(function).parameters
-    by_position = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    position = {name: i for i, (name, p) in enumerate(parameters.items()) if p.kind in by_position}
-    booleans: dict[str, bool] = {}  # name -> whether None is allowed
-    read = False
-
-    @functools.wraps(function)
-    def checked(*args, **kwargs):
-        nonlocal read
-        if not read:
-            for name, hint in typing.get_type_hints(function).items():
-                kind, optional = _shape(hint)
-                if kind == "bool" and name in parameters:
-                    booleans[name] = optional
-            read = True
-        for name, optional in booleans.items():
-            if name in kwargs:
-                value = kwargs[name]
-            elif position.get(name, len(args)) < len(args):
-                value = args[position[name]]
-            else:
-                continue
-            if value is not True and value is not False and not (optional and value is None):
-                allowed = "True, False or None" if optional else "True or False"
-                why = " (Python reads any non-empty string as true, 'false' included)" if isinstance(value, str) else ""
-                raise TypeError(f"{name}={value!r}: {function.__qualname__} takes {allowed} only{why}")
-        return function(*args, **kwargs)
-
-    return typing.cast(F, checked)
+        raise ConfigError(f"{path}={value!r}: expected a finite number")
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items:
+        check_finite(f"{path}.{key}" if isinstance(value, dict) else f"{path}[{key}]", item)

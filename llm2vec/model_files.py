@@ -120,7 +120,8 @@ def _shapes(files: list[Path]) -> dict[str, list[int]]:
     return shapes
 
 
-def _adapter_problem(folder: Path, base: Path, trust_remote_code: bool) -> str | None:
+@strict_booleans
+def adapter_problem(folder: Path, base: Path, trust_remote_code: bool) -> str | None:
     """How the adapter's tensors differ from those peft creates for its ``adapter_config.json`` on the base model
     (built on the meta device from the base's ``config.json``: no weights are read), else ``None``: a tensor the
     config implies that the weights lack, a tensor no created module uses, or a tensor of another shape (the base's
@@ -257,7 +258,7 @@ def check_adapter(
     local_base = model_folder(base)
     if local_base is None:
         return  # a hub id not in the cache: nothing to read before transformers downloads it
-    problem = _adapter_problem(folder, local_base, trust_remote_code)
+    problem = adapter_problem(folder, local_base, trust_remote_code)
     if problem and problem.startswith("does not fit: "):
         raise ModelFilesError(
             f"adapter {folder} does not fit the base model {base}: {problem.removeprefix('does not fit: ')} (it was "

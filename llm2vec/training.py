@@ -7,12 +7,14 @@ import logging
 import os
 import sys
 import tempfile
+import time
 import traceback
 from pathlib import Path
 
 import torch
 import transformers
 from safetensors import SafetensorError
+from transformers import TrainerCallback
 
 from .arguments import ConfigError, DataArguments, RunConfig, flag_groups, help_text, parse_config
 from .dataset import DataError, TrainDataset, load_e5, load_hf, load_jsonl
@@ -20,9 +22,9 @@ from .distributed import release_process_group_at_exit
 from .fingerprints import model_folder
 from .llm2vec import PackingRefused
 from .metrics_file import MetricsFile
-from .model_files import ModelFilesError, _adapter_problem, check_model_files
+from .model_files import ModelFilesError, adapter_problem, check_model_files
 from .run import RunLocked, RunManager, newest_checkpoint
-from .schedule import StopAfterNSteps, StopAtTimeBudget, plan_schedule
+from .schedule import SchedulePlan, plan_schedule
 
 logger = logging.getLogger("llm2vec")
 
@@ -32,8 +34,7 @@ class RunInterrupted(KeyboardInterrupt):
 
 
 def interrupted_message(config: RunConfig, trainer) -> str:
-    """What a run stopped by Ctrl-C tells: the step, what is kept (complete checkpoints only: a checkpoint or
-    final model being written is left as its staging folder, which the next run deletes) and how to continue."""
+    """What a run stopped by Ctrl-C tells: the step, what is kept (complete checkpoints only) and how to continue."""
     out, stage = config.training.output_dir, config.stage.stage
     step = trainer.state.global_step if trainer is not None else 0
     where = f"Stage {stage} run in {out} stopped by Ctrl-C" + (f" at step {step}" if step else " before training")
@@ -51,10 +52,7 @@ def interrupted_message(config: RunConfig, trainer) -> str:
 
 
 def train(config: RunConfig):
-    """Train one stage as ``config`` says; returns the trainer (its model is the trained model), or ``None`` when
-    ``output_dir`` holds this run finished already. What the run does with its ``output_dir`` (the lock, start,
-    resume or refuse, the saves) is :class:`llm2vec.run.RunManager`'s. Ctrl-C raises :class:`RunInterrupted`
-    (:func:`interrupted_message`) once the lock is released and any half-written save is removed."""
+    """Train one stage as ``config`` says: the trainer, or ``None`` if done; Ctrl-C is :class:`RunInterrupted`."""
     setup_logging(config.training)
     config.validate()
     check_model_inputs(config)
@@ -66,8 +64,7 @@ def train(config: RunConfig):
 
 
 def check_model_inputs(config: RunConfig, resume_from: str | None = None) -> None:
-    """Before anything reads them (a model's config could ask to run its code): the model and adapter of the config,
-    or, given ``resume_from``, an adapter checkpoint against the base. Refusals name the config and the folder."""
+    """The model and adapter (or an adapter checkpoint ``resume_from``) checked before anything reads them."""
     trust = config.model.trust_remote_code
     if resume_from is None:
         adapter, other_base = (
@@ -79,7 +76,7 @@ def check_model_inputs(config: RunConfig, resume_from: str | None = None) -> Non
             raise ConfigError(f"{config.source}: {e}") from None
     elif (Path(resume_from) / "adapter_model.safetensors").is_file():
         base = model_folder(config.model.model_name_or_path)
-        if base is not None and (problem := _adapter_problem(Path(resume_from), base, trust)):
+        if base is not None and (problem := adapter_problem(Path(resume_from), base, trust)):
             raise ConfigError(f"resume_from_checkpoint {resume_from}: {problem}")
 
 
@@ -91,6 +88,39 @@ def run_callbacks(config: RunConfig) -> list:
     if config.stage.metrics_file is not None:
         callbacks.append(MetricsFile(config.stage.metrics_file))
     return callbacks
+
+
+class StopAfterNSteps(TrainerCallback):
+    """Stops training at the plan's stop step before the schedule's end (a checkpoint there when saving by steps)."""
+
+    def __init__(self, plan: SchedulePlan):
+        self.plan = plan
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.plan.stop_step < self.plan.horizon_steps and state.global_step >= self.plan.stop_step:
+            control.should_training_stop = True
+            control.should_save = control.should_save or args.save_strategy == "steps"
+        return control
+
+
+class StopAtTimeBudget(TrainerCallback):
+    """Stops training (evaluated, saved, logged: ``stopped_by``) at the first step ``minutes`` after ``start``."""
+
+    def __init__(self, minutes: float, start: float | None = None):
+        self.seconds, self.start = 60.0 * minutes, time.monotonic() if start is None else start
+        self.stopped_at: int | None = None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        used = time.monotonic() - self.start
+        if self.stopped_at is not None or used < self.seconds or state.global_step >= state.max_steps:
+            return control
+        self.stopped_at, minutes = state.global_step, round(used / 60.0, 3)
+        control.should_training_stop = True
+        control.should_evaluate = str(args.eval_strategy) not in ("no", "IntervalStrategy.NO")
+        control.should_save = control.should_save or args.save_strategy == "steps"
+        state.log_history.append({"step": state.global_step, "stopped_by": "stop_after_minutes", "minutes": minutes})
+        logger.info(f"stopping at step {state.global_step} of {state.max_steps}: {minutes:.2f} minutes used")
+        return control
 
 
 def _train(config: RunConfig, made: list):
@@ -107,32 +137,33 @@ def _train(config: RunConfig, made: list):
         if run.finished:
             return None
         check_model_inputs(config, run.resume_from)
-        family = tokenizer, template = check_model_family(config)  # before the data and the weights load
+        tokenizer, template, hidden_size = check_model_family(config)  # before the data and the weights load
         if config.stage.num_threads:
             torch.set_num_threads(config.stage.num_threads)
         logger.info("Stage %s: %d CPU thread(s), seed %d", stage, torch.get_num_threads(), args.seed)
         transformers.set_seed(args.seed)
         dataset, validation = load_data(config, tokenizer, template)
         # the retrieval folders read and checked before the weights load
-        retrieval = retrieval_evaluation(config.data, config.model)
+        retrieval = retrieval_evaluation(config.data, hidden_size)
         schedule = plan_schedule(args, dataset.num_global_batches, config.stage.stop_after_n_steps, config.source)
         # refuses a resume whose schedule, inputs or retrieval folders changed
         run_config = run.record(schedule, _data_files(dataset), retrieval)
         run_config["inputs"]["query_instructions"] = trained_instructions(config, dataset)  # what the export writes
         logger.info("Stage %s %s", stage, schedule.describe())
+        callbacks = [StopAfterNSteps(schedule), *callbacks]  # the trainer stops where the plan says
         if with_st:
             from .st_training import build_trainer
 
-            trainer = build_trainer(config, dataset, run_config, [StopAfterNSteps(schedule), *callbacks], *family)
+            trainer = build_trainer(config, dataset, run_config, callbacks, tokenizer, template)
         else:
-            trainer = _project_trainer(config, dataset, validation, retrieval, run_config, schedule, callbacks)
+            trainer = _project_trainer(config, dataset, validation, retrieval, run_config, callbacks)
         made.append(trainer)
         run.train(trainer)  # where training ends, disk space, overwrite; train; the final model, its marker last
         logger.info("Stage %s: the model is saved in %s", stage, os.path.abspath(args.output_dir))
         return trainer
 
 
-def _project_trainer(config: RunConfig, dataset, validation, retrieval, run_config, schedule, callbacks):
+def _project_trainer(config: RunConfig, dataset, validation, retrieval, run_config, callbacks):
     """This project's trainer (``trainer: llm2vec``, the paper's path) of a run."""
     from .collator import TrainCollator
     from .trainer import LLM2VecTrainer
@@ -147,7 +178,7 @@ def _project_trainer(config: RunConfig, dataset, validation, retrieval, run_conf
         data_collator=TrainCollator.for_encoder(model, **collator_options(config)),
         run_config=run_config,
         retrieval_evaluation=retrieval,
-        callbacks=[StopAfterNSteps(schedule), *callbacks],
+        callbacks=callbacks,
     )
 
 
@@ -174,9 +205,7 @@ def model_class(stage: str):
 
 
 def check_model_family(config: RunConfig):
-    """The model's config and tokenizer can be read and its family has a prompt template (the config's
-    ``template``, else the one saved in the adapter's or the model's ``llm2vec_config.json``, else detected), before
-    any data or weights load; raises :class:`ConfigError`. Returns the tokenizer and the template."""
+    """The model's tokenizer, prompt template and hidden size, before data or weights load, or :class:`ConfigError`."""
     from transformers import AutoConfig, AutoTokenizer
 
     from .llm2vec import read_llm2vec_config
@@ -201,7 +230,7 @@ def check_model_family(config: RunConfig):
         spec = resolve_template(model_config, tokenizer, template)
     except ValueError as e:
         raise ConfigError(f"{where}model {path}: {e}") from None
-    return tokenizer, spec
+    return tokenizer, spec, getattr(model_config, "hidden_size", None)
 
 
 def build_model(config: RunConfig):
@@ -212,9 +241,7 @@ def build_model(config: RunConfig):
     adapter = getattr(config.stage, "peft_model_name_or_path", None)
     try:
         return model_class(stage).build(model_args, config.stage, config.dtype)
-    except PackingRefused as e:
-        raise ConfigError(f"{config.source or 'the config'}: {e}") from None
-    except ConfigError as e:
+    except (PackingRefused, ConfigError) as e:
         raise ConfigError(f"{config.source or 'the config'}: {e}") from None
     except torch.OutOfMemoryError:
         raise
@@ -234,19 +261,14 @@ def collator_options(config: RunConfig) -> dict:
 
 
 def load_data(config: RunConfig, tokenizer, template) -> tuple[TrainDataset, list]:
-    """The training data and the held-out validation pairs (logged), after one example of each distinct query
-    instruction has gone through the training collator (:func:`llm2vec.collator.check_examples`)."""
+    """The training data and the validation pairs, logged, one example of each instruction through the collator."""
     from .collator import TrainCollator, check_examples
     from .templates import pad_token
 
     args, stage = config.training, config.stage.stage
     dataset = load_training_data(config.data, config.global_batch_size, args.seed, config.stage.require_negative)
     logger.info(
-        "Stage %s data (%d examples, global batch %d):\n%s",
-        stage,
-        len(dataset),
-        config.global_batch_size,
-        dataset.summary(),
+        f"Stage {stage} data ({len(dataset)} examples, global batch {config.global_batch_size}):\n{dataset.summary()}"
     )
     validation = validation_pairs(config.data, dataset)
     if validation:
@@ -261,10 +283,8 @@ def load_data(config: RunConfig, tokenizer, template) -> tuple[TrainDataset, lis
     return dataset, validation
 
 
-def retrieval_evaluation(data: DataArguments, model=None):
-    """The retrieval folders of ``data`` (``retrieval_eval_dirs``) read and checked (:mod:`llm2vec.retrieval`), or
-    ``None`` without any; a bad folder is a :class:`DataError` naming the file and line. What each evaluation costs
-    is logged, a line per folder (with ``model``'s arguments, the memory of the document embeddings)."""
+def retrieval_evaluation(data: DataArguments, hidden_size: int | None = None):
+    """The ``retrieval_eval_dirs`` read, checked (:class:`DataError`) and their cost logged; ``None`` without any."""
     folders = data.retrieval_folders()
     if not folders:
         return None
@@ -274,14 +294,6 @@ def retrieval_evaluation(data: DataArguments, model=None):
         evaluation = RetrievalEvaluation.read(folders)
     except (OSError, ValueError) as e:
         raise DataError(f"retrieval_eval_dirs: {e}") from None
-    hidden_size = None
-    if model is not None:  # its config was read already (check_model_family)
-        from transformers import AutoConfig
-
-        remote = bool(getattr(model, "trust_remote_code", False))
-        hidden_size = getattr(
-            AutoConfig.from_pretrained(model.model_name_or_path, trust_remote_code=remote), "hidden_size", None
-        )
     for line in evaluation.describe(hidden_size):
         logger.info("retrieval evaluation at every eval_steps: %s", line)
     return evaluation
@@ -296,59 +308,36 @@ def load_training_data(data: DataArguments, global_batch_size: int, seed: int, r
             "hf": "your dataset(s): save_to_disk folders, data files or cached dataset ids",
         }[data.dataset_name]
         raise DataError(f"dataset_file_path is not set: give {what} in the config or as --dataset_file_path")
+    common = {"global_batch_size": global_batch_size, "seed": seed, "require_negative": require_negative}
+    common["validation_size"] = data.validation_size
     if data.dataset_name == "E5":
         return load_e5(
-            data.dataset_file_path,
-            global_batch_size=global_batch_size,
-            seed=seed,
-            sources=data.e5_sources,
-            max_per_source=data.max_examples_per_source,
-            require_negative=require_negative,
-            validation_size=data.validation_size,
+            data.dataset_file_path, sources=data.e5_sources, max_per_source=data.max_examples_per_source, **common
         )
     if data.dataset_name == "hf":
         return load_hf(
             data.dataset_file_path,
-            global_batch_size=global_batch_size,
-            seed=seed,
             column_map=data.column_map,
             split=data.dataset_split,
             default_instruction=data.default_instruction,
-            require_negative=require_negative,
-            validation_size=data.validation_size,
             max_per_source=data.max_examples_per_source,
+            **common,
         )
     paths = [p for p in data.dataset_file_path.split(",") if p]
-    return load_jsonl(
-        paths,
-        global_batch_size=global_batch_size,
-        seed=seed,
-        default_instruction=data.default_instruction,
-        require_negative=require_negative,
-        validation_size=data.validation_size,
-    )
+    return load_jsonl(paths, default_instruction=data.default_instruction, **common)
 
 
 def trained_instructions(config: RunConfig, dataset: TrainDataset) -> list[str]:
     """The distinct instructions the run's queries train with (``""``: none), in training order."""
-    if not config.data.query_instructions:
-        return [""]
-    return [e.query_instruction for e in dataset.instruction_examples()]
+    return [e.query_instruction for e in dataset.instruction_examples()] if config.data.query_instructions else [""]
 
 
 def validation_pairs(data: DataArguments, dataset: TrainDataset) -> list:
-    """The held-out pairs evaluated during training: ``validation_file`` (read and checked like training data, in
-    one fixed shuffled order whatever the run's seed, so that runs of different seeds are measured on the same
-    batches) or the slice carved by ``validation_size``; empty without either."""
-    if data.validation_file:
-        return load_jsonl(
-            [data.validation_file],
-            global_batch_size=1,
-            seed=0,
-            default_instruction=data.default_instruction,
-            require_negative=False,  # Stage II's validation loss uses the hard negatives the file has
-        ).examples
-    return dataset.held_out
+    """The held-out pairs: ``validation_file`` (in one order whatever the seed) or ``validation_size``'s slice."""
+    if not data.validation_file:
+        return dataset.held_out
+    file = load_jsonl([data.validation_file], global_batch_size=1, seed=0, default_instruction=data.default_instruction)
+    return file.examples  # negatives optional: Stage II's validation loss uses those the file has
 
 
 def _data_files(dataset: TrainDataset) -> list[str]:
@@ -364,9 +353,7 @@ def run(stage: str, argv: list[str]):
 
 
 def _debug_flag(argv: list[str]) -> tuple[list[str], bool]:
-    """``argv`` without this driver's ``--debug`` (alone, or with true/false/1/0; any other value is transformers'
-    ``TrainingArguments.debug``), and whether it asks for full tracebacks (also ``LLM2VEC_DEBUG=1``). Flags are read
-    by :func:`llm2vec.arguments.flag_groups`; a leading JSON config or ``--help`` stays as it is."""
+    """``argv`` without the driver's ``--debug`` (alone or true/false/1/0), and whether it asks for tracebacks."""
     debug = os.environ.get("LLM2VEC_DEBUG", "").lower() in ("1", "true")
     head, rest = (argv[:1], argv[1:]) if argv and not argv[0].startswith("--") else ([], argv)
     try:
@@ -383,8 +370,7 @@ def _debug_flag(argv: list[str]) -> tuple[list[str], bool]:
 
 
 def user_error(error: BaseException) -> tuple[str, int] | None:
-    """The one-line message and exit code of an error whose cause is the user's (configuration, data, a
-    damaged or locked folder, a diverged run, a full disk); ``None`` for anything else (a bug: traceback)."""
+    """The message and exit code of an error whose cause is the user's; ``None`` for a bug (a traceback)."""
     from .trainer import TrainingDiverged
 
     if isinstance(error, (ConfigError, DataError, RunLocked)):
@@ -414,10 +400,9 @@ def _save_traceback(error: BaseException) -> str | None:
 
 
 def main(stage: str, argv: list[str] | None = None) -> int:
-    """The command line of a stage's driver: ``--help``; an error whose cause is the user's is one line on stderr
-    (exit 2: configuration, data or folder; 3: the run diverged; 1: disk or permissions), its traceback saved
-    to a temporary file named on that line when it came from a library; ``--debug`` raises it instead. Ctrl-C is
-    one ``interrupted:`` line saying how to continue, exit 130."""
+    """A stage's driver: ``--help``; a user's error is one line on stderr (exit 2: config, data or folder; 3: the run
+    diverged; 1: disk or permissions), a library's traceback saved to a file it names (``--debug`` raises instead);
+    Ctrl-C one ``interrupted:`` line, exit 130."""
     argv = sys.argv[1:] if argv is None else argv
     argv, debug = _debug_flag(argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -436,10 +421,8 @@ def main(stage: str, argv: list[str] | None = None) -> int:
         if known is None or debug:
             raise
         message, code = known
-        if e.__cause__ is not None or isinstance(e, OSError):
-            trace = _save_traceback(e)
-            if trace:
-                message += f" (traceback: {trace}; --debug shows it)"
+        if (e.__cause__ is not None or isinstance(e, OSError)) and (trace := _save_traceback(e)):
+            message += f" (traceback: {trace}; --debug shows it)"
         print(f"error: {message}", file=sys.stderr)
         return code
     return 0

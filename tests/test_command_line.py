@@ -63,9 +63,12 @@ def test_an_unknown_json_field_names_the_file_and_the_closest_field(setup, tmp_p
 
 
 def test_a_run_shorter_than_its_warm_up_is_warned_about_with_both_values(setup, caplog):
+    """By the schedule plan (whatever the data, max_steps sets the horizon)."""
+    from llm2vec.schedule import plan_schedule
+
     config = parse_config("I", flags(setup, max_steps=3, warmup_steps=15, learning_rate=1e-3))
     with caplog.at_level(logging.WARNING, logger="llm2vec"):
-        config.validate()
+        plan_schedule(config.training, 1, None)
     (message,) = [r.getMessage() for r in caplog.records if "warmup_steps" in r.getMessage()]
     assert "max_steps 3" in message and "warmup_steps 15" in message
     # the peak the run reaches, from transformers' own linear schedule: steps 0, 1, 2 of 15 warm-up steps
@@ -78,7 +81,7 @@ def test_a_run_shorter_than_its_warm_up_is_warned_about_with_both_values(setup, 
 
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="llm2vec"):
-        parse_config("I", flags(setup, max_steps=100, warmup_steps=15)).validate()
+        plan_schedule(parse_config("I", flags(setup, max_steps=100, warmup_steps=15)).training, 1, None)
     assert not [r for r in caplog.records if "warmup_steps" in r.getMessage()]
 
 

@@ -206,6 +206,51 @@ def test_plan_matches_the_paper_estimate():
     )
 
 
+@pytest.mark.parametrize(
+    ("scheduler", "kwargs"),
+    [
+        ("linear", {}),
+        ("cosine", {}),
+        ("cosine_with_restarts", {"num_cycles": 2}),
+        ("polynomial", {"power": 2.0, "lr_end": 1e-6}),
+        ("constant", {}),
+        ("constant_with_warmup", {}),
+        ("inverse_sqrt", {}),
+        ("cosine_with_min_lr", {"min_lr": 1e-5}),
+        ("cosine_warmup_with_min_lr", {"min_lr_rate": 0.1}),
+        ("warmup_stable_decay", {"num_decay_steps": 10}),
+        ("reduce_lr_on_plateau", {}),
+        ("greedy", {}),
+    ],
+)
+def test_the_planned_rate_at_the_stop_is_the_rate_the_scheduler_reaches_there(scheduler, kwargs):
+    """For every scheduler transformers' TrainingArguments takes: the plan's rate at the stop is the rate a real
+    optimizer has after ``stop - 1`` steps of transformers' own scheduler (the rate the Trainer logs at step
+    ``stop``), stepped here; none for a scheduler whose rate is no function of the step."""
+    from transformers import TrainingArguments, get_scheduler
+
+    from llm2vec.schedule import plan_schedule
+
+    by_metric = scheduler in ("reduce_lr_on_plateau", "greedy")  # rates that follow the evaluation, not the step
+    evaluates = {"eval_strategy": "steps"} if by_metric else {}
+    args = TrainingArguments(
+        "unused", learning_rate=1e-3, warmup_steps=7, num_train_epochs=3, lr_scheduler_type=scheduler, **evaluates
+    )
+    args.lr_scheduler_kwargs = kwargs
+    for stop in (1, 5, 8, 30, 60):
+        plan = plan_schedule(args, 20, stop)
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
+        stepped = get_scheduler(scheduler, optimizer, 7, 60, scheduler_specific_kwargs=kwargs)
+        if by_metric:
+            assert plan.learning_rate_at_stop is None
+            continue
+        for _ in range(stop - 1):
+            optimizer.step()
+            stepped.step()
+        assert plan.horizon_steps == 60 and plan.warmup_steps == 7
+        assert plan.learning_rate_at_stop == pytest.approx(stepped.get_last_lr()[0], rel=1e-12, abs=1e-18), stop
+
+
 # ------------------------------------------------------------------------------------- precision policy
 
 

@@ -1,9 +1,8 @@
 """Run configuration: one argument dataclass per concern, validated where it is defined, parsed per stage."""
 
-from .parse import flag_groups, help_text, load_config, parse_config
-from .run_config import RunConfig
-from .shared import ConfigError, DataArguments, ModelArguments
-from .stages import STAGE_ARGUMENTS, StageIArguments, StageIIArguments, argument_classes
+from ..config_values import ConfigError
+from .fields import STAGE_ARGUMENTS, DataArguments, ModelArguments, StageIArguments, StageIIArguments, argument_classes
+from .run_config import RunConfig, flag_groups, help_text, load_config, parse_config
 
 __all__ = [
     "STAGE_ARGUMENTS",

@@ -1,7 +1,6 @@
 """The owner of a run's ``output_dir``, :class:`RunManager`: the driver calls ``RunManager.open(config)`` (checked,
-locked, inspected, planned: :func:`plan_run`, which writes nothing), ``run.record(schedule, data_files)`` (what the
-run trains with, in ``run_config.json``, so that a restart notices a change) and ``run.train(trainer)``; the rules
-are the table of ``docs/run_safety.md``; the checks of the folder itself are in :mod:`llm2vec.run.target`."""
+locked, planned: :func:`plan_run`), ``run.record(schedule, data_files)`` (what it trains with, so that a restart
+notices a change) and ``run.train(trainer)``; the rules are ``docs/run_safety.md``'s table."""
 
 from __future__ import annotations
 
@@ -129,11 +128,8 @@ def input_changes(saved: dict[str, Any], inputs: dict[str, Any], geometry: dict[
     return changes
 
 
-def check_retrieval_folders(checkpoint: str | None, inputs: dict[str, Any]) -> None:
-    """Refuse a resume whose retrieval folder of a name (its log keys') holds other files than the run recorded for
-    that name (``inputs.retrieval``): its score curve would join two folders under one name. No
-    ``accept_changed_inputs`` here: the logged history cannot be split again."""
-    saved = read_json(Path(checkpoint) / RUN_CONFIG_NAME) if checkpoint else None
+def check_retrieval_folders(saved: dict[str, Any] | None, inputs: dict[str, Any]) -> None:
+    """Refuse a resume whose retrieval folder of a name holds other files than its run config ``saved`` recorded."""
     old = ((saved or {}).get("inputs") or {}).get("retrieval") or {}
     for name, now in (inputs.get("retrieval") or {}).items():
         if name in old and (changes := _file_changes("file", old[name].get("files", {}), now["files"])):
@@ -144,14 +140,27 @@ def check_retrieval_folders(checkpoint: str | None, inputs: dict[str, Any]) -> N
             )
 
 
+def check_schedule(saved: dict[str, Any] | None, schedule, checkpoint: str | None, extending: bool) -> None:
+    """A resume keeps the schedule its run config ``saved`` planned (``extending`` a finished run: a warning)."""
+    old = (saved or {}).get("lr_schedule") or {}
+    for key in schedule.KEPT_ON_RESUME if old else ():
+        if old.get(key) != (new := getattr(schedule, key)):
+            change = f"{checkpoint} was trained with {key} {old.get(key)!r} but this run plans {new!r}"
+            if not extending:
+                raise ConfigError(
+                    f"resume_from_checkpoint: {change}; resuming would change the learning-rate schedule. Resume "
+                    "with the same data, batch, num_train_epochs / max_steps and warm-up, or start a new run"
+                )
+            logger.warning("continuing a finished run with another learning-rate schedule: %s", change)
+
+
 def _short(value: Any) -> str:
     return text if len(text := json.dumps(value)) <= 60 else text[:57] + "..."
 
 
-def check_resume_inputs(checkpoint: str | None, inputs: dict, geometry: dict, config) -> list[dict[str, Any]]:
-    """The ``resumed_with_changes`` record: the checkpoint's, plus an entry for this resume when its training length
-    differs or (with ``accept_changed_inputs``, else refused) its inputs, batch or settings do."""
-    saved = read_json(Path(checkpoint) / RUN_CONFIG_NAME) if checkpoint else None
+def check_resume_inputs(saved: dict | None, checkpoint, inputs: dict, geometry: dict, config) -> list[dict[str, Any]]:
+    """The ``resumed_with_changes`` record: the ``checkpoint``'s, plus this resume's when its length differs or (with
+    ``accept_changed_inputs``, else refused) its inputs, batch or settings do."""
     if not saved:
         return []
     accept, step, new = config.stage.accept_changed_inputs, step_of(checkpoint), config.resolved()
@@ -182,8 +191,7 @@ def plan_run(config: RunConfig) -> RunManager:
     """What this run does with its ``output_dir``, deciding and writing nothing else; or :class:`ConfigError`."""
     args, stage = config.training, config.stage.stage
     folder, where = RunFolder.inspect(args.output_dir), f"output_dir {args.output_dir}"
-    resume, overwrite = args.resume_from_checkpoint, config.stage.overwrite_output_dir
-    resume = None if resume in (None, False, "false", "False", "") else resume in (True, "true", "True") or str(resume)
+    resume, overwrite = args.resume_from_checkpoint, config.stage.overwrite_output_dir  # None, True or a folder
     plan, saved, (foreign, clashing) = RunManager(config, folder), folder.saved_config(), folder.foreign_files()
     if foreign and not overwrite:
         raise ConfigError(
@@ -218,8 +226,7 @@ def plan_run(config: RunConfig) -> RunManager:
 
 
 def _plan_resume(plan: RunManager, where: str, overwrite: bool, saved: dict | None, differs: str) -> None:
-    """``--resume_from_checkpoint true``: nothing to do (a finished run of the same length), or the newest checkpoint
-    whose files hash as saved."""
+    """``--resume_from_checkpoint true``: nothing to do (finished, same length), or the newest intact checkpoint."""
     folder, stage = plan.folder, plan.config.stage.stage
     if overwrite:
         raise ConfigError("pass only one of --resume_from_checkpoint true and --overwrite_output_dir true")
@@ -247,9 +254,7 @@ def _plan_resume(plan: RunManager, where: str, overwrite: bool, saved: dict | No
 
 
 def without_resume(config: RunConfig, way_out: str) -> str | None:
-    """For a trainer that does not resume, before the folder is opened: ``None`` to go on, the "nothing to do" line of
-    a finished run of the same length, else :class:`ConfigError` naming ``way_out`` (a live run's folder is left to
-    :meth:`RunManager.open`)."""
+    """For a trainer that does not resume: ``None``, "nothing to do", or :class:`ConfigError` naming ``way_out``."""
     out = config.training.output_dir
     if config.stage.overwrite_output_dir or not os.path.isdir(out) or is_held(Path(out) / LOCK_NAME):
         return None
@@ -263,8 +268,7 @@ def without_resume(config: RunConfig, way_out: str) -> str | None:
 
 
 def _plan_checkpoint(plan: RunManager, resume: str, where: str, overwrite: bool) -> None:
-    """``--resume_from_checkpoint <folder>``: that checkpoint, whose files hash as saved; what the folder holds
-    beyond it (later checkpoints of its run, another run) is replaced only with ``overwrite``."""
+    """``--resume_from_checkpoint <folder>``, if intact; what lies beyond it is replaced only with ``overwrite``."""
     if problem := checkpoint_problem(resume, contents=True):
         newest = RunFolder.inspect(Path(resume).parent).newest
         newest = f"; newest complete: {newest.path}" if newest else ""
@@ -282,8 +286,7 @@ def _plan_checkpoint(plan: RunManager, resume: str, where: str, overwrite: bool)
 
 
 def _resume_from(plan: RunManager, checkpoint: str) -> None:
-    """Resume from ``checkpoint``; refuse one of the other stage (its run config's, else its weights': an adapter is
-    Stage II's). The driver checks an adapter checkpoint against the base (:func:`llm2vec.training.train`)."""
+    """Resume from ``checkpoint``, unless it is the other stage's (by its run config, else its weights)."""
     folder, stage = Path(checkpoint), plan.config.stage.stage
     adapter = (folder / "adapter_model.safetensors").is_file()
     full = any((folder / n).is_file() for n in ("model.safetensors", "model.safetensors.index.json"))
@@ -312,8 +315,7 @@ class RunManager:
     @classmethod
     @contextlib.contextmanager
     def open(cls, config: RunConfig) -> Iterator[RunManager]:
-        """Check ``output_dir``, hold its lock while the block runs, and plan the run in it (:func:`plan_run`). A
-        folder that cannot be written is refused, unless it holds this run finished: nothing to do, nothing written."""
+        """Check ``output_dir`` (writable, unless done already), hold its lock in the block, plan the run there."""
         args, out = config.training, config.training.output_dir
         check_apart(out, run_inputs(config))
         try:  # writable
@@ -335,14 +337,11 @@ class RunManager:
         return self.finished_message is not None
 
     def record(self, schedule, data_files: list[str], retrieval=None) -> dict[str, Any]:
-        """The run config saved with every save, with its inputs' fingerprints (a data file under its real path, however
-        it was given; each retrieval folder of ``retrieval``, a :class:`llm2vec.retrieval.RetrievalEvaluation`, by its
-        name with the SHA-256 of the files it read) and batch geometry; refuses a resume whose schedule or inputs
-        changed."""
-        from ..schedule import check_resume
-
+        """The run config saved with every save: its inputs' fingerprints (data files by real path, ``retrieval``'s
+        folders by name) and batch geometry; refuses a resume whose schedule or inputs changed."""
         config, args, self.schedule = self.config, self.config.training, schedule
-        check_resume(self.resume_from, schedule, extending=self.continue_past is not None)
+        saved = read_json(Path(self.resume_from) / RUN_CONFIG_NAME) if self.resume_from else None
+        check_schedule(saved, schedule, self.resume_from, extending=self.continue_past is not None)
         found = {
             "data": {p: fingerprint_file(p) for p in sorted({os.path.realpath(p) for p in data_files})},
             "base_model": fingerprint_model(config.model.model_name_or_path),
@@ -355,17 +354,16 @@ class RunManager:
                 for f in (retrieval.folders if retrieval else [])
             },
         }
-        check_retrieval_folders(self.resume_from, found)
+        check_retrieval_folders(saved, found)
         geometry = {"per_device_train_batch_size": args.per_device_train_batch_size, "processes": args.world_size}
         geometry |= {"gradient_accumulation_steps": args.gradient_accumulation_steps}
         geometry |= {"global_batch_size": config.global_batch_size}
-        resumed = check_resume_inputs(self.resume_from, found, geometry, config)
+        resumed = check_resume_inputs(saved, self.resume_from, found, geometry, config)
         extra = {"lr_schedule": schedule.as_dict(), "inputs": found, "batch_geometry": geometry}
         return {**config.resolved(), **extra, "resumed_with_changes": resumed}
 
     def train(self, trainer) -> None:
-        """Check the recorded schedule's end against a resumed or finished run and the disk space, delete what an
-        overwrite replaces, train, save the final model (from the resumed checkpoint when it is at the end step)."""
+        """Check the plan's end and the disk space, clear what an overwrite replaces, train, save the final model."""
         args, stage, folder = self.config.training, self.config.stage.stage, self.folder
         per_epoch, end = self.schedule.global_batches_per_epoch, self.schedule.stop_step
         values = end_values(self.config.resolved(), stage)

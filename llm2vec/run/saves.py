@@ -1,6 +1,5 @@
-"""Complete-or-absent saves: a checkpoint or the final model is staged in a hidden folder and renamed into place; its
-manifest or the completion marker (each file's size and SHA-256) is written last. A kill leaves only staging, which
-nothing reads and the next run deletes; a user's file in the way is moved to ``<name>.before-run``, never deleted."""
+"""Complete-or-absent saves: staged in a hidden folder, renamed into place, the manifest or completion marker (each
+file's size and SHA-256) last; a kill leaves only staging; a user's file in the way becomes ``<name>.before-run``."""
 
 from __future__ import annotations
 
@@ -75,8 +74,7 @@ def _staged(trainer, root: Path, folder: Path, publish) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def staged_checkpoint(trainer) -> Iterator[Path]:
-    """Inside the block the Trainer's ``args.output_dir`` is a staging folder, so that its ``_save_checkpoint`` writes
-    ``checkpoint-<step>`` there; then it is published and old ones rotated out, and ``args.output_dir`` restored."""
+    """The Trainer saves ``checkpoint-<step>`` into a staging ``args.output_dir`` in the block; then it is published."""
     before = trainer.args.output_dir
     run_dir, name = Path(before), f"checkpoint-{trainer.state.global_step}"
     staging = run_dir / f".{name}.staging.tmp"

@@ -1,6 +1,5 @@
-"""The checks of a folder a command writes, whatever its flags: apart from its inputs and from other runs' and
-exports' folders (:func:`check_apart`), with room for the run (:func:`check_disk_space`); and an export's folder,
-claimed and written whole under the run lock (:func:`claim_export_folder`). The rules: ``docs/run_safety.md``."""
+"""The checks of a folder a command writes: apart from its inputs and other runs' (:func:`check_apart`), with room
+(:func:`check_disk_space`); an export's folder claimed and written whole under the lock (``docs/run_safety.md``)."""
 
 from __future__ import annotations
 
@@ -88,9 +87,8 @@ DiskEstimate = namedtuple("DiskEstimate", "weights optimizer checkpoints")
 
 
 def estimate_disk(args, model, start_step: int, end_step: int, per_epoch: int) -> DiskEstimate:
-    """Bytes of the weights, as the final model and in each checkpoint: in their dtype (a LoRA model's adapter only);
-    of the optimizer state in each checkpoint: AdamW's two moments per trainable parameter (none with
-    ``save_only_model``); and how many checkpoints are kept at once (``save_total_limit + 1``: rotation is last)."""
+    """Bytes of the weights (a LoRA model's: its adapter) and of each checkpoint's AdamW state (none with
+    ``save_only_model``), and how many checkpoints are kept at once (``save_total_limit + 1``)."""
     params = {id(p): p for p in model.parameters()}.values()
     trainable = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
     total = sum(p.numel() * p.element_size() for p in params)
@@ -143,8 +141,7 @@ def _check_export_contents(folder: Path, overwrite: bool, locked: bool = False) 
 
 
 def check_export_target(output_dir: str | os.PathLike, overwrite: bool, inputs: list) -> None:
-    """The checks of an export's folder, without the lock and writing nothing (before the model loads); an input
-    that is the folder of a run that did not finish (cut before or during its final save) is refused."""
+    """The checks of an export's folder and inputs (no unfinished run), before the model loads, writing nothing."""
     for what, path in inputs:  # a finished run's model is checked against its marker by the loader, not here
         folder = Path(path) if path is not None and os.path.isdir(path) else None
         saves = folder and ((folder / FINAL_SAVE_RECORD).exists() or any(map(is_own_checkpoint, folder.iterdir())))
