@@ -124,11 +124,11 @@ def export_sentence_transformers(
     returns a summary. The source (``peft_model_name_or_path`` merged) loads as :meth:`LLM2Vec.load`; ``instructions``
     (or those of ``tasks`` in ``task_to_instructions_fp``) become prompts; ``query_instruction`` None is the one the
     run trained with; ``dtype`` defaults to the base's; ``named_prompts_only`` is the text layout."""
+    check_model_files(base_model_name_or_path, peft_model_name_or_path, trust_remote_code, accept_other_base)
     output_dir = Path(output_dir)
     read = [("base model", base_model_name_or_path), ("adapter", peft_model_name_or_path)]
     read += [("instructions file", task_to_instructions_fp), *[("mteb results folder", r) for r in mteb_results]]
     check_export_target(output_dir, overwrite, read)  # the lock and rules of a run's folder (llm2vec.run.target)
-    check_model_files(base_model_name_or_path, peft_model_name_or_path, trust_remote_code, accept_other_base)
     for folder in {output_dir, next(p for p in output_dir.absolute().parents if p.exists())}:  # before the model loads
         if folder.exists() and not os.access(folder, os.W_OK | os.X_OK):
             raise ExportError(f"output_dir {output_dir}: cannot write in {folder} (permissions or a read-only mount)")
