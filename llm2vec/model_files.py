@@ -346,7 +346,10 @@ def check_model_files(
         problem = saved_folder_problem(folder)
         if problem:
             raise ModelFilesError(f"{what} {os.fspath(folder)}: {problem}")
-    if os.path.isdir(base_model_name_or_path) and not os.path.isfile(Path(base_model_name_or_path) / "config.json"):
+    base = Path(base_model_name_or_path)
+    names = {p.name for p in base.iterdir()} if base.is_dir() else {"config.json"}
+    run = any(n == "run_config.json" or n.startswith(("checkpoint-", ".llm2vec-final-save")) for n in names)
+    if "config.json" not in names and not run:  # a run's folder is left to its own checks (finished or not)
         raise ModelFilesError(
             f"model {os.fspath(base_model_name_or_path)}: a folder without config.json, so no model transformers "
             "can load; give the folder a run or a model conversion wrote"
