@@ -24,8 +24,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES as BUILDERS
 
-from ..config_values import strict_booleans
 from ..io import MAX_LINE_BYTES, atomic_write, iter_jsonl, sha256_file
+from ..keywords import strict_booleans
 from .base import SourceStats, TrainDataset, arrange_positions, held_out_positions, record_counts
 from .records import DataError, FileReport, TrainExample, warn_suspect_pairs
 
