@@ -26,11 +26,8 @@ from .result_keys import computed_from, why_not_reused, write_record
 logger = logging.getLogger(__name__)
 
 
-class MissingInstructionError(KeyError):
+class MissingInstructionError(LookupError):
     """A task has no entry in the instructions mapping and no instruction of its own."""
-
-    def __str__(self) -> str:  # KeyError would print the repr of the message
-        return str(self.args[0]) if self.args else ""
 
 
 class InstructionsFileError(ValueError):
