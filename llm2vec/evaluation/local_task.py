@@ -112,7 +112,6 @@ def local_retrieval_task(
     data_dir: str | Path,
     name: str = "StdlibDocRetrieval",
     instruction: str | None = None,
-    description: str | None = None,
     *,
     allow_mteb_name: bool = False,
 ) -> LocalRetrievalTask:
@@ -125,7 +124,7 @@ def local_retrieval_task(
     _, file_sha256, digest = read_beir_files(data_dir)
     metadata = TaskMetadata(
         name=name,
-        description=description or f"Local BEIR-style retrieval dataset read from {Path(data_dir).resolve()}.",
+        description=f"Local BEIR-style retrieval dataset read from {Path(data_dir).resolve()}.",
         reference=None,
         dataset={"path": str(Path(data_dir).resolve()), "revision": digest},
         type="Retrieval",
