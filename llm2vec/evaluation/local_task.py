@@ -115,9 +115,8 @@ def local_retrieval_task(
     *,
     allow_mteb_name: bool = False,
 ) -> LocalRetrievalTask:
-    """An mteb retrieval task over ``data_dir`` (BEIR layout), checked and hashed here (before any model loads).
-    ``name``: a plain file name and, unless ``allow_mteb_name``, not an mteb task's; its results are keyed as this
-    folder's either way."""
+    """An mteb retrieval task over ``data_dir`` (BEIR layout), checked and hashed now; ``name``: a plain file name,
+    unless ``allow_mteb_name`` not an mteb task's (its results are keyed as this folder's either way)."""
     check_name(name, "task name")
     if not allow_mteb_name:
         check_local_task_name(name, "task name")

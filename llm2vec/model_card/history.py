@@ -85,8 +85,7 @@ class ModelCardInputs:
         output_dir: str | os.PathLike | None = None,
         **shown: Any,
     ) -> ModelCardInputs:
-        """The card of a sentence-transformers export of ``base`` (+ ``peft``); ``shown``: the export's own fields
-        (``prompts``, ``query_source``, ``adhoc_prompts``, ``text_marker``, ``mteb_results``, ``mteb_table``)."""
+        """The card of a sentence-transformers export of ``base`` (+ ``peft``); ``shown``: its other fields."""
         notes: list[str] = []
         history = history_of([p for p in (base_model_name_or_path, peft_model_name_or_path) if p], notes)
         embedding = dict(
@@ -109,8 +108,7 @@ class ModelCardInputs:
 
 
 def read_stage(folder: str | os.PathLike, notes: list[str]) -> StageRecord | None:
-    """The run saved in ``folder`` (``run_config.json`` and ``trainer_state.json``), or None if there is none; what
-    cannot be read is added to ``notes``."""
+    """The run saved in ``folder`` (its run config and trainer state), or None; what cannot be read goes to ``notes``."""
     folder = Path(folder)
     config_path = folder / RUN_CONFIG_NAME
     if not config_path.is_file():
