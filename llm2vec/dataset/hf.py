@@ -441,6 +441,3 @@ def instruction_counts(paths, column_map=None, split="train", default_instructio
         for value, n in zip(values, np.bincount(codes, minlength=len(values)).tolist()):
             counts[value] += n
     return counts
-
-
-__all__ = ["ArrowTrainDataset", "DEFAULT_COLUMNS", "ROLES", "check_column_map", "instruction_counts", "load_hf"]

@@ -67,6 +67,3 @@ def load_jsonl(
             records, stem, lambda r: r.instruction if r.instruction is not None else default_instruction
         )
     return TrainDataset.from_sources(examples_by_source, global_batch_size, seed, stats, validation_size)
-
-
-__all__ = ["load_jsonl"]
