@@ -23,11 +23,6 @@ def _ratio(total: float, count: float) -> float:
     return total / count if count else float("nan")
 
 
-def _first(mask: torch.Tensor, k: int) -> torch.Tensor:
-    """The first ``k`` real targets of each row of a right-padded (B, M) mask."""
-    return mask * (mask.cumsum(dim=1) <= k)
-
-
 def _rank_credit(totals: dict[int, float], own: int) -> float:
     """1 / (ties + 1) when ``own`` has the lowest total among ``totals`` (``{candidate: C}``), else 0."""
     mine = totals[own]
@@ -158,7 +153,8 @@ def _tally(model, batches, device, sources, first_tokens, rank_candidates) -> tu
                 mask = targets[direction]["attention_mask"].float()
                 cross = _as_matrix(per_shift, shifts)
                 tally = tallies.setdefault(direction, _Tally())
-                tally.add(cross, mask, _first(mask, first_tokens), shift, candidates, groups)
+                first = mask * (mask.cumsum(dim=1) <= first_tokens)  # the first real targets of each row
+                tally.add(cross, mask, first, shift, candidates, groups)
     if not tallies:
         raise ValueError("the anchor gain needs held-out pairs; got no batches")
     return tallies, anchors

@@ -11,8 +11,6 @@ from collections import namedtuple
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-from .keywords import strict_booleans as strict_booleans  # the Python API's, imported from here by its modules
-
 
 class ConfigError(ValueError):
     """A bad configuration: the message names the file or flag, the field, and what to do."""

@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .config_values import strict_booleans
 from .io import sha256_file
+from .keywords import strict_booleans
 
 HEAD_BYTES = 1 << 20
 

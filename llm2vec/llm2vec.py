@@ -18,9 +18,9 @@ from transformers import AutoModel, AutoTokenizer
 from . import templates
 from .collator import pad_batch
 from .compat import enable_activation_checkpointing, peft_reads_deprecated_property
-from .config_values import strict_booleans
 from .devices import default_device, resolve_dtype
 from .encode_inputs import read_inputs, read_item
+from .keywords import strict_booleans
 from .load_report import load_backbone
 from .model_files import CONFIG_NAME, DEFAULTS, check_model_files, read_llm2vec_config  # noqa: F401 (re-exported)
 from .packing import packed_hidden_states

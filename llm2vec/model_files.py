@@ -9,9 +9,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from .config_values import strict_booleans
 from .fingerprints import fingerprint_model, model_folder
 from .io import missing_local_path, saved_folder_problem
+from .keywords import strict_booleans
 
 logger = logging.getLogger("llm2vec")
 

@@ -194,10 +194,10 @@ def _other_weights(model_dir: Path) -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ("instruction", "the instruction was 'Given a sentence, retrieve the same sentence', now 'Find it'"),
-        ("model", "the base model's files changed (model.safetensors)"),
-        ("max_length", "max_length was 512, now 64"),
-        ("qrels", "the local folder's qrels.jsonl changed"),
+        ("instruction", "instruction was 'Given a sentence, retrieve the same sentence', now 'Find it'"),
+        ("model", "model.base.files.model.safetensors.sha256 was '"),
+        ("max_length", "settings.max_length was 512, now 64"),
+        ("qrels", "task.files.qrels.jsonl was '"),
     ],
 )
 def test_a_changed_instruction_model_setting_or_file_is_computed_again(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..config_values import strict_booleans
+from ..keywords import strict_booleans
 from .base import SourceStats, TrainDataset, examples_from_records
 from .records import DataError, TrainExample, check_path_kind, missing_files, read_jsonl_pairs
 

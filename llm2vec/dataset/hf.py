@@ -24,8 +24,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES as BUILDERS
 
-from ..config_values import strict_booleans
 from ..io import MAX_LINE_BYTES, atomic_write, iter_jsonl, sha256_file
+from ..keywords import strict_booleans
 from .base import SourceStats, TrainDataset, arrange_positions, held_out_positions, record_counts
 from .records import DataError, FileReport, TrainExample, warn_suspect_pairs
 
@@ -425,14 +425,11 @@ def load_hf(
     kept = {name: np.delete(kept[name], [i for n, i in chosen if n == name]) for name in order}
     plan = arrange_positions({n: len(k) for n, k in kept.items()}, global_batch_size, seed)
     record_counts({n: len(k) for n, k in kept.items()}, plan.dropped, stats, global_batch_size)
-    names, g = sorted(sources), global_batch_size
+    names = sorted(sources)  # record_counts has refused a plan without chunks
     batch_sources = np.array([names.index(n) for n, _ in plan.chunks], dtype=np.int32)
-    chunks = np.array([k for _, k in plan.chunks], dtype=np.int64)
-    rows = np.empty((len(chunks), g), dtype=np.int64)
-    for s, name in enumerate(names):  # chunk k of a source: its kept rows at plan.order[name][k * g : (k + 1) * g]
-        shuffled = kept[name][np.frombuffer(plan.order[name], dtype=np.int64)]
-        rows[batch_sources == s] = shuffled[: len(shuffled) // g * g].reshape(-1, g)[chunks[batch_sources == s]]
-    return ArrowTrainDataset([sources[n] for n in names], batch_sources, rows.ravel(), stats, g, seed, held_out)
+    rows = np.concatenate([kept[n][np.frombuffer(plan.positions(n, k), np.int64)] for n, k in plan.chunks])
+    tables = [sources[n] for n in names]
+    return ArrowTrainDataset(tables, batch_sources, rows, stats, global_batch_size, seed, held_out)
 
 
 def instruction_counts(paths, column_map=None, split="train", default_instruction="", cache_dir=None) -> Counter[str]:
@@ -444,6 +441,3 @@ def instruction_counts(paths, column_map=None, split="train", default_instructio
         for value, n in zip(values, np.bincount(codes, minlength=len(values)).tolist()):
             counts[value] += n
     return counts
-
-
-__all__ = ["ArrowTrainDataset", "DEFAULT_COLUMNS", "ROLES", "check_column_map", "instruction_counts", "load_hf"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..config_values import strict_booleans
+from ..keywords import strict_booleans
 from .base import SourceStats, TrainDataset, examples_from_records
 from .records import DataError, TrainExample, check_path_kind, missing_files, read_jsonl_pairs
 
@@ -67,6 +67,3 @@ def load_jsonl(
             records, stem, lambda r: r.instruction if r.instruction is not None else default_instruction
         )
     return TrainDataset.from_sources(examples_by_source, global_batch_size, seed, stats, validation_size)
-
-
-__all__ = ["load_jsonl"]

@@ -7,8 +7,8 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..config_values import strict_booleans
 from ..io import iter_jsonl
+from ..keywords import strict_booleans
 
 logger = logging.getLogger(__name__)
 

@@ -112,20 +112,18 @@ def local_retrieval_task(
     data_dir: str | Path,
     name: str = "StdlibDocRetrieval",
     instruction: str | None = None,
-    description: str | None = None,
     *,
     allow_mteb_name: bool = False,
 ) -> LocalRetrievalTask:
-    """An mteb retrieval task over ``data_dir`` (BEIR layout), checked and hashed here (before any model loads).
-    ``name``: a plain file name and, unless ``allow_mteb_name``, not an mteb task's; its results are keyed as this
-    folder's either way."""
+    """An mteb retrieval task over ``data_dir`` (BEIR layout), checked and hashed now; ``name``: a plain file name,
+    unless ``allow_mteb_name`` not an mteb task's (its results are keyed as this folder's either way)."""
     check_name(name, "task name")
     if not allow_mteb_name:
         check_local_task_name(name, "task name")
     _, file_sha256, digest = read_beir_files(data_dir)
     metadata = TaskMetadata(
         name=name,
-        description=description or f"Local BEIR-style retrieval dataset read from {Path(data_dir).resolve()}.",
+        description=f"Local BEIR-style retrieval dataset read from {Path(data_dir).resolve()}.",
         reference=None,
         dataset={"path": str(Path(data_dir).resolve()), "revision": digest},
         type="Retrieval",

@@ -14,10 +14,10 @@ from mteb.models.abs_encoder import AbsEncoder
 from mteb.models.model_meta import ModelMeta, ScoringFunction
 from mteb.types import PromptType
 
-from ..config_values import strict_booleans
 from ..devices import resolve_dtype
 from ..fingerprints import model_content
 from ..io import short_hash
+from ..keywords import strict_booleans
 from ..llm2vec import LLM2Vec, read_llm2vec_config
 from .paths import check_name, model_folder_name, read_input_json, results_folder
 from .replicas import encode_on_replicas, replicate, resolve_devices
@@ -26,11 +26,8 @@ from .result_keys import computed_from, why_not_reused, write_record
 logger = logging.getLogger(__name__)
 
 
-class MissingInstructionError(KeyError):
+class MissingInstructionError(LookupError):
     """A task has no entry in the instructions mapping and no instruction of its own."""
-
-    def __str__(self) -> str:  # KeyError would print the repr of the message
-        return str(self.args[0]) if self.args else ""
 
 
 class InstructionsFileError(ValueError):

@@ -64,12 +64,10 @@ def read_input_json(path: str | os.PathLike, what: str, holds: str, error: type[
         raise error(str(e)) from None
 
 
-def check_output_folder(folder: str | os.PathLike, what: str | None = None) -> None:
+def check_output_folder(folder: str | os.PathLike, what: str) -> None:
     """``folder`` (which need not exist yet) can be made, read and written, in no run's or export's folder; creates
-    nothing. Raises :class:`PathNameError` naming ``what`` (default: the folder) and the folder at fault."""
-    folder = Path(folder)
-    what = what or f"output folder {folder}"
-    existing = folder
+    nothing. Raises :class:`PathNameError` naming ``what`` (the option that gave it) and the folder at fault."""
+    existing = Path(folder)
     while not existing.exists() and existing.parent != existing:
         existing = existing.parent  # a folder that cannot be entered stops here too (exists() is false below it)
     if not existing.is_dir():

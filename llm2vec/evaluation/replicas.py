@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..config_values import strict_booleans
 from ..devices import default_device
+from ..keywords import strict_booleans
 from ..llm2vec import LLM2Vec
 
 

@@ -65,53 +65,25 @@ def why_not_reused(path: str | os.PathLike, record: Mapping[str, Any]) -> str | 
         return "it records nothing of what it was computed from (written by mteb itself or an earlier version)"
     if stored.get("key") == record["key"] and json_sha256(stored["compared"]) == record["key"]:
         return None
-    return "it was computed from other inputs: " + "; ".join(differences(stored["compared"], record["compared"]))
+    found = differences(stored["compared"], record["compared"]) or ["its key is not that of what it records"]
+    return "it was computed from other inputs: " + "; ".join(found)
 
 
-def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    """What differs between two ``compared`` parts, one phrase each (old -> new)."""
+def differences(old: Mapping[str, Any], new: Mapping[str, Any], where: str = "") -> list[str]:
+    """Each leaf that differs between two ``compared`` parts, by its dotted path: ``path was <old>, now <new>``."""
     found = []
-    old_task, new_task = old.get("task") or {}, new.get("task") or {}
-    if old_task.get("source") != new_task.get("source") or old_task.get("name") != new_task.get("name"):
-        found.append(f"the task was {_describe(old_task)}, now {_describe(new_task)}")
-    elif old_task.get("files") != new_task.get("files"):
-        found.append(f"the local folder's {', '.join(_changed(old_task.get('files'), new_task.get('files')))} changed")
-    elif old_task != new_task:
-        found.append(f"the task's dataset was {old_task.get('dataset')}, now {new_task.get('dataset')}")
-    if old.get("instruction") != new.get("instruction"):
-        found.append(f"the instruction was {_short(old.get('instruction'))}, now {_short(new.get('instruction'))}")
-    old_model, new_model = old.get("model") or {}, new.get("model") or {}
-    for part, what in (("base", "the base model"), ("adapter", "the adapter")):
-        a, b = old_model.get(part), new_model.get(part)
-        if a != b:
-            found.append(f"{what}'s files changed" + _changed_files(a, b))
-    old_settings, new_settings = old.get("settings") or {}, new.get("settings") or {}
-    for name in _changed(old_settings, new_settings):
-        found.append(f"{name} was {old_settings.get(name)!r}, now {new_settings.get(name)!r}")
-    return found or ["a part of the key that this version does not name"]
+    for key in sorted(set(old) | set(new), key=str):
+        a, b, name = old.get(key), new.get(key), f"{where}{key}"
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            found += differences(a, b, f"{name}.")
+        elif a != b:
+            found.append(f"{name} was {_short(a)}, now {_short(b)}")
+    return found
 
 
-def _changed(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> list[str]:
-    """The keys whose values differ between ``a`` and ``b`` (None: empty), sorted."""
-    a, b = a or {}, b or {}
-    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-
-
-def _describe(task: Mapping[str, Any]) -> str:
-    source = task.get("source")
-    where = "a local folder" if source == "local folder" else "mteb's task" if source == "mteb" else source
-    return f"{where} named {task.get('name')!r}"
-
-
-def _short(text: Any, n: int = 60) -> str:
-    return repr(text if not isinstance(text, str) or len(text) <= n else text[:n] + "...")
-
-
-def _changed_files(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> str:
-    changed = _changed((a or {}).get("files"), (b or {}).get("files"))
-    if changed:
-        return f" ({', '.join(changed[:5])}{', ...' if len(changed) > 5 else ''})"
-    return f" ({'none' if a is None else a.get('hub_id', 'a folder')} -> {'none' if b is None else b.get('hub_id', 'a folder')})"
+def _short(value: Any, n: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= n else text[: n - 3] + "..."
 
 
 def write_record(path: str | os.PathLike, record: Mapping[str, Any]) -> None:

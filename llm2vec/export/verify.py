@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from .. import templates
-from ..config_values import strict_booleans
+from ..keywords import strict_booleans
 from ..llm2vec import LLM2Vec, decoder_body, read_llm2vec_config
 from .prompts import ExportError
 

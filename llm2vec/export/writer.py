@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from .. import templates
-from ..config_values import strict_booleans
 from ..devices import default_device, resolve_dtype
+from ..keywords import strict_booleans
 from ..llm2vec import CONFIG_NAME, LLM2Vec, decoder_body
 from ..model_card import ModelCardInputs, history_of, render_model_card
 from ..model_files import check_model_files

@@ -43,7 +43,7 @@ class ModelCardInputs:
     query_source: str = ""  # where an export's query instruction came from
     adhoc_prompts: bool = False  # an export whose chat template maps any instruction passed as prompt=
     text_marker: str = ""  # an export's marker between prompt and text (llm2vec.export.TEXT_MARKER)
-    mteb_results: list[str] = field(default_factory=list)  # the result folders the table was read from
+    mteb_results: Sequence[str | os.PathLike] = ()  # the result folders the table was read from
     mteb_table: str = ""  # their category table, rendered (Markdown); "" for none
     notes: list[str] = field(default_factory=list)
 
@@ -80,17 +80,12 @@ class ModelCardInputs:
         peft_model_name_or_path: str | None,
         *,
         encoder,
-        prompts: Mapping[str, str],
         normalize: bool,
         dtype,
-        adhoc_prompts: bool = False,
-        text_marker: str = "",
-        mteb_results: Sequence[str | os.PathLike] = (),
-        mteb_table: str = "",
         output_dir: str | os.PathLike | None = None,
-        query_source: str = "",
+        **shown: Any,
     ) -> ModelCardInputs:
-        """The card of a sentence-transformers export of ``base`` (+ ``peft``)."""
+        """The card of a sentence-transformers export of ``base`` (+ ``peft``); ``shown``: its other fields."""
         notes: list[str] = []
         history = history_of([p for p in (base_model_name_or_path, peft_model_name_or_path) if p], notes)
         embedding = dict(
@@ -107,19 +102,13 @@ class ModelCardInputs:
             base_path=_root_model(history) or base_model_name_or_path,
             history=history,
             embedding=embedding,
-            prompts=dict(prompts),
-            query_source=query_source,
-            adhoc_prompts=adhoc_prompts,
-            text_marker=text_marker,
-            mteb_results=[str(p) for p in mteb_results],
-            mteb_table=mteb_table,
             notes=notes,
+            **shown,
         )
 
 
 def read_stage(folder: str | os.PathLike, notes: list[str]) -> StageRecord | None:
-    """The run saved in ``folder`` (``run_config.json`` and ``trainer_state.json``), or None if there is none; what
-    cannot be read is added to ``notes``."""
+    """The run saved in ``folder`` (its run config and trainer state), or None; what cannot be read goes to ``notes``."""
     folder = Path(folder)
     config_path = folder / RUN_CONFIG_NAME
     if not config_path.is_file():

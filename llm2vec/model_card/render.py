@@ -66,8 +66,7 @@ def render_loss_curve(log_history: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def render_validation_curve(log_history: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Every evaluation on the held-out pairs (the ``eval_*`` entries of the log history but the ``geometry_*``
-    diagnostic), one row per evaluation; empty without any."""
+    """One row per evaluation of the held-out pairs (``eval_*`` but the diagnostics); empty without any."""
     skip = {"eval_pairs", "eval_queries", "eval_documents", "eval_runtime"}
 
     def shown(key: str) -> bool:
