@@ -348,8 +348,10 @@ def check_model_files(
             raise ModelFilesError(f"{what} {os.fspath(folder)}: {problem}")
     base = Path(base_model_name_or_path)
     names = {p.name for p in base.iterdir()} if base.is_dir() else {"config.json"}
-    run = any(n == "run_config.json" or n.startswith(("checkpoint-", ".llm2vec-final-save")) for n in names)
-    if "config.json" not in names and not run:  # a run's folder is left to its own checks (finished or not)
+    run = any(n == RUN_CONFIG or n.startswith(("checkpoint-", ".llm2vec-final-save")) for n in names)
+    # a run's folder (llm2vec.run.target.folder_holds's rule, by name: only run.lock is imported here) is left to
+    # the run checks, finished or not
+    if "config.json" not in names and not run:
         raise ModelFilesError(
             f"model {os.fspath(base_model_name_or_path)}: a folder without config.json, so no model transformers "
             "can load; give the folder a run or a model conversion wrote"
