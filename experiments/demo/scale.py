@@ -201,9 +201,10 @@ def prepare_data(data: Path | None, carry: Path, out: Path) -> Path:
 # ---------------------------------------------------------------------------------------- stages
 
 
-def run_script(script: Path, config: Path, flags: dict[str, Any], log: Path, poll=None) -> None:
-    """A stage driver, its output into ``log``, ``poll()`` every :data:`POLL_SECONDS` (the live report)."""
-    stages.run_command(stages.stage_command(script, config, flags), log=log, poll=poll, every=POLL_SECONDS)
+def run_script(script: Path, config: Path, flags: dict[str, Any], log: Path, poll=None, every=None) -> None:
+    """A stage driver, its output into ``log``, ``poll()`` every ``every`` seconds (default :data:`POLL_SECONDS`:
+    the live report)."""
+    stages.run_command(stages.stage_command(script, config, flags), log=log, poll=poll, every=every or POLL_SECONDS)
 
 
 def retrieval_scores(model: Path, adapter: Path | None, split: Path, max_length: int, batch: int) -> dict[str, Any]:
@@ -324,9 +325,14 @@ def differences(evaluation: dict[str, dict], stage_I: dict, stage_II: dict) -> d
     return out
 
 
+def steps_that_fit(step_seconds: float, minutes: float, most: int) -> int:
+    """How many steps of ``step_seconds`` ``minutes`` of training allow, at most ``most``."""
+    return min(most, int(minutes * 60 / step_seconds))
+
+
 def choose_batch(probes: dict[int, dict[str, Any]], probe: Probe) -> tuple[int, int]:
     """(batch, Stage I steps) by :class:`Probe`'s rule from each probed batch's ``step_seconds`` and ``finite``."""
-    fits = {b: min(probe.most, int(probe.minutes * 60 / r["step_seconds"])) for b, r in probes.items() if r["finite"]}
+    fits = {b: steps_that_fit(r["step_seconds"], probe.minutes, probe.most) for b, r in probes.items() if r["finite"]}
     if not fits:
         raise ScaleError(f"every probed batch ({', '.join(map(str, probes))}) gave a loss that is not finite")
     enough = [b for b, steps in fits.items() if steps >= probe.least]
@@ -367,10 +373,7 @@ def probe_batches(preset: Preset, base: Path, train: Path, out: Path) -> dict[in
                     if line.strip() and "loss" in (entry := json.loads(line)) and entry["step"] not in seen:
                         seen[entry["step"]], losses[entry["step"]] = time.monotonic(), float(entry["loss"])
 
-        stages.run_command(
-            stages.stage_command(STAGE_I_SCRIPT, STAGE_I_CONFIG, flags), log=out / "logs" / f"probe_batch{batch}.log",
-            poll=poll, every=PROBE_POLL,
-        )  # fmt: skip
+        run_script(STAGE_I_SCRIPT, STAGE_I_CONFIG, flags, out / "logs" / f"probe_batch{batch}.log", poll, PROBE_POLL)
         poll()
         found[batch] = {"steps": len(losses), "step_seconds": step_seconds(seen, read_state(folder)),
                         "losses": [losses[k] for k in sorted(losses)],
@@ -492,7 +495,7 @@ def report_lines(result: dict[str, Any]) -> list[str]:
         ]
     if probes := result.get("probe"):
         q = p["probe"]
-        rows = [[b, r["steps"], f"{r['step_seconds']:.3f}", min(q["most"], int(q["minutes"] * 60 / r["step_seconds"])),
+        rows = [[b, r["steps"], f"{r['step_seconds']:.3f}", steps_that_fit(r["step_seconds"], q["minutes"], q["most"]),
                  "yes" if r["finite"] else "no"] for b, r in probes.items()]  # fmt: skip
         lines += ["## Stage I's batch and steps, probed on this machine", ""]
         lines += stages.markdown_table(
@@ -676,18 +679,17 @@ def _stages(preset, out, data, model, carry, stage_I_runs, budget, result, lap, 
         result["stage_I"][name] = {"from": str(folder), "planned_steps": steps, "steps": steps,
                                    "global_batch": global_batch}  # fmt: skip
         result["stage_I_curve"][name] = stage_I_curve(state, global_batch)
-    if not given and preset.probe:
+    probing = not given and preset.probe is not None
+    if probing:
         lap("inputs", "probe")
         result["probe"] = probe_batches(preset, base, train, out)
         preset = sized_by_probe(preset, result["probe"])
         result["preset"] = {**dataclasses.asdict(preset), "global_batch": preset.global_batch}
-        lap("probe", "stage_I")
     if not given:
         result["stage_I"]["stage_I"] = {"from": None, "planned_steps": preset.stage_I_steps, "steps": None,
                                         "global_batch": preset.global_batch}  # fmt: skip
         result["stage_I_curve"]["stage_I"] = []
-    if "probe" not in result:
-        lap("inputs", "stage_I")
+    lap("probe" if probing else "inputs", "stage_I")
     stage_I = given or {"stage_I": out / "stage_I"}
     arms = stage_II_arms(base, stage_I, seeds)
     if not given:
