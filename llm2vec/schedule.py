@@ -63,9 +63,8 @@ def plan_schedule(args, global_batches: int, stop_after_n_steps: int | None, sou
         scheduler_specific_kwargs=args.lr_scheduler_kwargs,
     )
     rate = scheduler.lr_lambdas[0] if isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR) else None
-    if (
-        rate is not None and 2 * warmup > horizon
-    ):  # step s (from 0) has rate(s) of the peak: at most at the warm-up's end
+    # step s (from 0) has rate(s) of the peak: at most at the warm-up's end
+    if rate is not None and 2 * warmup > horizon:
         length = f"max_steps {args.max_steps}" if args.max_steps > 0 else f"a schedule of {horizon} steps"
         logger.warning(
             f"{source}: {length} with warmup_steps {args.warmup_steps}: "
