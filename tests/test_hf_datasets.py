@@ -71,7 +71,9 @@ def as_table(rows: list[dict], columns=TEXT_COLUMNS) -> pa.Table:
 
 
 def write(kind: str, folder: Path, name: str, rows: list[dict], columns=TEXT_COLUMNS) -> Path:
-    """``rows`` stored as ``kind``: a save_to_disk folder, a parquet, Arrow stream or JSON-lines file."""
+    """``rows`` stored as ``kind``: a save_to_disk folder, a parquet, JSON-lines or ``.arrow`` file, the last as the
+    Arrow stream ``datasets`` writes (``arrow``) or in Arrow's random-access file format (``arrow_file``, as
+    ``pyarrow.ipc.new_file`` and feather write it)."""
     folder.mkdir(parents=True, exist_ok=True)
     if kind == "jsonl":
         return write_jsonl(folder / f"{name}.jsonl", rows)
@@ -79,8 +81,9 @@ def write(kind: str, folder: Path, name: str, rows: list[dict], columns=TEXT_COL
     if kind == "parquet":
         pq.write_table(table, folder / f"{name}.parquet")
         return folder / f"{name}.parquet"
-    if kind == "arrow":
-        with pa.OSFile(str(folder / f"{name}.arrow"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+    if kind in ("arrow", "arrow_file"):
+        new = pa.ipc.new_stream if kind == "arrow" else pa.ipc.new_file
+        with pa.OSFile(str(folder / f"{name}.arrow"), "wb") as sink, new(sink, table.schema) as w:
             w.write_table(table)
         return folder / f"{name}.arrow"
     assert kind == "folder"
@@ -94,7 +97,7 @@ def assert_single_source_blocks(items, size):
         assert len({e.source for e in items[start : start + size]}) == 1, f"block at {start} mixes sources"
 
 
-KINDS = ("folder", "parquet", "jsonl", "arrow")
+KINDS = ("folder", "parquet", "jsonl", "arrow", "arrow_file")
 
 
 # ---------------------------------------------------------------------------------------------- the same examples
@@ -577,7 +580,7 @@ def test_a_dataset_without_rows_is_named_as_empty(tmp_path, kind):
 
 
 def test_repeated_pairs_and_negatives_equal_to_their_positive_warn_as_json_lines_does(tmp_path, caplog):
-    """The JSON-lines loader's two warnings (one function, llm2vec.dataset.records.warn_suspect_pairs), by row; the
+    """The JSON-lines loader's two warnings (one function, llm2vec.dataset.records.check_report), by row; the
     rows are kept."""
     rows = [{"query": f"q{i}", "positive": f"p{i}", "negative": f"n{i}"} for i in range(8)]
     rows[4] = {**rows[1], "negative": "another negative"}  # row 4 repeats the pair of row 1

@@ -1,42 +1,28 @@
-"""Training data from Hugging Face ``datasets``, memory-mapped: ``dataset_name: hf`` (docs/data.md).
-
-Each entry of ``dataset_file_path`` is one source: a ``save_to_disk`` folder, a ``.parquet`` / ``.arrow`` /
-``.json`` / ``.jsonl`` file, or a dataset id in the local cache (read offline). Columns are mapped to :data:`ROLES`;
-rows follow the JSON-lines loader's rules, checked in one vectorised scan that names a bad row.
-"""
+"""Training data from Hugging Face ``datasets`` (``dataset_name: hf``, docs/data.md): each source's columns mapped
+to :data:`ROLES`, its rows checked by the JSON-lines loader's rules in one vectorised scan that names a bad row."""
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import os
-import tempfile
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import datasets
-import huggingface_hub.constants as hub
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
-from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES as BUILDERS
 
-from ..io import MAX_LINE_BYTES, atomic_write, iter_jsonl, sha256_file
+from ..io import MAX_LINE_BYTES
 from ..keywords import strict_booleans
+from .arrow import BUILDERS, FILES, SCAN_ROWS, open_dataset
 from .base import SourceStats, TrainDataset, arrange_positions, held_out_positions, record_counts
-from .records import DataError, FileReport, TrainExample, warn_suspect_pairs
+from .records import DataError, FileReport, TrainExample, check_report
 
 logger = logging.getLogger(__name__)
 
 ROLES = ("query", "positive", "negative", "instruction")
 DEFAULT_COLUMNS = {role: (role,) for role in ROLES} | {"query": ("query", "anchor")}  # anchor: sentence-transformers'
-FILES = (".parquet", ".arrow", ".json", ".jsonl")
-SCAN_ROWS = 8192  # rows per block of the checks and conversions: their memory is bounded by a block
-FIX = "Fix or remove this row."
-NO_ROWS = "the dataset has no rows; give one with (query, positive) rows"
 
 
 def check_column_map(column_map) -> None:
@@ -82,98 +68,11 @@ def open_sources(paths, column_map, split, cache_dir, default_instruction="", re
             f"column_map: {', '.join(map(repr, unknown))} names no source; the sources are: {', '.join(sources)}"
         )
     for name, source in sources.items():
-        source.open(split, cache_dir)
+        source.dataset, source.notes = open_dataset(
+            source.label, source.path, source.repo, source.config, split, cache_dir
+        )
         source.resolve({**shared, **own.get(name, {})}, default_instruction.strip(), require_negative)
     return sources
-
-
-def _from_disk(folder: str, split: str):
-    state, listing = datasets.config.DATASET_STATE_JSON_FILENAME, datasets.config.DATASETDICT_JSON_FILENAME
-    if not any(os.path.isfile(os.path.join(folder, name)) for name in (state, listing)):
-        raise DataError(
-            f"{folder} is a folder but not one written by save_to_disk (no {state} or {listing}); give its data "
-            "files, joined by ','"
-        )
-    saved, files = Path(folder, split if os.path.isfile(os.path.join(folder, listing)) else "", state), True
-    with contextlib.suppress(OSError, ValueError, AttributeError):  # unreadable: load_from_disk says why
-        files = json.loads(saved.read_text()).get("_data_files")
-    if not files:  # a dataset without rows is saved without data files
-        raise DataError(f"{folder}: {NO_ROWS}")
-    loaded = datasets.load_from_disk(folder, keep_in_memory=False)
-    if isinstance(loaded, datasets.DatasetDict) and split not in loaded:
-        raise DataError(f"{folder}: no split {split!r}; its splits are: {', '.join(loaded)} (set dataset_split)")
-    return loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
-
-
-def _from_file(path: str, cache_dir: str | None):
-    """``(dataset, notes)``: an Arrow stream mapped as it is; another file converted once into an Arrow stream named
-    by its SHA-256 in ``cache_dir`` (default: ``datasets``' cache), then mapped; ``notes``: :func:`_jsonl_table`'s."""
-    if Path(path).suffix not in FILES:
-        raise DataError(
-            f"{path}: not a file datasets reads here; give a {', '.join(FILES)} file, a save_to_disk folder or a "
-            "cached dataset id"
-        )
-    if path.endswith(".arrow"):
-        with contextlib.suppress(pa.ArrowInvalid):  # an Arrow file, not a stream, is converted
-            return datasets.Dataset.from_file(path, in_memory=False), {}
-    digest = sha256_file(path)
-    mapped = os.path.join(cache_dir or datasets.config.HF_DATASETS_CACHE, "llm2vec", f"{digest}.arrow")
-    if not os.path.isfile(mapped):
-        with atomic_write(mapped, "wb") as sink, tempfile.TemporaryDirectory(dir=os.path.dirname(mapped)) as blocks:
-            if path.endswith(".parquet"):  # pyarrow's pre-buffering would keep every row group read till the end
-                parquet = pq.ParquetFile(path, pre_buffer=False)
-                schema, batches = parquet.schema_arrow, parquet.iter_batches(SCAN_ROWS)
-            else:
-                arrow = path.endswith(".arrow")
-                table = pa.ipc.open_file(pa.memory_map(path)).read_all() if arrow else _jsonl_table(path, blocks)
-                schema, batches = table.schema, table.to_batches()
-            with pa.ipc.new_stream(sink, schema) as writer:
-                for batch in batches:
-                    writer.write_batch(batch)
-            if sha256_file(path) != digest:  # hashed again only if its size or times changed: then not kept
-                raise DataError(f"{path}: the file changed while it was read; run again once it is written")
-    metadata = pa.ipc.open_stream(pa.memory_map(mapped)).schema.metadata or {}
-    return datasets.Dataset.from_file(mapped, in_memory=False), json.loads(metadata.get(b"llm2vec", b"{}"))
-
-
-def _jsonl_table(path: str, blocks: str) -> pa.Table:
-    """The JSON-lines file ``path`` as :func:`~llm2vec.io.iter_jsonl` reads it, a text column a key (another value as
-    its JSON text); the metadata notes the blank lines and each such key's first row. Blocks go through ``blocks``."""
-    parts, rows, notes, fix = [], [], {"blank": [], "not_text": {}}, FIX.replace("row", "line")
-    with open(path, "rb") as f:
-        if f.read(4096).lstrip().startswith(b"["):
-            raise DataError(
-                f"{path}: a JSON array; a .json or .jsonl file is read as JSON lines, one object a line: write it so "
-                "(datasets: Dataset.from_list(rows).to_json(path))"
-            )
-
-    def write_block():
-        keys = dict.fromkeys(key for row in rows for key in row)
-        table = pa.Table.from_pylist(rows, pa.schema([(key, pa.large_string()) for key in keys]))
-        part = os.path.join(blocks, str(len(parts)))
-        with pa.OSFile(part, "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table)
-        parts.append(pa.ipc.open_stream(pa.memory_map(part)).read_all())
-        rows.clear()
-
-    for line, record in iter_jsonl(path, error=DataError, fix=fix):
-        if record is None:
-            notes["blank"].append(line)
-            continue
-        for key, value in record.items():
-            if isinstance(value, str) and not value.isascii() and value.encode(errors="replace").decode() != value:
-                raise DataError(
-                    f'{path}:{line}: field "{key}" holds half of a UTF-16 surrogate pair, which is not a character '
-                    f"(a broken \\uXXXX escape). {fix}"
-                )
-            if not isinstance(value, str) and value is not None:
-                record[key] = json.dumps(value)  # ASCII: a half surrogate pair in it is escaped
-                notes["not_text"].setdefault(key, (len(parts) * SCAN_ROWS + len(rows), record[key]))
-        rows.append(record)
-        if len(rows) == SCAN_ROWS:
-            write_block()
-    write_block()
-    return pa.concat_tables(parts, promote_options="default").replace_schema_metadata({"llm2vec": json.dumps(notes)})
 
 
 class Source:
@@ -194,36 +93,6 @@ class Source:
                 f"file under {os.getcwd()}; give the data files themselves ({', '.join(FILES)}) or a "
                 "save_to_disk folder"
             )
-
-    def open(self, split: str, cache_dir: str | None) -> None:
-        """Map the dataset, offline (nothing is downloaded), note the files it reads; refuse one without rows."""
-        saved = datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE
-        datasets.config.HF_HUB_OFFLINE = hub.HF_HUB_OFFLINE = True
-        self.notes = {}
-        try:
-            if self.repo is not None:
-                self.dataset = datasets.load_dataset(self.repo, self.config, split=split, cache_dir=cache_dir)
-            elif os.path.isdir(self.path):
-                self.dataset = _from_disk(self.path, split)
-            else:
-                self.dataset, self.notes = _from_file(self.path, cache_dir)
-        except DataError:
-            raise
-        except Exception as e:  # noqa: BLE001 - whatever datasets raises: one line naming the source
-            cause = (str(e.__cause__ or e).strip().splitlines() or [type(e).__name__])[0]
-            if self.repo is None:
-                raise DataError(f"{self.label}: cannot read it as a dataset ({cause})") from e
-            raise DataError(
-                f"dataset {self.label}: no local file or folder of that name, and not readable from the local "
-                f"datasets cache as a dataset id ({cause}). Download it once where there is network "
-                "(datasets.load_dataset), or give a local file or save_to_disk folder"
-            ) from e
-        finally:
-            datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE = saved
-        if not self.dataset.num_rows:
-            raise DataError(f"{self.label}: {NO_ROWS}")
-        local_file = self.path is not None and os.path.isfile(self.path)
-        self.files = [self.path] if local_file else [f["filename"] for f in self.dataset.cache_files]
 
     def resolve(self, column_map: dict[str, str], default_instruction: str, require_negative: bool) -> None:
         """The column of each role (``column_map``'s, else :data:`DEFAULT_COLUMNS`), refusing a mapped column the
@@ -277,7 +146,7 @@ class Source:
         for blank in self.notes.get("blank", ()):  # in order: each blank line up to the row's moves it one down
             line += blank <= line
         where = f" (line {line})" if "blank" in self.notes else ""
-        raise DataError(f"{self.label}, row {row}{where}: {problem}. {FIX}")
+        raise DataError(f"{self.label}, row {row}{where}: {problem}. Fix or remove this row.")
 
     def example(self, row: int) -> TrainExample:
         """The training example of table row ``row``, as the JSON-lines loader builds it from the same record."""
@@ -338,23 +207,16 @@ class Source:
             if full:
                 break
         kept, skipped, same = np.concatenate(kept), np.concatenate(skipped), np.concatenate(same)
-        if len(skipped):
-            first = next(r for r in self.required if not self._text(r, int(skipped[0])))
-            needed = ", ".join(self.required[:-1]) + " or " + self.required[-1]
-            logger.warning(
-                "%s: skipped %d of %d rows whose %s is empty or whitespace only (the first: row %d, %s)",
-                *(self.label, len(skipped), records, needed, skipped[0], self.field(first)),
-            )
-        if not len(kept):
-            raise DataError(
-                f"{self.label}: all {records} rows were skipped because a required text is empty or whitespace only. "
-                "Check the dataset's columns and column_map."
-            )
         repeats = np.ones(len(kept), bool)
         repeats[np.unique(np.concatenate(hashes), return_index=True)[1]] = False  # all but the first row of each pair
-        report = FileReport(self.label, records, duplicates=kept[repeats].tolist(), negative_is_positive=same.tolist())
-        warn_suspect_pairs(self.label, report, unit="row")
-        return SourceStats(self.name, list(self.files), records=records, skipped_empty=len(skipped)), kept
+        dup, same = kept[repeats].tolist(), same.tolist()
+        report = FileReport(self.label, records, len(kept), len(skipped), duplicates=dup, negative_is_positive=same)
+        first = next((r for r in self.required if len(skipped) and not self._text(r, int(skipped[0]))), None)
+        where = f" (the first: row {skipped[0]}, {self.field(first)})" if first else ""
+        check_report(report, self.required, "row", where)
+        local = self.path is not None and os.path.isfile(self.path)
+        files = [self.path] if local else [f["filename"] for f in self.dataset.cache_files]
+        return SourceStats(self.name, files, records=records, skipped_empty=len(skipped)), kept
 
     def instruction_codes(self) -> tuple[np.ndarray, list[str]]:
         """``(codes, instructions)``: each row's query instruction (stripped, the default for none) as an integer."""

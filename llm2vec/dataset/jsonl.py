@@ -47,13 +47,10 @@ def load_jsonl(
         by_stem[stem] = p
     for p in path_list:
         check_path_kind(p, "jsonl")
-    missing = missing_files(path_list)
-    if missing:
+    if missing := missing_files(path_list):
+        listed, where = "".join(f"\n  - {p}" for p in missing), f"relative paths are resolved from {os.getcwd()}"
         raise DataError(
-            f"{len(missing)} of {len(path_list)} training files not found:\n"
-            + "\n".join(f"  - {p}" for p in missing)
-            + "\nCheck the paths (relative paths are resolved from "
-            + f"{os.getcwd()})."
+            f"{len(missing)} of {len(path_list)} training files not found:{listed}\nCheck the paths ({where})."
         )
 
     default_instruction = default_instruction.strip()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ..io import iter_jsonl
@@ -127,48 +127,44 @@ def read_jsonl_pairs(
             report.negative_is_positive.append(line_no)
         records.append(RawRecord(index, line_no, query, positive, negative or None, instruction, path))
     report.kept = len(records)
-    if report.skipped_empty:
-        needed = "query, positive or negative" if require_negative else "query or positive"
-        skipped = report.skipped_empty
-        logger.warning(
-            "%s: skipped %d of %d records whose %s is empty or whitespace only", path, skipped, report.records, needed
-        )
     if report.blank_lines:
         logger.warning("%s: ignored %d blank lines", path, report.blank_lines)
-    warn_suspect_pairs(path, report)
-    if not records:
-        if report.records == 0:
-            raise DataError(f"{path}: the file holds no records. Check that it is the right file.")
-        raise DataError(
-            f"{path}: all {report.records} records were skipped because a required text "
-            "is empty or whitespace only. Check the file's field names and contents."
-        )
+    check_report(report, ("query", "positive", "negative")[: 3 if require_negative else 2])
     return records, report
 
 
-def warn_suspect_pairs(path: str, report, unit: str = "line") -> None:
-    """Warn about ``report``'s repeated pairs and negatives equal to their positive (kept), naming the first lines
-    (``unit``: or rows) where they are."""
+def check_report(report: FileReport, required: Sequence[str], unit: str = "line", first: str = "") -> None:
+    """Warn of ``report``'s skipped records (``first``: where the first was) and of its kept repeated pairs and
+    negatives equal to their positive, naming the first lines (``unit``: or rows) of each; refuse one that kept none."""
+    noun, path = "rows" if unit == "row" else "records", report.path
+    if report.skipped_empty:
+        needed = ", ".join(required[:-1]) + " or " + required[-1]
+        logger.warning(
+            "%s: skipped %d of %d %s whose %s is empty or whitespace only%s",
+            *(path, report.skipped_empty, report.records, noun, needed, first),
+        )
     if report.duplicates:
         logger.warning(
             "%s: %d of %d records %s the query and positive of an earlier record (%s); they are kept, but two copies "
             "in one batch make each an in-batch negative of the other's query",
-            path,
-            len(report.duplicates),
-            report.records,
-            "repeats" if len(report.duplicates) == 1 else "repeat",
+            *(path, len(report.duplicates), report.records, "repeats" if len(report.duplicates) == 1 else "repeat"),
             _line_list(report.duplicates, unit=unit),
         )
     if report.negative_is_positive:
         logger.warning(
             "%s: %d of %d records %s a negative equal to %s positive (%s); they are kept, but such a hard negative "
             "scores exactly as the positive",
-            path,
-            len(report.negative_is_positive),
-            report.records,
-            "has" if len(report.negative_is_positive) == 1 else "have",
-            "its" if len(report.negative_is_positive) == 1 else "their",
+            *(path, len(report.negative_is_positive), report.records),
+            *(("has", "its") if len(report.negative_is_positive) == 1 else ("have", "their")),
             _line_list(report.negative_is_positive, unit=unit),
+        )
+    if not report.kept and not report.records:
+        raise DataError(f"{path}: the file holds no records. Check that it is the right file.")
+    if not report.kept:
+        where = "the dataset's columns and column_map" if unit == "row" else "the file's field names and contents"
+        raise DataError(
+            f"{path}: all {report.records} {noun} were skipped because a required text is empty or whitespace only. "
+            f"Check {where}."
         )
 
 
