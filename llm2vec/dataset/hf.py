@@ -211,7 +211,7 @@ class Source:
         repeats[np.unique(np.concatenate(hashes), return_index=True)[1]] = False  # all but the first row of each pair
         dup, same = kept[repeats].tolist(), same.tolist()
         report = FileReport(self.label, records, len(kept), len(skipped), duplicates=dup, negative_is_positive=same)
-        first = next((r for r in self.required if len(skipped) and not self._text(r, int(skipped[0]))), None)
+        first = next(r for r in self.required if not self._text(r, int(skipped[0]))) if len(skipped) else None
         where = f" (the first: row {skipped[0]}, {self.field(first)})" if first else ""
         check_report(report, self.required, "row", where)
         local = self.path is not None and os.path.isfile(self.path)
@@ -285,8 +285,8 @@ def load_hf(
     held_out = [sources[name].example(int(kept[name][i])) for name, i in chosen]
     order = sorted(kept) if chosen else list(kept)  # the order in which hold_out leaves the sources
     kept = {name: np.delete(kept[name], [i for n, i in chosen if n == name]) for name in order}
-    plan = arrange_positions({n: len(k) for n, k in kept.items()}, global_batch_size, seed)
-    record_counts({n: len(k) for n, k in kept.items()}, plan.dropped, stats, global_batch_size)
+    plan = arrange_positions(sizes := {n: len(k) for n, k in kept.items()}, global_batch_size, seed)
+    record_counts(sizes, plan.dropped, stats, global_batch_size)
     names = sorted(sources)  # record_counts has refused a plan without chunks
     batch_sources = np.array([names.index(n) for n, _ in plan.chunks], dtype=np.int32)
     rows = np.concatenate([kept[n][np.frombuffer(plan.positions(n, k), np.int64)] for n, k in plan.chunks])
