@@ -219,6 +219,8 @@ def file_digest(paths: Iterable[str | os.PathLike], n: int = 64) -> str:
     return digest.hexdigest()[:n]
 
 
+RUN_CONFIG_NAME = "run_config.json"  # a run's settings and inputs, in its folder and each checkpoint (llm2vec.run)
+FINAL_SAVE_RECORD = ".llm2vec-final-save.json"  # the final save's file names while it moves them into place
 COMPLETE_MARKER = "training_complete.json"  # written last by a run's final save (llm2vec.run.saves)
 EXPORT_MARKER = "export_complete.json"  # written last into an export (llm2vec.run.target)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .fingerprints import fingerprint_model, model_folder
-from .io import missing_local_path, saved_folder_problem
+from .io import FINAL_SAVE_RECORD, RUN_CONFIG_NAME, missing_local_path, saved_folder_problem
 from .keywords import strict_booleans
 
 logger = logging.getLogger("llm2vec")
@@ -102,7 +102,6 @@ def check_adapter_weights(path: str | os.PathLike | None) -> None:
 
 
 ADAPTER_CONFIG = "adapter_config.json"
-RUN_CONFIG = "run_config.json"
 WEIGHT_PATTERN = "*.safetensors"
 
 
@@ -208,12 +207,12 @@ def _content_problem(recorded: dict[str, Any], base: Path) -> str | None:
 def _recorded_base(folder: Path) -> tuple[str | None, dict[str, Any] | None, str]:
     """What the adapter folder says of its base model: ``(name, fingerprint, source)``, the fingerprint its
     ``run_config.json`` recorded, else that of the folder its ``adapter_config.json`` names (if here), else ``None``."""
-    recorded = ((_json_file(os.fspath(folder), RUN_CONFIG) or {}).get("inputs") or {}).get("base_model") or {}
+    recorded = ((_json_file(os.fspath(folder), RUN_CONFIG_NAME) or {}).get("inputs") or {}).get("base_model") or {}
     if _weights(recorded):
-        return recorded.get("name"), recorded, f"its {RUN_CONFIG} records the base's SHA-256"
+        return recorded.get("name"), recorded, f"its {RUN_CONFIG_NAME} records the base's SHA-256"
     name = (_json_file(os.fspath(folder), ADAPTER_CONFIG) or {}).get("base_model_name_or_path") or recorded.get("name")
     if not name:
-        return None, None, f"neither its {RUN_CONFIG} nor its {ADAPTER_CONFIG} names a base model"
+        return None, None, f"neither its {RUN_CONFIG_NAME} nor its {ADAPTER_CONFIG} names a base model"
     named = model_folder(str(name))
     if named is None:
         return str(name), None, f"its {ADAPTER_CONFIG} names the base model {name}, which is not here to compare"
@@ -348,7 +347,7 @@ def check_model_files(
             raise ModelFilesError(f"{what} {os.fspath(folder)}: {problem}")
     base = Path(base_model_name_or_path)
     names = {p.name for p in base.iterdir()} if base.is_dir() else {"config.json"}
-    run = any(n == RUN_CONFIG or n.startswith(("checkpoint-", ".llm2vec-final-save")) for n in names)
+    run = any(n in (RUN_CONFIG_NAME, FINAL_SAVE_RECORD) or n.startswith("checkpoint-") for n in names)
     # a run's folder (llm2vec.run.target.folder_holds's rule, by name: only run.lock is imported here) is left to
     # the run checks, finished or not
     if "config.json" not in names and not run:

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..io import RUN_CONFIG_NAME
 from ..provenance import base_model_hub_id
 
-RUN_CONFIG_NAME = "run_config.json"
 TRAINER_STATE_NAME = "trainer_state.json"
 MAX_CHAIN = 8  # stages followed back through run_config.json files
 CURVE_POINTS = 6

@@ -14,14 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from ..arguments import ConfigError
-from ..io import COMPLETE_MARKER, record_problem
+from ..io import COMPLETE_MARKER, FINAL_SAVE_RECORD, RUN_CONFIG_NAME, record_problem
 
 logger = logging.getLogger("llm2vec")
 
-RUN_CONFIG_NAME = "run_config.json"
 TRAINER_STATE_NAME = "trainer_state.json"
 CHECKPOINT_MANIFEST = "checkpoint_files.json"
-FINAL_SAVE_RECORD = ".llm2vec-final-save.json"  # the final save's file names while it moves them into place
 CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
 # What a checkpoint holds beyond the model: not part of a final model built from a checkpoint.
 TRAINING_STATE_FILES = ("optimizer.pt", "scheduler.pt", "scaler.pt", "rng_state*.pth", CHECKPOINT_MANIFEST)
