@@ -74,7 +74,8 @@ def _staged(trainer, root: Path, folder: Path, publish) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def staged_checkpoint(trainer) -> Iterator[Path]:
-    """The Trainer saves ``checkpoint-<step>`` into a staging ``args.output_dir`` in the block; then it is published."""
+    """Weights checked finite, the Trainer saves ``checkpoint-<step>`` into a staging ``args.output_dir``, published."""
+    trainer.check_weights_finite(f"checkpoint-{trainer.state.global_step} was not written")
     before = trainer.args.output_dir
     run_dir, name = Path(before), f"checkpoint-{trainer.state.global_step}"
     staging = run_dir / f".{name}.staging.tmp"
