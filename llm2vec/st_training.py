@@ -157,7 +157,7 @@ def check_config(config: RunConfig) -> str | None:
         "use_packing true": (str(config.model.use_packing).lower() == "true", "set it to auto or false"),
     }
     resume = args.resume_from_checkpoint
-    if resume not in (None, False, "", "false", "False"):
+    if resume is not None:  # parse_config made it None, True or a folder
         raise ConfigError(f"{where}resume_from_checkpoint {resume}: {NO_RESUME}")
     if not config.stage.loss:
         raise ConfigError(f"{where}loss is empty: name a sentence-transformers loss, e.g. {DEFAULT_LOSS}")

@@ -297,7 +297,7 @@ def test_accumulation_warning_only_with_accumulation(caplog, tmp_path):
             use_cpu=True,
             report_to="none",
         )
-        StageIIArguments().check(args, "config.json")
+        StageIIArguments().check(args)
 
     with caplog.at_level(logging.WARNING, logger="llm2vec"):
         check(64, 1)

@@ -213,13 +213,7 @@ class _StageArguments(Arguments):
         self.stage = self.stage or self.STAGE
         super().__post_init__()
 
-    def collator_options(self) -> dict[str, Any]:
-        """Keyword arguments of :class:`llm2vec.collator.TrainCollator` for this stage."""
-        if self.stage == "I":
-            return {"reconstruction": self.reconstruction_targets}
-        return {"with_negative": self.require_negative}
-
-    def check(self, args: TrainingArguments, source: str) -> None:
+    def check(self, args: TrainingArguments) -> None:
         """Stage-specific start-up checks against the training arguments (may warn)."""
 
 
@@ -249,6 +243,10 @@ class StageIArguments(_StageArguments):
     """Not the paper's (empty): a text the reconstruction pass reads before the anchor, moving it off position 0."""
     stop_decoder_gradient: bool = False
     """Not the paper's: reconstruct with detached decoder weights, training only through the anchor; not with FSDP."""
+
+    def collator_options(self) -> dict[str, Any]:
+        """Keyword arguments of :class:`llm2vec.collator.TrainCollator` for this stage."""
+        return {"reconstruction": self.reconstruction_targets}
 
 
 @dataclass
@@ -296,7 +294,10 @@ class StageIIArguments(_StageArguments):
         if not self.lora_target_modules:
             raise ConfigError("lora_target_modules is empty: name the linear modules that get adapters")
 
-    def check(self, args: TrainingArguments, source: str) -> None:
+    def collator_options(self) -> dict[str, Any]:
+        return {"with_negative": self.require_negative}
+
+    def check(self, args: TrainingArguments) -> None:
         """Gradient accumulation splits the contrastive batch: negatives come from one micro-batch only."""
         micro, steps = args.per_device_train_batch_size * args.world_size, args.gradient_accumulation_steps
         if steps > 1:

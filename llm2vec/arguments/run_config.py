@@ -79,7 +79,7 @@ class RunConfig:
         """The first rule across argument classes or of the machine that the config breaks, a :class:`ConfigError`."""
         if problem := next(self._problems(), None):
             raise ConfigError(f"{self.source}: {problem}")
-        self.stage.check(self.training, self.source)
+        self.stage.check(self.training)
 
     def _problems(self) -> Iterator[str]:
         model, data, stage, args = self.model, self.data, self.stage, self.training
