@@ -214,13 +214,18 @@ class RetrievalEvaluation:
             scores = {
                 f.name: folder_metrics(model, encoder, f.data, f.instruction, batch_size, device) for f in self.folders
             }
-        out = {f"{name}_{m}": values[m] for name, values in scores.items() for m in LOGGED}
-        out.update({f"{MEAN}_{m}": sum(v[m] for v in scores.values()) / len(scores) for m in LOGGED})
+        out = logged_scores(scores)
         texts = sum(v["queries"] + v["documents"] for v in scores.values())
         logger.info(
             f"retrieval evaluation of {len(scores)} folder(s), {texts:.0f} texts: {time.perf_counter() - start:.1f} s"
         )
         return out
+
+
+def logged_scores(scores: dict[str, dict[str, float]]) -> dict[str, float]:
+    """``<folder>_<metric>`` of each folder's scores for each metric of :data:`LOGGED`, and ``beir_mean_<metric>``."""
+    out = {f"{name}_{m}": values[m] for name, values in scores.items() for m in LOGGED}
+    return out | {f"{MEAN}_{m}": sum(v[m] for v in scores.values()) / len(scores) for m in LOGGED}
 
 
 def split_log_key(key: str) -> tuple[str, str] | None:

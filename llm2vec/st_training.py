@@ -35,21 +35,19 @@ def st_dataset(examples: Sequence, with_negative: bool, query_instructions: bool
     return datasets.Dataset.from_dict(columns)
 
 
-def retrieval_evaluators(data, batch_size: int):
-    """One ``InformationRetrievalEvaluator`` per folder of ``retrieval_eval_dirs`` (queries with the folder's
-    instruction as prompt, documents bare, cosine), run by one evaluator that returns the scores under the names the
-    project's trainer logs (:class:`llm2vec.retrieval.RetrievalEvaluation`); ``None`` for no folder."""
+def retrieval_evaluators(retrieval, batch_size: int):
+    """One ``InformationRetrievalEvaluator`` per folder of ``retrieval`` (the run's :class:`~llm2vec.retrieval.
+    RetrievalEvaluation`, as read at start-up; queries with the folder's instruction as prompt, documents bare,
+    cosine), run by one evaluator that returns the scores under the names it logs; ``None`` for no folder."""
     from sentence_transformers.base.evaluation import BaseEvaluator
     from sentence_transformers.sentence_transformer.evaluation import InformationRetrievalEvaluator
     from sentence_transformers.util import cos_sim
 
-    from .beir import read_beir_folder
-    from .retrieval import LOGGED, MEAN
+    from .retrieval import LOGGED, MEAN, logged_scores
 
     at_k = dict(ndcg_at_k=[10], mrr_at_k=[10], accuracy_at_k=[10], precision_recall_at_k=[100], map_at_k=[10])
     out = []
-    for folder, instruction in data.retrieval_folders():
-        beir = read_beir_folder(folder, queries_without_relevant="refuse")
+    for beir, instruction in ((f.data, f.instruction) for f in (retrieval.folders if retrieval else [])):
         corpus = {d: beir.document_text(d) for d in beir.corpus}
         relevant = {q: {d for d, g in docs.items() if g > 0} for q, docs in beir.relevant.items()}
         settings = dict(name=beir.name, query_prompt=instruction or None, batch_size=batch_size, **at_k)
@@ -77,9 +75,7 @@ def retrieval_evaluators(data, batch_size: int):
             for evaluator in self.evaluators:
                 metrics = evaluator(model, output_path, epoch, steps)
                 scores[evaluator.name] = {m: float(metrics[f"{evaluator.name}_{ST_METRIC[m]}"]) for m in LOGGED}
-            out = {f"{name}_{m}": values[m] for name, values in scores.items() for m in LOGGED}
-            out.update({f"{MEAN}_{m}": sum(v[m] for v in scores.values()) / len(scores) for m in LOGGED})
-            return out
+            return logged_scores(scores)
 
     return RetrievalFoldersEvaluator(out) if out else None
 
@@ -171,7 +167,7 @@ def check_config(config: RunConfig) -> str | None:
     return without_resume(config, NO_RESUME)
 
 
-def build_trainer(config: RunConfig, dataset, run_config: dict, callbacks: list, tokenizer, template):
+def build_trainer(config: RunConfig, dataset, run_config: dict, callbacks: list, tokenizer, template, retrieval):
     """The trainer of a Stage II run through sentence-transformers (docs/design.md), for
     :func:`llm2vec.training.train`, which runs it in the run's folder as it runs the project's trainer."""
     from .llm2vec import LLM2Vec
@@ -197,7 +193,7 @@ def build_trainer(config: RunConfig, dataset, run_config: dict, callbacks: list,
         args=st_training_arguments(args),
         train_dataset=st_dataset(dataset.examples, stage.require_negative, config.data.query_instructions),
         loss=loss,
-        evaluator=retrieval_evaluators(config.data, args.per_device_eval_batch_size),
+        evaluator=retrieval_evaluators(retrieval, args.per_device_eval_batch_size),
         callbacks=callbacks,
         run_config=run_config,
         encoder=encoder,

@@ -154,7 +154,7 @@ def _train(config: RunConfig, made: list):
         if with_st:
             from .st_training import build_trainer
 
-            trainer = build_trainer(config, dataset, run_config, callbacks, tokenizer, template)
+            trainer = build_trainer(config, dataset, run_config, callbacks, tokenizer, template, retrieval)
         else:
             trainer = _project_trainer(config, dataset, validation, retrieval, run_config, callbacks)
         made.append(trainer)
