@@ -186,13 +186,13 @@ class LLM2VecTrainer(Trainer):
     def log(self, logs, start_time=None):
         if "loss" in logs:  # the means since the last log: loss parts per step, metrics per micro-batch
             steps = max(1, self._part_steps)
-            for name, (total, count) in (
-                {n: (v, steps) for n, v in self._part_sums.items()} | self._metric_sums
-            ).items():
-                value = torch.as_tensor(total / count, dtype=torch.float32).to(self.args.device)
+            sums = {n: (v, steps) for n, v in self._part_sums.items()} | self._metric_sums
+            if sums:  # one stack, one collective, one copy to the host
+                means = [torch.as_tensor(t / c).float().to(self.args.device).reshape(()) for t, c in sums.values()]
+                values = torch.stack(means)
                 if self.accelerator.num_processes > 1:
-                    value = self.accelerator.reduce(value, reduction="mean")
-                logs[name] = round(value.item(), 6)
+                    values = self.accelerator.reduce(values, reduction="mean")
+                logs.update(zip(sums, (round(v, 6) for v in values.tolist())))
             self._part_sums, self._part_steps, self._metric_sums = {}, 0, {}
         super().log(logs, start_time)
 
