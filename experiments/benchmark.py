@@ -282,8 +282,7 @@ def stage_II_st_step(args, variant: str, batch_size: int):
     from llm2vec.dataset import TrainExample
 
     examples = [TrainExample(q, d, n, "", "stdlib") for q, d, n in stdlib_triples(batch_size)]
-    # the tiny model and the SentenceTransformer folder (an export: the model's size again), removed when the step
-    # is collected or this worker process ends
+    # the tiny model (with --tiny), removed when the step is collected or this worker process ends
     work = tempfile.TemporaryDirectory(prefix="benchmark-")
     path = args.model
     if args.tiny:

@@ -362,16 +362,14 @@ def probe_batches(preset: Preset, base: Path, train: Path, out: Path) -> dict[in
     found = {}
     for batch in preset.probe.batches:
         folder, metrics = out / "probe" / f"batch{batch}", out / "logs" / f"probe_batch{batch}_metrics.jsonl"
-        geometry = {**preset.batch("I"), "per_device_train_batch_size": batch, "gradient_accumulation_steps": 1}
-        geometry["total_batch_size"] = batch
+        geometry = dataclasses.replace(preset, per_device_batch=batch, accumulation=1).batch("I")
         flags = stages.stage_flags("I", base, train, folder, preset.probe.steps, NO_SAVE, geometry)
         flags["metrics_file"], seen, losses = metrics, {}, {}
 
         def poll(metrics=metrics, seen=seen, losses=losses) -> None:
-            if metrics.is_file():
-                for line in metrics.read_text().splitlines():
-                    if line.strip() and "loss" in (entry := json.loads(line)) and entry["step"] not in seen:
-                        seen[entry["step"]], losses[entry["step"]] = time.monotonic(), float(entry["loss"])
+            for entry in stages.metrics_entries(metrics):
+                if "loss" in entry and entry["step"] not in seen:
+                    seen[entry["step"]], losses[entry["step"]] = time.monotonic(), float(entry["loss"])
 
         run_script(STAGE_I_SCRIPT, STAGE_I_CONFIG, flags, out / "logs" / f"probe_batch{batch}.log", poll, PROBE_POLL)
         poll()
@@ -381,6 +379,11 @@ def probe_batches(preset: Preset, base: Path, train: Path, out: Path) -> dict[in
         shutil.rmtree(folder)
     shutil.rmtree(out / "probe")
     return found
+
+
+def preset_record(preset: Preset) -> dict[str, Any]:
+    """The preset as the report records it: its fields and its global batch."""
+    return {**dataclasses.asdict(preset), "global_batch": preset.global_batch}
 
 
 def sized_by_probe(preset: Preset, probes: dict[int, dict[str, Any]]) -> Preset:
@@ -613,7 +616,7 @@ def run(
     budget, seconds = Budget(minutes, preset), {}
     result: dict[str, Any] = {
         "status": "running: inputs",
-        "preset": {**dataclasses.asdict(preset), "global_batch": preset.global_batch},
+        "preset": preset_record(preset),
         "budget": {"minutes": minutes, "rule": budget.rule()} if minutes else None,
         "machine": machine(),
         "seconds": seconds,
@@ -684,7 +687,7 @@ def _stages(preset, out, data, model, carry, stage_I_runs, budget, result, lap, 
         lap("inputs", "probe")
         result["probe"] = probe_batches(preset, base, train, out)
         preset = sized_by_probe(preset, result["probe"])
-        result["preset"] = {**dataclasses.asdict(preset), "global_batch": preset.global_batch}
+        result["preset"] = preset_record(preset)
     if not given:
         result["stage_I"]["stage_I"] = {"from": None, "planned_steps": preset.stage_I_steps, "steps": None,
                                         "global_batch": preset.global_batch}  # fmt: skip
@@ -702,12 +705,10 @@ def _stages(preset, out, data, model, carry, stage_I_runs, budget, result, lap, 
             flags["stop_after_minutes"] = share
 
         def live_curve(metrics=Path(flags["metrics_file"])) -> None:
-            if metrics.is_file():
-                entries = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-                rows = stages.curve_from_log(entries, preset.global_batch)[0]
-                if rows != result["stage_I_curve"]["stage_I"]:
-                    result["stage_I_curve"]["stage_I"] = rows
-                    write_report(out, result)
+            rows = stages.curve_from_log(stages.metrics_entries(metrics), preset.global_batch)[0]
+            if rows != result["stage_I_curve"]["stage_I"]:
+                result["stage_I_curve"]["stage_I"] = rows
+                write_report(out, result)
 
         run_script(STAGE_I_SCRIPT, STAGE_I_CONFIG, flags, out / "logs" / "stage_I.log", poll=live_curve)
         state = read_state(stage_I["stage_I"])

@@ -151,6 +151,13 @@ def read_state(run: Path) -> dict[str, Any]:
     return json.loads(state.read_text(encoding="utf-8"))
 
 
+def metrics_entries(path: Path) -> list[dict[str, Any]]:
+    """The entries a running or finished run has written to its ``metrics_file`` ``path`` so far (none if it is not
+    there yet; a last line still being written is left for the next read)."""
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
+
+
 TIMINGS = ("eval_runtime", "eval_samples_per_second", "eval_steps_per_second")  # differ between equal evaluations
 
 
